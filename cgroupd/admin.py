@@ -1,0 +1,387 @@
+"""Group administration: create, delete, list, membership, mappings, status.
+
+Async functions over the :class:`~cgroupd.jetstream.JetStream` adapter. Membership changes
+are compare-and-set updates on the record's KV revision, retried when another writer got
+there first, so two operators adding members at once both succeed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from nats.js import api
+
+from cgroupd.config import (
+    ELASTIC_BUCKET,
+    STATIC_BUCKET,
+    ElasticGroupConfig,
+    GroupConfig,
+    MemberMapping,
+    StaticGroupConfig,
+    elastic_from_json,
+    group_key,
+    static_from_json,
+    validate_name,
+    work_queue_stream,
+)
+from cgroupd.errors import (
+    BucketNotFound,
+    ConfigError,
+    ConflictError,
+    GroupExists,
+    GroupNotFound,
+    StreamNotFound,
+)
+from cgroupd.jetstream import JetStream
+from cgroupd.member import INSTANCE_KEY, MEMBER_KEY
+from cgroupd.partitions import SYNC_PREFIX, owners, transform_destination
+from cgroupd.settings import PRIORITY_GROUP
+
+#: How often a CAS update is retried before ConflictError is raised.
+CAS_ATTEMPTS = 20
+
+
+@dataclass(frozen=True)
+class StoredGroup:
+    """A group's config as stored, with its KV revision."""
+
+    stream: str
+    group: str
+    config: GroupConfig
+    revision: int
+
+    @property
+    def static(self) -> bool:
+        return isinstance(self.config, StaticGroupConfig)
+
+    @property
+    def consume_stream(self) -> str:
+        """The stream members consume from."""
+        return self.stream if self.static else work_queue_stream(self.stream, self.group)
+
+
+@dataclass(frozen=True)
+class ConsumerView:
+    """A consumer on the group's stream, read back as an instance of a member."""
+
+    name: str
+    member: str | None
+    instance: str | None
+    role: str  # "sync", "data", "pinned" or "other"
+    partitions: tuple[int, ...]
+    num_pending: int
+    num_ack_pending: int
+    num_waiting: int
+    pinned_id: str | None = None
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    partition: int
+    member: str | None
+    instance: str | None
+    pending: int
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    """Who owns what right now, and what is waiting."""
+
+    group: StoredGroup
+    partitions: list[PartitionStatus]
+    consumers: list[ConsumerView]
+    members_without_instance: list[str] = field(default_factory=list)
+
+    @property
+    def unowned_partitions(self) -> list[int]:
+        """Partitions no active instance consumes: the ADR's 'idle group' alert."""
+        return [p.partition for p in self.partitions if p.instance is None]
+
+
+def _bucket_config(bucket: str, origin: api.StreamInfo) -> api.KeyValueConfig:
+    return api.KeyValueConfig(bucket=bucket, history=1,
+                              replicas=origin.config.num_replicas or 1,
+                              storage=api.StorageType.FILE)
+
+
+async def _origin(js: JetStream, stream: str) -> api.StreamInfo:
+    info = await js.stream_info(stream)
+    if info is None:
+        raise StreamNotFound(f"stream {stream!r} does not exist")
+    return info
+
+
+def _decode(bucket: str, value: bytes) -> GroupConfig:
+    return static_from_json(value) if bucket == STATIC_BUCKET else elastic_from_json(value)
+
+
+async def _create_record(js: JetStream, bucket: str, stream: str, group: str,
+                         config: GroupConfig, origin: api.StreamInfo) -> bool:
+    """Store the record if absent. True when created, False when an identical one exists."""
+    await js.bucket(bucket, create_with=_bucket_config(bucket, origin))
+    key = group_key(stream, group)
+    existing = await js.get_record(bucket, key)
+    if existing is None or existing.value is None:
+        try:
+            await js.create_record(bucket, key, config.to_json())
+            return True
+        except ConflictError:
+            existing = await js.get_record(bucket, key)
+            if existing is None or existing.value is None:
+                raise
+    try:
+        stored = _decode(bucket, existing.value)
+    except ConfigError as exc:
+        raise GroupExists(f"group {stream}/{group} exists with an invalid record: {exc}") from exc
+    if stored != config:
+        raise GroupExists(
+            f"group {stream}/{group} already exists with a different configuration; "
+            "delete it first or change only its members")
+    return False
+
+
+async def create_elastic_group(js: JetStream, stream: str, group: str,
+                               config: ElasticGroupConfig) -> ElasticGroupConfig:
+    """Create an elastic group and its work-queue stream; an identical re-create is a no-op."""
+    validate_name("stream", stream)
+    validate_name("group", group)
+    origin = await _origin(js, stream)
+    await _create_record(js, ELASTIC_BUCKET, stream, group, config, origin)
+    wq = work_queue_stream(stream, group)
+    if await js.stream_info(wq) is None:
+        transforms = [
+            api.SubjectTransform(src=pf.filter,
+                                 dest=transform_destination(pf, config.max_members))
+            for pf in config.partitioning_filters
+        ]
+        await js.add_stream(api.StreamConfig(
+            name=wq,
+            retention=api.RetentionPolicy.WORK_QUEUE,
+            discard=api.DiscardPolicy.NEW,
+            max_msgs=config.max_buffered_msgs or -1,
+            max_bytes=config.max_buffered_bytes or -1,
+            num_replicas=origin.config.num_replicas or 1,
+            storage=origin.config.storage,
+            allow_direct=True,
+            sources=[api.StreamSource(name=stream, subject_transforms=transforms)],
+        ))
+    return config
+
+
+async def create_static_group(js: JetStream, stream: str, group: str,
+                              config: StaticGroupConfig) -> StaticGroupConfig:
+    """Create a static group on a stream whose subjects already start with the partition."""
+    validate_name("stream", stream)
+    validate_name("group", group)
+    origin = await _origin(js, stream)
+    await _create_record(js, STATIC_BUCKET, stream, group, config, origin)
+    return config
+
+
+async def get_group(js: JetStream, stream: str, group: str) -> StoredGroup:
+    """The group's stored config, elastic or static; GroupNotFound when neither exists."""
+    for bucket in (ELASTIC_BUCKET, STATIC_BUCKET):
+        try:
+            record = await js.get_record(bucket, group_key(stream, group))
+        except BucketNotFound:
+            continue
+        if record is not None and record.value is not None:
+            return StoredGroup(stream, group, _decode(bucket, record.value), record.revision)
+    raise GroupNotFound(f"no consumer group {group!r} on stream {stream!r}")
+
+
+async def list_groups(js: JetStream, stream: str) -> list[tuple[str, str]]:
+    """``(group, "elastic"|"static")`` for every group of ``stream``, sorted."""
+    out: list[tuple[str, str]] = []
+    for bucket, kind in ((ELASTIC_BUCKET, "elastic"), (STATIC_BUCKET, "static")):
+        try:
+            keys = await js.keys(bucket)
+        except BucketNotFound:
+            continue
+        for key in keys:
+            head, _, name = key.partition(".")
+            if head == stream and name:
+                out.append((name, kind))
+    return sorted(out)
+
+
+async def delete_group(js: JetStream, stream: str, group: str) -> None:
+    """Delete the record (members stop), then the work-queue stream or member consumers."""
+    stored = await get_group(js, stream, group)
+    bucket = STATIC_BUCKET if stored.static else ELASTIC_BUCKET
+    await js.delete_record(bucket, group_key(stream, group))
+    if stored.static:
+        for info in await js.list_consumers(stream):
+            if info.get("name", "").startswith(f"{group}-"):
+                await js.delete_consumer(stream, info["name"])
+    else:
+        await js.delete_stream(work_queue_stream(stream, group))
+
+
+async def _update(js: JetStream, stream: str, group: str,
+                  change: Callable[[GroupConfig], GroupConfig]) -> GroupConfig:
+    """Apply ``change`` with compare-and-set on the record's revision, retrying races."""
+    for _ in range(CAS_ATTEMPTS):
+        stored = await get_group(js, stream, group)
+        new = change(stored.config)
+        if new == stored.config:
+            return new
+        bucket = STATIC_BUCKET if stored.static else ELASTIC_BUCKET
+        try:
+            await js.update_record(bucket, group_key(stream, group), new.to_json(),
+                                   last=stored.revision)
+            return new
+        except ConflictError:
+            continue
+    raise ConflictError(f"group {stream}/{group} kept changing; gave up after "
+                        f"{CAS_ATTEMPTS} attempts")
+
+
+def _check_members(members: Iterable[str]) -> list[str]:
+    names = list(members)
+    if not names:
+        raise ConfigError("name at least one member")
+    for m in names:
+        validate_name("member", m)
+    return names
+
+
+async def add_members(js: JetStream, stream: str, group: str,
+                      members: Iterable[str]) -> GroupConfig:
+    """Add members (already present ones are kept once)."""
+    names = _check_members(members)
+
+    def change(config: GroupConfig) -> GroupConfig:
+        if config.member_mappings:
+            raise ConfigError("this group uses member mappings; clear them to list members")
+        merged = list(config.members) + [m for m in dict.fromkeys(names)
+                                         if m not in config.members]
+        return config.with_members(merged)
+
+    return await _update(js, stream, group, change)
+
+
+async def drop_members(js: JetStream, stream: str, group: str,
+                       members: Iterable[str]) -> GroupConfig:
+    """Remove members (absent ones are ignored)."""
+    names = set(_check_members(members))
+
+    def change(config: GroupConfig) -> GroupConfig:
+        if config.member_mappings:
+            raise ConfigError("this group uses member mappings; change them with set_mappings")
+        return config.with_members([m for m in config.members if m not in names])
+
+    return await _update(js, stream, group, change)
+
+
+async def set_mappings(js: JetStream, stream: str, group: str,
+                       mappings: Iterable[MemberMapping]) -> GroupConfig:
+    """Replace the membership with explicit member→partitions mappings."""
+    chosen = tuple(mappings)
+    return await _update(js, stream, group, lambda c: c.with_mappings(chosen))
+
+
+async def clear_mappings(js: JetStream, stream: str, group: str) -> GroupConfig:
+    """Drop the mappings; their members become the automatic member list."""
+    def change(config: GroupConfig) -> GroupConfig:
+        if not config.member_mappings:
+            return config
+        return config.with_members([m.member for m in config.member_mappings])
+
+    return await _update(js, stream, group, change)
+
+
+def _view(info: dict[str, Any]) -> ConsumerView:
+    config = info.get("config") or {}
+    meta = config.get("metadata") or {}
+    filters = config.get("filter_subjects") or (
+        [config["filter_subject"]] if config.get("filter_subject") else [])
+    role, parts = "other", []
+    for f in filters:
+        tokens = f.split(".")
+        if tokens[0] == SYNC_PREFIX and len(tokens) > 1 and tokens[1].isdigit():
+            role = "sync"
+            parts.append(int(tokens[1]))
+        elif tokens[0].isdigit():
+            parts.append(int(tokens[0]))
+    groups = info.get("priority_groups") or []
+    pinned = next((g.get("pinned_client_id") for g in groups
+                   if g.get("group") == PRIORITY_GROUP), None)
+    if role != "sync" and parts:
+        role = "pinned" if PRIORITY_GROUP in (config.get("priority_groups") or []) else "data"
+    name = info.get("name", "")
+    return ConsumerView(
+        name=name, member=meta.get(MEMBER_KEY), instance=meta.get(INSTANCE_KEY) or pinned,
+        role=role, partitions=tuple(sorted(parts)),
+        num_pending=int(info.get("num_pending", 0)),
+        num_ack_pending=int(info.get("num_ack_pending", 0)),
+        num_waiting=int(info.get("num_waiting", 0)),
+        pinned_id=pinned,
+    )
+
+
+async def group_consumers(js: JetStream, stream: str, group: str) -> list[ConsumerView]:
+    """Every consumer on the group's stream that belongs to it, read as member instances."""
+    stored = await get_group(js, stream, group)
+    views = [_view(i) for i in await js.list_consumers(stored.consume_stream)]
+    if stored.static:
+        views = [v for v in views if v.name.startswith(f"{group}-")]
+    return sorted(views, key=lambda v: v.name)
+
+
+async def partition_pending(js: JetStream, stream: str, group: str) -> dict[int, int]:
+    """Messages waiting in each partition of the group's stream (its lag)."""
+    stored = await get_group(js, stream, group)
+    counts = {p: 0 for p in range(stored.config.max_members)}
+    info = await _subject_counts(js, stored.consume_stream)
+    for subject, n in info.items():
+        head = subject.split(".", 1)[0]
+        if head.isdigit() and int(head) in counts:
+            counts[int(head)] += n
+    return counts
+
+
+async def _subject_counts(js: JetStream, stream: str) -> dict[str, int]:
+    info = await js.jsm.stream_info(stream, subjects_filter=">")
+    return dict(info.state.subjects or {})
+
+
+async def group_status(js: JetStream, stream: str, group: str) -> GroupStatus:
+    """Per partition: its member, that member's active instance, and pending messages."""
+    stored = await get_group(js, stream, group)
+    consumers = await group_consumers(js, stream, group)
+    pending = await partition_pending(js, stream, group)
+    active: dict[int, ConsumerView] = {}
+    for view in consumers:
+        if view.role == "data" or (view.role == "pinned" and view.pinned_id):
+            for p in view.partitions:
+                active[p] = view
+    by_partition = owners(stored.config)
+    rows = []
+    for p in range(stored.config.max_members):
+        holder = active.get(p)
+        rows.append(PartitionStatus(p, by_partition.get(p),
+                                    holder.instance if holder else None, pending.get(p, 0)))
+    missing = sorted({r.member for r in rows if r.member and r.instance is None})
+    return GroupStatus(stored, rows, consumers, missing)
+
+
+async def step_down(js: JetStream, stream: str, group: str, member: str) -> bool:
+    """Ask the member's active instance to step down so a standby takes over.
+
+    Sync mode deletes the member's synchronization consumer (the ADR's step-down); the
+    active instance notices at once, drains and releases. Pinned mode unpins. False when
+    the member had no active instance.
+    """
+    stored = await get_group(js, stream, group)
+    name = f"{group}-{member}" if stored.static else member
+    info = await js.consumer_info(stored.consume_stream, name)
+    if info is None:
+        return False
+    if PRIORITY_GROUP in ((info.get("config") or {}).get("priority_groups") or []):
+        await js.unpin(stored.consume_stream, name, PRIORITY_GROUP)
+        return True
+    return await js.delete_consumer(stored.consume_stream, name)
+

@@ -1,0 +1,410 @@
+"""Group configuration: the records kept in the consumer-group KV buckets, and their rules.
+
+Pure core: no I/O. Records are read and written with the exact field names the Go
+reference (orbit.go ``pcgroups``) uses, so a group created by either is usable by both. Two
+older shapes are read too: the Go reference's single-``filter`` record and the ADR's
+revision-1 record (``partitioning-wildcards``, ``msg-buffer-size``, ``member-mappings``).
+Fields this version does not know are kept in ``extra`` and written back unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Self, TypeAlias
+
+from cgroupd.errors import ConfigError
+
+ELASTIC_BUCKET = "elastic-consumer-groups"
+STATIC_BUCKET = "static-consumer-groups"
+
+#: Longest stream, group or member name; keeps ``<stream>-<group>`` and data consumer
+#: names (``<member>-<instance id>``) within the server's 255-character limit.
+MAX_NAME_LENGTH = 100
+#: Characters valid in a KV key token, so ``<stream>.<group>`` is always a valid key.
+_NAME_RE = re.compile(r"^[A-Za-z0-9_\-=]+$")
+_FORBIDDEN_IN_NAME = (".", "*", ">", "/", "\\")
+
+
+def validate_name(kind: str, name: object) -> str:
+    """Return ``name`` if usable as a stream, group or member name, else raise ConfigError."""
+    problems = name_problems(kind, name)
+    if problems:
+        raise ConfigError(problems)
+    assert isinstance(name, str)
+    return name
+
+
+def name_problems(kind: str, name: object) -> list[str]:
+    """Every rule ``name`` breaks, one message each."""
+    if not isinstance(name, str) or name == "":
+        return [f"{kind} name must be a non-empty string"]
+    problems = []
+    if any(ch.isspace() for ch in name):
+        problems.append(f"{kind} name {name!r} must not contain whitespace")
+    bad = [c for c in _FORBIDDEN_IN_NAME if c in name]
+    if bad:
+        problems.append(f"{kind} name {name!r} must not contain {' '.join(bad)}")
+    if not problems and not _NAME_RE.match(name):
+        problems.append(
+            f"{kind} name {name!r} may only use letters, digits, '-', '_' and '='"
+        )
+    if len(name) > MAX_NAME_LENGTH:
+        problems.append(f"{kind} name is {len(name)} characters long; at most {MAX_NAME_LENGTH}")
+    return problems
+
+
+@dataclass(frozen=True)
+class PartitioningFilter:
+    """A subject filter of the origin stream and which of its ``*`` wildcards form the key.
+
+    ``partitioning_wildcards`` are 1-based indexes of the filter's ``*`` tokens; empty
+    means the whole subject is hashed.
+    """
+
+    filter: str
+    partitioning_wildcards: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "partitioning_wildcards", tuple(self.partitioning_wildcards))
+
+    def problems(self) -> list[str]:
+        """Every rule this filter breaks."""
+        out: list[str] = []
+        tokens = self.filter.split(".") if self.filter else []
+        if not self.filter:
+            return ["filter must not be empty"]
+        if any(t == "" for t in tokens) or any(ch.isspace() for ch in self.filter):
+            out.append(f"filter {self.filter!r} is not a valid subject (empty token or space)")
+        if ">" in tokens[:-1] or any((">" in t or "*" in t) and len(t) > 1 for t in tokens):
+            out.append(f"filter {self.filter!r}: '*' and '>' must be whole tokens, '>' last")
+        stars = self.wildcard_count
+        if stars == 0 and tokens[-1] != ">":
+            out.append(f"filter {self.filter!r} needs at least one '*' or a trailing '>'")
+        seen: set[int] = set()
+        for idx in self.partitioning_wildcards:
+            if not isinstance(idx, int) or isinstance(idx, bool):
+                out.append(f"filter {self.filter!r}: wildcard index {idx!r} is not an integer")
+            elif idx in seen:
+                out.append(f"filter {self.filter!r}: wildcard index {idx} is listed twice")
+            elif not 1 <= idx <= stars:
+                out.append(
+                    f"filter {self.filter!r}: wildcard index {idx} is outside 1..{stars} "
+                    f"(the filter has {stars} '*' wildcard(s))"
+                )
+            if isinstance(idx, int):
+                seen.add(idx)
+        return out
+
+    @property
+    def wildcard_count(self) -> int:
+        """How many ``*`` tokens the filter has."""
+        return self.filter.split(".").count("*")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"filter": self.filter, "partitioning_wildcards": list(self.partitioning_wildcards)}
+
+
+@dataclass(frozen=True)
+class MemberMapping:
+    """An administratively chosen set of partitions for one member."""
+
+    member: str
+    partitions: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "partitions", tuple(self.partitions))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"member": self.member, "partitions": list(self.partitions)}
+
+
+@dataclass(frozen=True)
+class _GroupBase:
+    """Fields and rules shared by elastic and static groups."""
+
+    max_members: int
+    members: tuple[str, ...] = ()
+    member_mappings: tuple[MemberMapping, ...] = ()
+    #: Unknown record fields, written back unchanged.
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # Accept lists from callers; store tuples so configs compare and hash by value.
+        for name in ("members", "member_mappings", "partitioning_filters", "filters"):
+            value = getattr(self, name, None)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
+        problems = self.problems()
+        if problems:
+            raise ConfigError(problems)
+
+    @property
+    def partitions(self) -> int:
+        """Number of partitions: the maximum number of members that can own some."""
+        return self.max_members
+
+    def _membership_problems(self) -> list[str]:
+        out: list[str] = []
+        if isinstance(self.max_members, bool) or not isinstance(self.max_members, int):
+            return [f"max_members must be an integer, not {self.max_members!r}"]
+        if self.max_members < 1:
+            out.append(f"max_members must be at least 1, not {self.max_members}")
+        if self.members and self.member_mappings:
+            out.append("give either members or member_mappings, not both")
+        for m in self.members:
+            out.extend(name_problems("member", m))
+        dupes = sorted({m for m in self.members if self.members.count(m) > 1})
+        if dupes:
+            out.append(f"member names must be unique; repeated: {', '.join(map(str, dupes))}")
+        if self.member_mappings:
+            out.extend(_mapping_problems(self.member_mappings, self.max_members))
+        return out
+
+    def problems(self) -> list[str]:
+        return self._membership_problems()
+
+    def with_members(self, members: Iterable[str]) -> Self:
+        """A copy with this member list (and no mappings)."""
+        return replace(self, members=tuple(members), member_mappings=())
+
+    def with_mappings(self, mappings: Iterable[MemberMapping]) -> Self:
+        """A copy with these mappings (and no member list)."""
+        return replace(self, members=(), member_mappings=tuple(mappings))
+
+    @property
+    def member_names(self) -> tuple[str, ...]:
+        """Members named by the config, whether listed or mapped."""
+        if self.member_mappings:
+            return tuple(m.member for m in self.member_mappings)
+        return self.members
+
+    def _membership_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.members:
+            out["members"] = list(self.members)
+        if self.member_mappings:
+            out["member_mappings"] = [m.to_json() for m in self.member_mappings]
+        return out
+
+    def to_json(self) -> bytes:
+        raise NotImplementedError
+
+
+def _mapping_problems(mappings: tuple[MemberMapping, ...], n: int) -> list[str]:
+    out: list[str] = []
+    owners: dict[int, list[str]] = {}
+    names = [m.member for m in mappings]
+    for mapping in mappings:
+        out.extend(name_problems("member", mapping.member))
+        if not mapping.partitions:
+            out.append(f"member {mapping.member!r} is mapped to no partitions")
+        for p in mapping.partitions:
+            if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < n:
+                out.append(f"member {mapping.member!r}: partition {p!r} is outside 0..{n - 1}")
+            else:
+                owners.setdefault(p, []).append(mapping.member)
+    dupes = sorted({m for m in names if names.count(m) > 1})
+    if dupes:
+        out.append(f"each member may be mapped once; repeated: {', '.join(map(str, dupes))}")
+    for p, who in sorted(owners.items()):
+        if len(who) > 1:
+            out.append(f"partition {p} is mapped more than once ({', '.join(who)})")
+    # Gaps between mapped partitions, without enumerating 0..n-1 (n comes from the record).
+    gaps: list[str] = []
+    prev = -1
+    for p in [*sorted(owners), n]:
+        if p > prev + 1:
+            gaps.append(str(prev + 1) if p == prev + 2 else f"{prev + 1}-{p - 1}")
+        prev = p
+    if gaps:
+        out.append(f"partitions not mapped to any member: {','.join(gaps)}")
+    return out
+
+
+@dataclass(frozen=True)
+class ElasticGroupConfig(_GroupBase):
+    """A group whose own work-queue stream ``<stream>-<group>`` sources and partitions
+    the origin stream. Only the membership may change after creation."""
+
+    partitioning_filters: tuple[PartitioningFilter, ...] = ()
+    #: Limits of the group's work-queue stream (0: unlimited); full stream discards new.
+    max_buffered_msgs: int = 0
+    max_buffered_bytes: int = 0
+
+    def problems(self) -> list[str]:
+        out = self._membership_problems()
+        if not self.partitioning_filters:
+            out.append("an elastic group needs at least one partitioning filter")
+        for pf in self.partitioning_filters:
+            out.extend(pf.problems())
+        filters = [pf.filter for pf in self.partitioning_filters]
+        dupes = sorted({f for f in filters if filters.count(f) > 1})
+        if dupes:
+            out.append(f"partitioning filters must be unique; repeated: {', '.join(dupes)}")
+        for name in ("max_buffered_msgs", "max_buffered_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                out.append(f"{name} must be a non-negative integer, not {value!r}")
+        return out
+
+    def same_shape(self, other: ElasticGroupConfig) -> bool:
+        """True when the two differ at most in membership (what may change after create)."""
+        return (
+            self.max_members == other.max_members
+            and self.partitioning_filters == other.partitioning_filters
+            and self.max_buffered_msgs == other.max_buffered_msgs
+            and self.max_buffered_bytes == other.max_buffered_bytes
+        )
+
+    def to_json(self) -> bytes:
+        record: dict[str, Any] = dict(self.extra)
+        record.update(
+            max_members=self.max_members,
+            partitioning_filters=[pf.to_json() for pf in self.partitioning_filters],
+        )
+        if self.max_buffered_msgs:
+            record["max_buffered_msg"] = self.max_buffered_msgs
+        if self.max_buffered_bytes:
+            record["max_buffered_bytes"] = self.max_buffered_bytes
+        record.update(self._membership_json())
+        return json.dumps(record, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True)
+class StaticGroupConfig(_GroupBase):
+    """A group on a stream whose subjects already start with the partition number.
+
+    ``filters`` is recorded as the Go reference records it; members consume ``<p>.>``.
+    """
+
+    filters: tuple[str, ...] = ()
+
+    def problems(self) -> list[str]:
+        out = self._membership_problems()
+        for f in self.filters:
+            if not isinstance(f, str) or not f or any(ch.isspace() for ch in f):
+                out.append(f"static filter {f!r} is not a valid subject")
+        return out
+
+    def same_shape(self, other: StaticGroupConfig) -> bool:
+        """True when the two differ at most in membership."""
+        return self.max_members == other.max_members and self.filters == other.filters
+
+    def to_json(self) -> bytes:
+        record: dict[str, Any] = dict(self.extra)
+        record["max_members"] = self.max_members
+        if self.filters:
+            record["filters"] = list(self.filters)
+        record.update(self._membership_json())
+        return json.dumps(record, separators=(",", ":")).encode()
+
+
+GroupConfig: TypeAlias = ElasticGroupConfig | StaticGroupConfig
+
+_ELASTIC_KNOWN = {
+    "max_members", "partitioning_filters", "filter", "partitioning_wildcards",
+    "partitioning-wildcards", "max_buffered_msg", "max_buffered_msgs", "msg-buffer-size",
+    "max_buffered_bytes", "members", "member_mappings", "member-mappings",
+}
+_STATIC_KNOWN = {"max_members", "filters", "filter", "members", "member_mappings",
+                 "member-mappings"}
+
+
+def _load_object(data: bytes | str) -> dict[str, Any]:
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # deep nesting
+        raise ConfigError(f"group record is not valid JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise ConfigError(f"group record must be a JSON object, not {type(obj).__name__}")
+    return obj
+
+
+def _int_list(value: Any, what: str) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ConfigError(f"{what} must be a list of integers, not {value!r}")
+    return tuple(value)
+
+
+def _str_list(value: Any, what: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{what} must be a list of strings, not {value!r}")
+    return tuple(value)
+
+
+def _mappings(value: Any) -> tuple[MemberMapping, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ConfigError(f"member_mappings must be a list, not {value!r}")
+    out = []
+    for item in value:
+        if not isinstance(item, dict) or not isinstance(item.get("member"), str):
+            raise ConfigError(f"member mapping {item!r} needs a 'member' string")
+        out.append(MemberMapping(item["member"], _int_list(item.get("partitions"),
+                                                           "mapping partitions")))
+    return tuple(out)
+
+
+def elastic_from_json(data: bytes | str) -> ElasticGroupConfig:
+    """Decode an elastic group record (current Go, older Go single-filter, or ADR rev-1)."""
+    obj = _load_object(data)
+    if "partitioning_filters" in obj:
+        raw = obj["partitioning_filters"]
+        if not isinstance(raw, list) or not all(isinstance(x, dict) for x in raw):
+            raise ConfigError("partitioning_filters must be a list of objects")
+        filters = []
+        for item in raw:
+            if not isinstance(item.get("filter"), str):
+                raise ConfigError(f"partitioning filter {item!r} needs a 'filter' string")
+            filters.append(PartitioningFilter(
+                item["filter"],
+                _int_list(item.get("partitioning_wildcards"), "partitioning_wildcards")))
+    elif isinstance(obj.get("filter"), str):
+        wild = obj.get("partitioning_wildcards", obj.get("partitioning-wildcards"))
+        filters = [PartitioningFilter(obj["filter"], _int_list(wild, "partitioning_wildcards"))]
+    else:
+        raise ConfigError("group record has no partitioning_filters (nor a 'filter')")
+    max_msgs = obj.get("max_buffered_msg", obj.get("max_buffered_msgs",
+                                                   obj.get("msg-buffer-size", 0)))
+    return ElasticGroupConfig(
+        max_members=obj.get("max_members"),  # type: ignore[arg-type]  # checked in post_init
+        partitioning_filters=tuple(filters),
+        max_buffered_msgs=max_msgs if max_msgs is not None else 0,
+        max_buffered_bytes=obj.get("max_buffered_bytes") or 0,
+        members=_str_list(obj.get("members"), "members"),
+        member_mappings=_mappings(obj.get("member_mappings", obj.get("member-mappings"))),
+        extra={k: v for k, v in obj.items() if k not in _ELASTIC_KNOWN},
+    )
+
+
+def static_from_json(data: bytes | str) -> StaticGroupConfig:
+    """Decode a static group record (``filters`` list, or the older single ``filter``)."""
+    obj = _load_object(data)
+    filters = obj.get("filters")
+    if filters is None and isinstance(obj.get("filter"), str) and obj["filter"]:
+        filters = [obj["filter"]]
+    return StaticGroupConfig(
+        max_members=obj.get("max_members"),  # type: ignore[arg-type]
+        filters=_str_list(filters, "filters"),
+        members=_str_list(obj.get("members"), "members"),
+        member_mappings=_mappings(obj.get("member_mappings", obj.get("member-mappings"))),
+        extra={k: v for k, v in obj.items() if k not in _STATIC_KNOWN},
+    )
+
+
+def group_key(stream: str, group: str) -> str:
+    """The KV key of a group's record."""
+    return f"{stream}.{group}"
+
+
+def work_queue_stream(stream: str, group: str) -> str:
+    """Name of an elastic group's work-queue stream."""
+    return f"{stream}-{group}"

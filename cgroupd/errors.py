@@ -1,0 +1,89 @@
+"""Every error cgroupd raises, as one tree.
+
+    CgroupdError                      base; ``retriable`` says whether trying again can help
+    ├── ConfigError                   a group config, KV record or name breaks a rule
+    ├── GroupNotFound                 no KV record for <stream>.<group>
+    ├── GroupExists                   create asked for a config that differs from the stored one
+    ├── StreamNotFound                a stream the operation needs does not exist
+    ├── BucketNotFound                the consumer-group KV bucket does not exist
+    ├── JetStreamNotEnabled           the server (or account) has no JetStream
+    ├── PermissionDenied              the server refused the operation for these credentials
+    ├── ServerUnreachable             no server answered (retriable)
+    ├── ConflictError                 a CAS update lost too many races (retriable)
+    ├── ApiError                      any other ``$JS.API`` error: status code and err_code
+    └── AckNotConfirmed               ``double_ack`` was not confirmed by the server
+
+Lower-level errors (nats-py exceptions) are translated at the JetStream adapter boundary
+with ``raise ... from``; nothing above the adapter sees a nats-py exception.
+"""
+
+from __future__ import annotations
+
+
+class CgroupdError(Exception):
+    """Base of every cgroupd error."""
+
+    retriable: bool = False
+
+
+class ConfigError(CgroupdError, ValueError):
+    """A group config, KV record or name breaks a rule; ``problems`` lists every rule broken."""
+
+    def __init__(self, problems: list[str] | str) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+class GroupNotFound(CgroupdError):
+    """No consumer group record exists for this stream and group."""
+
+
+class GroupExists(CgroupdError):
+    """A group of this name exists with a different configuration."""
+
+
+class StreamNotFound(CgroupdError):
+    """A stream the operation needs does not exist."""
+
+
+class BucketNotFound(CgroupdError):
+    """The consumer-group KV bucket does not exist (no group was ever created here)."""
+
+
+class JetStreamNotEnabled(CgroupdError):
+    """The server, or this account, does not have JetStream enabled."""
+
+
+class PermissionDenied(CgroupdError):
+    """The server refused the operation for these credentials."""
+
+
+class ServerUnreachable(CgroupdError):
+    """No NATS server answered in time."""
+
+    retriable = True
+
+
+class ConflictError(CgroupdError):
+    """An optimistic (CAS) update kept losing to concurrent writers."""
+
+    retriable = True
+
+
+class ApiError(CgroupdError):
+    """A ``$JS.API`` request failed; ``code`` is the status, ``err_code`` JetStream's own code."""
+
+    def __init__(self, code: int, err_code: int, description: str) -> None:
+        self.code = code
+        self.err_code = err_code
+        self.description = description
+        super().__init__(f"{description} (status {code}, err_code {err_code})")
+
+    @property
+    def retriable(self) -> bool:  # type: ignore[override]
+        """Server-side timeouts and unavailability can pass; bad requests do not."""
+        return self.code in (408, 503) or self.code >= 500
+
+
+class AckNotConfirmed(CgroupdError):
+    """The server did not confirm an ack: this instance may no longer own the message."""

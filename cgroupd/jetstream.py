@@ -1,0 +1,207 @@
+"""The JetStream adapter: the one place above :mod:`cgroupd.jsapi` that talks to nats-py.
+
+Streams, KV records and consumers, with nats-py's exceptions translated into
+:mod:`cgroupd.errors`. The admin API and the member runtime use only this class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.js import api
+from nats.js.kv import KeyValue
+
+from cgroupd import jsapi
+from cgroupd.errors import (
+    ApiError,
+    BucketNotFound,
+    CgroupdError,
+    ConflictError,
+    JetStreamNotEnabled,
+    PermissionDenied,
+    ServerUnreachable,
+    StreamNotFound,
+)
+from cgroupd.pull import Puller, PullOptions
+
+
+@dataclass(frozen=True)
+class Record:
+    """A KV record: its bytes (None when deleted) and revision."""
+
+    value: bytes | None
+    revision: int
+
+
+@contextlib.contextmanager
+def translated(what: str) -> Any:
+    """Re-raise nats-py errors raised while doing ``what`` as cgroupd errors."""
+    try:
+        yield
+    except (CgroupdError, nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError,
+            nats.js.errors.NoKeysError):
+        raise  # already ours, or absence that the caller turns into a value
+    except nats.js.errors.BucketNotFoundError as exc:
+        raise BucketNotFound(f"{what}: the consumer group KV bucket does not exist") from exc
+    except nats.js.errors.KeyWrongLastSequenceError as exc:
+        raise ConflictError(f"{what}: the record changed concurrently") from exc
+    except nats.js.errors.APIError as exc:
+        code = int(exc.code or 500)
+        err_code = int(exc.err_code or 0)
+        desc = exc.description or str(exc)
+        if err_code == jsapi.ERR_STREAM_NOT_FOUND:
+            raise StreamNotFound(f"{what}: stream not found") from exc
+        if code == 403 or "permission" in desc.lower():
+            raise PermissionDenied(f"{what}: permission denied ({desc})") from exc
+        raise ApiError(code, err_code, f"{what}: {desc}") from exc
+    except nats.errors.NoRespondersError as exc:
+        raise JetStreamNotEnabled(
+            f"{what}: no JetStream answered (is JetStream enabled for this account?)"
+        ) from exc
+    except (nats.errors.TimeoutError, asyncio.TimeoutError) as exc:
+        raise ServerUnreachable(f"{what}: the server did not answer in time") from exc
+    except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
+            nats.errors.StaleConnectionError) as exc:
+        raise ServerUnreachable(f"{what}: not connected to NATS") from exc
+
+
+class JetStream:
+    """Streams, group records and consumers over one NATS connection."""
+
+    def __init__(self, nc: Client, timeout: float = jsapi.API_TIMEOUT) -> None:
+        self.nc = nc
+        self.js = nc.jetstream(timeout=timeout)
+        self.jsm = nc.jetstream(timeout=timeout)._jsm
+        self._kv: dict[str, KeyValue] = {}
+
+    # -- streams ---------------------------------------------------------------------
+    async def stream_info(self, name: str) -> api.StreamInfo | None:
+        """Info of a stream, or None when it does not exist."""
+        try:
+            with translated(f"stream {name}"):
+                return await self.jsm.stream_info(name)
+        except StreamNotFound:
+            return None
+
+    async def add_stream(self, config: api.StreamConfig) -> api.StreamInfo:
+        with translated(f"creating stream {config.name}"):
+            return await self.jsm.add_stream(config)
+
+    async def delete_stream(self, name: str) -> bool:
+        """Delete a stream; False if it did not exist."""
+        try:
+            with translated(f"deleting stream {name}"):
+                return bool(await self.jsm.delete_stream(name))
+        except StreamNotFound:
+            return False
+
+    async def purge(self, stream: str, subject: str | None = None,
+                    keep_from_seq: int | None = None) -> None:
+        """Purge ``subject`` (all if None) below sequence ``keep_from_seq``."""
+        with translated(f"purging {stream}"):
+            await self.jsm.purge_stream(stream, subject=subject, seq=keep_from_seq)
+
+    # -- KV records ------------------------------------------------------------------
+    async def bucket(self, name: str, create_with: api.KeyValueConfig | None = None) -> KeyValue:
+        """The KV bucket ``name``; created with ``create_with`` when absent and given."""
+        if name in self._kv:
+            return self._kv[name]
+        try:
+            with translated(f"bucket {name}"):
+                kv = await self.js.key_value(name)
+        except BucketNotFound:
+            if create_with is None:
+                raise
+            with translated(f"creating bucket {name}"):
+                kv = await self.js.create_key_value(config=create_with)
+        self._kv[name] = kv
+        return kv
+
+    async def get_record(self, bucket: str, key: str) -> Record | None:
+        """Current value of a record; None when absent or deleted."""
+        kv = await self.bucket(bucket)
+        try:
+            with translated(f"reading {bucket}/{key}"):
+                entry = await kv.get(key)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            return None
+        return Record(entry.value, entry.revision or 0)
+
+    async def create_record(self, bucket: str, key: str, value: bytes) -> int:
+        """Create a record that must not exist yet; ConflictError if it does."""
+        kv = await self.bucket(bucket)
+        with translated(f"creating {bucket}/{key}"):
+            try:
+                return int(await kv.create(key, value))
+            except nats.js.errors.KeyWrongLastSequenceError as exc:
+                raise ConflictError(f"{bucket}/{key} already exists") from exc
+
+    async def update_record(self, bucket: str, key: str, value: bytes, last: int) -> int:
+        """Compare-and-set on revision ``last``; ConflictError when it moved on."""
+        kv = await self.bucket(bucket)
+        with translated(f"updating {bucket}/{key}"):
+            return int(await kv.update(key, value, last=last))
+
+    async def delete_record(self, bucket: str, key: str) -> None:
+        kv = await self.bucket(bucket)
+        with translated(f"deleting {bucket}/{key}"):
+            await kv.delete(key)
+
+    async def keys(self, bucket: str) -> list[str]:
+        """Keys of live records in a bucket."""
+        kv = await self.bucket(bucket)
+        try:
+            with translated(f"listing {bucket}"):
+                return list(await kv.keys())
+        except nats.js.errors.NoKeysError:
+            return []
+
+    async def watch_record(self, bucket: str, key: str) -> AsyncIterator[Record]:
+        """The current record, then every change (value None = deleted), until cancelled."""
+        kv = await self.bucket(bucket)
+        with translated(f"watching {bucket}/{key}"):
+            watcher = await kv.watch(key)
+        try:
+            while True:
+                try:
+                    entry = await watcher.updates(timeout=60.0)
+                except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                    continue
+                if entry is None:
+                    continue  # end of initial values marker
+                deleted = entry.operation in ("DEL", "PURGE")
+                yield Record(None if deleted else entry.value, entry.revision or 0)
+        finally:
+            with contextlib.suppress(Exception):
+                await watcher.stop()
+
+    # -- consumers -------------------------------------------------------------------
+    async def create_consumer(self, stream: str, name: str, config: dict[str, Any],
+                              action: str = "create") -> dict[str, Any]:
+        return await jsapi.create_consumer(self.nc, stream, name, config, action)
+
+    async def delete_consumer(self, stream: str, name: str) -> bool:
+        return await jsapi.delete_consumer(self.nc, stream, name)
+
+    async def consumer_info(self, stream: str, name: str) -> dict[str, Any] | None:
+        return await jsapi.consumer_info(self.nc, stream, name)
+
+    async def list_consumers(self, stream: str) -> list[dict[str, Any]]:
+        return await jsapi.list_consumers(self.nc, stream)
+
+    async def unpin(self, stream: str, consumer: str, group: str) -> None:
+        await jsapi.unpin(self.nc, stream, consumer, group)
+
+    async def puller(self, stream: str, consumer: str, options: PullOptions,
+                     on_message: Callable[[Any], None] | None = None) -> Puller:
+        """A started :class:`Puller` on ``consumer``."""
+        puller = Puller(self.nc, stream, consumer, options, on_message)
+        await puller.start()
+        return puller

@@ -1,0 +1,153 @@
+"""Raw ``$JS.API`` requests for what nats-py 2.16 does not expose.
+
+The only module that builds JetStream API subjects by hand: consumer create with an
+``action`` (create-only fails with err_code 10148 when a differing consumer exists),
+priority-group fields, pulls with ``group``/``id``, unpin, and error translation. Every
+reply's ``error`` becomes an :class:`~cgroupd.errors.ApiError` (or a more specific one).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import nats.errors
+from nats.aio.client import Client
+
+from cgroupd.errors import (
+    ApiError,
+    CgroupdError,
+    JetStreamNotEnabled,
+    PermissionDenied,
+    ServerUnreachable,
+    StreamNotFound,
+)
+
+API = "$JS.API"
+
+# JetStream err_codes this package reacts to (nats-server errors.json).
+ERR_STREAM_NOT_FOUND = 10059
+ERR_CONSUMER_NOT_FOUND = 10014
+ERR_CONSUMER_EXISTS = 10148
+ERR_CONSUMER_DOES_NOT_EXIST = 10149
+ERR_WQ_NOT_UNIQUE = 10100
+ERR_WQ_OVERLAP = 10138
+ERR_JS_NOT_ENABLED = 10039
+
+#: Default time to wait for an API answer, seconds.
+API_TIMEOUT = 2.0
+
+
+async def request(
+    nc: Client, subject: str, body: dict[str, Any] | None = None, timeout: float = API_TIMEOUT
+) -> dict[str, Any]:
+    """Send one API request and return its JSON reply, raising on any API error."""
+    payload = json.dumps(body).encode() if body is not None else b""
+    try:
+        msg = await nc.request(subject, payload, timeout=timeout)
+    except nats.errors.NoRespondersError as exc:
+        raise JetStreamNotEnabled(
+            "no JetStream answered (is JetStream enabled on the server and account?)"
+        ) from exc
+    except nats.errors.TimeoutError as exc:
+        raise ServerUnreachable(f"no answer to {subject} within {timeout:.1f}s") from exc
+    except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError) as exc:
+        raise ServerUnreachable(f"not connected to NATS: {exc}") from exc
+    try:
+        reply: dict[str, Any] = json.loads(msg.data)
+    except ValueError as exc:
+        raise ApiError(500, 0, f"undecodable reply to {subject}: {msg.data[:200]!r}") from exc
+    error = reply.get("error")
+    if error:
+        raise api_error(error)
+    return reply
+
+
+def api_error(error: dict[str, Any]) -> CgroupdError:
+    """Map a JetStream ``error`` object to the most specific exception."""
+    code = int(error.get("code", 500))
+    err_code = int(error.get("err_code", 0))
+    description = str(error.get("description", "unknown error"))
+    if code == 403 or "permission" in description.lower():
+        return PermissionDenied(f"permission denied: {description}")
+    if err_code == ERR_JS_NOT_ENABLED or "jetstream not enabled" in description.lower():
+        return JetStreamNotEnabled(description)
+    if err_code == ERR_STREAM_NOT_FOUND:
+        return StreamNotFoundApi(code, err_code, description)
+    return ApiError(code, err_code, description)
+
+
+class StreamNotFoundApi(ApiError, StreamNotFound):
+    """A stream-not-found API reply: both an ApiError and a StreamNotFound."""
+
+
+async def create_consumer(
+    nc: Client, stream: str, name: str, config: dict[str, Any], action: str = "create"
+) -> dict[str, Any]:
+    """Create a named consumer; ``action="create"`` fails (10148) if a different one exists."""
+    body: dict[str, Any] = {"stream_name": stream, "config": {**config, "name": name}}
+    if action:
+        body["action"] = action
+    return await request(nc, f"{API}.CONSUMER.CREATE.{stream}.{name}", body)
+
+
+async def delete_consumer(nc: Client, stream: str, name: str) -> bool:
+    """Delete a consumer; False if it did not exist."""
+    try:
+        await request(nc, f"{API}.CONSUMER.DELETE.{stream}.{name}")
+    except ApiError as exc:
+        if exc.err_code == ERR_CONSUMER_NOT_FOUND or exc.code == 404:
+            return False
+        raise
+    return True
+
+
+async def consumer_info(nc: Client, stream: str, name: str) -> dict[str, Any] | None:
+    """Consumer info, or None if the consumer does not exist."""
+    try:
+        return await request(nc, f"{API}.CONSUMER.INFO.{stream}.{name}")
+    except ApiError as exc:
+        if exc.err_code == ERR_CONSUMER_NOT_FOUND or exc.code == 404:
+            return None
+        raise
+
+
+async def list_consumers(nc: Client, stream: str) -> list[dict[str, Any]]:
+    """Infos of every consumer on a stream (paged)."""
+    out: list[dict[str, Any]] = []
+    while True:
+        reply = await request(nc, f"{API}.CONSUMER.LIST.{stream}", {"offset": len(out)})
+        page = reply.get("consumers") or []
+        out.extend(page)
+        if not page or len(out) >= int(reply.get("total", 0)):
+            return out
+
+
+async def unpin(nc: Client, stream: str, consumer: str, group: str) -> None:
+    """Clear a pinned client so the server picks another (priority groups ADR)."""
+    await request(nc, f"{API}.CONSUMER.UNPIN.{stream}.{consumer}", {"group": group})
+
+
+def pull_subject(stream: str, consumer: str) -> str:
+    """Subject a pull request is published to."""
+    return f"{API}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+
+
+def pull_body(
+    batch: int,
+    expires: float,
+    heartbeat: float,
+    group: str | None = None,
+    pin_id: str | None = None,
+) -> bytes:
+    """A pull request body (ADR-13, plus ADR-42 priority-group fields); times in seconds."""
+    body: dict[str, Any] = {
+        "batch": batch,
+        "expires": int(expires * 1e9),
+        "idle_heartbeat": int(heartbeat * 1e9),
+    }
+    if group:
+        body["group"] = group
+    if pin_id:
+        body["id"] = pin_id
+    return json.dumps(body).encode()

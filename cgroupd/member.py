@@ -1,0 +1,687 @@
+"""The member runtime: one instance of one member of a consumer group.
+
+Implements the ADR's "Implementation design" and "Transitioning" sections. One supervisor
+task runs the states below; each time this instance wins the election it starts a
+:class:`Generation` (its partitions, its pullers, its dispatcher) and waits, with
+``asyncio.wait(FIRST_COMPLETED)``, for whatever ends it: a config change, the loss of a
+consumer, a failed self-check, the group's deletion, or stop().
+
+    JOINING ──► STANDBY ◄──────────────┐
+                  │ won both consumers │
+                  ▼                    │
+                ACTIVE ──► STEPPING_DOWN
+                  │ stop() / group deleted
+                  ▼
+               STOPPED
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import random
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import structlog
+from nats.aio.msg import Msg
+
+from cgroupd import jsapi
+from cgroupd.config import (
+    ELASTIC_BUCKET,
+    STATIC_BUCKET,
+    ElasticGroupConfig,
+    GroupConfig,
+    elastic_from_json,
+    group_key,
+    static_from_json,
+    validate_name,
+    work_queue_stream,
+)
+from cgroupd.errors import ApiError, CgroupdError, ConfigError, GroupNotFound
+from cgroupd.jetstream import JetStream, Record
+from cgroupd.message import Message, Outcome
+from cgroupd.partitions import member_partitions, partition_filters, sync_filters
+from cgroupd.pull import Puller, PullEnd, PullOptions
+from cgroupd.settings import PRIORITY_GROUP, Exclusivity, MemberSettings
+
+log = structlog.get_logger("cgroupd.member")
+
+Handler = Callable[[Message], Awaitable[None] | None]
+ActiveCallback = Callable[[tuple[int, ...]], Awaitable[None] | None]
+StandbyCallback = Callable[[str], Awaitable[None] | None]
+
+#: Metadata key carrying the instance id in the consumers this runtime creates.
+INSTANCE_KEY = "cgroupd_instance"
+MEMBER_KEY = "cgroupd_member"
+
+
+class MemberState(Enum):
+    JOINING = "joining"  # reading the group config for the first time
+    STANDBY = "standby"  # not consuming: competing, waiting to compete, or not a member
+    ACTIVE = "active"  # owns this member's consumers and delivers messages
+    STEPPING_DOWN = "stepping-down"  # finishing in-flight handlers, releasing consumers
+    STOPPED = "stopped"  # done for good
+
+
+_ALLOWED = {
+    MemberState.JOINING: {MemberState.STANDBY, MemberState.STOPPED},
+    MemberState.STANDBY: {MemberState.ACTIVE, MemberState.STOPPED, MemberState.STANDBY},
+    MemberState.ACTIVE: {MemberState.STEPPING_DOWN},
+    MemberState.STEPPING_DOWN: {MemberState.STANDBY, MemberState.STOPPED},
+    MemberState.STOPPED: set(),
+}
+
+
+class StepDown(Enum):
+    """Why an active instance stopped being active (metric label, callback argument)."""
+
+    CONFIG_CHANGED = "config-changed"
+    SYNC_LOST = "sync-consumer-lost"
+    DATA_LOST = "data-consumer-lost"
+    PIN_LOST = "pin-lost"
+    SUSPENDED = "suspended"
+    GROUP_DELETED = "group-deleted"
+    INVALID_CONFIG = "invalid-config"
+    STOPPING = "stopping"
+    ERROR = "error"
+
+
+def new_instance_id() -> str:
+    """A short random id, unique per running instance."""
+    return secrets.token_hex(6)
+
+
+async def _maybe_await(value: Awaitable[None] | None) -> None:
+    if inspect.isawaitable(value):
+        await value
+
+
+@dataclass
+class Generation:
+    """One period of activity: fixed partitions, this instance's consumers, its tasks."""
+
+    partitions: tuple[int, ...]
+    consumers: list[str]
+    pullers: list[Puller] = field(default_factory=list)
+    queue: asyncio.Queue[Msg] = field(default_factory=asyncio.Queue)
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    running: set[asyncio.Task[Any]] = field(default_factory=set)
+    #: Set when the process may have been suspended; cleared by a successful self-check.
+    suspect: bool = False
+    ended: asyncio.Future[tuple[StepDown, str]] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    def end(self, why: StepDown, detail: str = "") -> None:
+        if not self.ended.done():
+            self.ended.set_result((why, detail))
+
+
+class Member:
+    """One running instance of ``member`` in ``group`` on ``stream``.
+
+    ``handler`` gets each :class:`Message`; returning acks it (unless it acked, naked or
+    termed it itself), raising naks it with a backoff delay. Sync handlers run in a thread
+    so they never stall the pulls that keep this instance's consumers alive.
+    """
+
+    def __init__(
+        self,
+        js: JetStream,
+        stream: str,
+        group: str,
+        member: str,
+        handler: Handler,
+        settings: MemberSettings | None = None,
+        *,
+        static: bool = False,
+        instance_id: str | None = None,
+        on_active: ActiveCallback | None = None,
+        on_standby: StandbyCallback | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.js = js
+        self.stream = validate_name("stream", stream)
+        self.group = validate_name("group", group)
+        self.member = validate_name("member", member)
+        self.handler = handler
+        self.settings = settings or MemberSettings()
+        self.static = static
+        if static and self.settings.exclusivity is not Exclusivity.PINNED:
+            self.settings = _replace(self.settings, exclusivity=Exclusivity.PINNED)
+        self.instance_id = instance_id or new_instance_id()
+        self.on_active = on_active
+        self.on_standby = on_standby
+        self._sleep = sleep
+        self._clock = clock
+        self.state = MemberState.JOINING
+        self.config: GroupConfig | None = None
+        self.partitions: tuple[int, ...] = ()
+        self.stop_reason: str | None = None
+        self._bucket = STATIC_BUCKET if static else ELASTIC_BUCKET
+        self._key = group_key(stream, group)
+        self._consume_stream = stream if static else work_queue_stream(stream, group)
+        self._wake = asyncio.Event()  # config change, advisory, stop: re-evaluate now
+        self._stopping = False
+        self._deleted = False
+        self._supervisor: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._advisories: Any = None
+        self._gen: Generation | None = None
+        self._first_config = asyncio.get_running_loop().create_future()
+        self._last_tick = clock()
+        #: Partitions under the latest config, and when competing may resume after a change.
+        self._last_partitions: tuple[int, ...] = ()
+        self._not_before = 0.0
+        self.stats = {"delivered": 0, "acked": 0, "naked": 0, "termed": 0, "step_downs": 0}
+        self._log = log.bind(stream=stream, group=group, member=member,
+                             instance=self.instance_id)
+
+    # -- public ---------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        return self.state is MemberState.ACTIVE
+
+    @property
+    def sync_consumer(self) -> str:
+        """Name of the member's election consumer (pinned mode: its only consumer)."""
+        if self.static:
+            return f"{self.group}-{self.member}"
+        return self.member
+
+    @property
+    def data_consumer(self) -> str:
+        return f"{self.member}-{self.instance_id}"
+
+    async def start(self) -> None:
+        """Read the group config and begin competing; raises if the group is unusable."""
+        self._watcher = asyncio.create_task(self._watch_config(), name="cgroupd-watch")
+        done, _ = await asyncio.wait({self._first_config, self._watcher},
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if self._first_config not in done:
+            self._watcher.result()  # re-raises why the watch failed
+            raise GroupNotFound(f"group {self.stream}/{self.group} could not be read")
+        self._first_config.result()
+        with contextlib.suppress(Exception):
+            self._advisories = await self.js.nc.subscribe(
+                f"$JS.EVENT.ADVISORY.CONSUMER.DELETED.{self._consume_stream}.*",
+                cb=self._on_consumer_deleted)
+        self._supervisor = asyncio.create_task(self._supervise(), name="cgroupd-member")
+
+    async def stop(self) -> None:
+        """Stop: finish in-flight handlers (bounded), delete own consumers, return."""
+        self._stopping = True
+        self.stop_reason = self.stop_reason or "stopped"
+        if self._gen is not None:
+            self._gen.end(StepDown.STOPPING)
+        self._wake.set()
+        if self._supervisor is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+        await self._close_watch()
+        if self.state is not MemberState.STOPPED:
+            self._transition(MemberState.STOPPED)
+
+    async def wait_stopped(self) -> str:
+        """Wait until the instance stopped by itself (group deleted) or by stop()."""
+        if self._supervisor is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+        return self.stop_reason or "stopped"
+
+    # -- state ----------------------------------------------------------------------
+    def _transition(self, to: MemberState, **info: Any) -> None:
+        if to not in _ALLOWED[self.state]:
+            raise RuntimeError(f"illegal member transition {self.state.value} -> {to.value}")
+        if to is not self.state:
+            self._log.info("state", old=self.state.value, new=to.value, **info)
+        self.state = to
+
+    # -- config watch ---------------------------------------------------------------
+    async def _watch_config(self) -> None:
+        """Follow the group record; never dies on a bad record (ADR: keep watching)."""
+        decode = static_from_json if self.static else elastic_from_json
+        while not self._stopping:
+            try:
+                async for record in self.js.watch_record(self._bucket, self._key):
+                    self._apply_record(record, decode)
+            except asyncio.CancelledError:
+                raise
+            except CgroupdError as exc:
+                if not self._first_config.done():
+                    self._first_config.set_exception(exc)
+                    return
+                self._log.warning("config watch failed; retrying", error=str(exc))
+            await self._sleep(self.settings.retry_interval)
+
+    def _apply_record(self, record: Record, decode: Callable[[bytes], GroupConfig]) -> None:
+        if record.value is None:
+            self._log.info("group deleted")
+            self._deleted = True
+            self.stop_reason = "group deleted"
+            if not self._first_config.done():
+                self._first_config.set_exception(
+                    GroupNotFound(f"group {self.stream}/{self.group} does not exist"))
+            if self._gen is not None:
+                self._gen.end(StepDown.GROUP_DELETED)
+            self._wake.set()
+            return
+        try:
+            config = decode(record.value)
+        except ConfigError as exc:
+            self._log.error("invalid group record ignored", revision=record.revision,
+                            problems=exc.problems)
+            if self.config is None and not self._first_config.done():
+                self._first_config.set_exception(exc)
+            return
+        if (self.config is not None and isinstance(config, ElasticGroupConfig)
+                and isinstance(self.config, ElasticGroupConfig)
+                and not config.same_shape(self.config)):
+            # Only membership may change after creation; anything else means the group was
+            # replaced under us. Keep the last good config and say so loudly.
+            self._log.error("group record changed more than membership; ignored",
+                            revision=record.revision)
+            return
+        first = self.config is None
+        self.config = config
+        if not self._first_config.done():
+            self._first_config.set_result(None)
+        new = member_partitions(config, self.member)
+        gen = self._gen
+        if not first and new != (gen.partitions if gen is not None else self._last_partitions):
+            # ADR Transitioning: everyone drops its consumers, then waits before competing
+            # again; the active instance a fixed delay, standbys a little longer.
+            s = self.settings
+            delay = s.transition_delay
+            if not self.active:
+                delay += random.uniform(0, s.transition_jitter)
+            self._not_before = self._clock() + delay
+            if gen is not None:
+                gen.end(StepDown.CONFIG_CHANGED, f"partitions {gen.partitions} -> {new}")
+        self._last_partitions = new
+        self._wake.set()
+
+    async def _close_watch(self) -> None:
+        for task in (self._watcher,):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._watcher = None
+        if self._advisories is not None:
+            with contextlib.suppress(Exception):
+                await self._advisories.unsubscribe()
+            self._advisories = None
+
+    async def _on_consumer_deleted(self, msg: Msg) -> None:
+        """A consumer of our stream went away: a standby may win right now."""
+        if self.state is MemberState.STANDBY:
+            self._wake.set()
+
+    # -- supervisor -----------------------------------------------------------------
+    async def _supervise(self) -> None:
+        self._transition(MemberState.STANDBY)
+        delay = 0.0
+        try:
+            while not self._stopping and not self._deleted:
+                if delay > 0:
+                    await self._wait_wake(delay, interruptible=False)
+                hold = self._not_before - self._clock()
+                if hold > 0:
+                    await self._sleep(hold)
+                    continue
+                delay = self.settings.retry_interval
+                assert self.config is not None
+                partitions = member_partitions(self.config, self.member)
+                if not partitions:
+                    await self._wait_wake(self.settings.retry_interval * 5)
+                    delay = 0.0
+                    continue
+                self._wake.clear()
+                gen = await self._acquire(partitions)
+                if gen is None:
+                    await self._wait_wake(self.settings.retry_interval)
+                    delay = 0.0
+                    continue
+                why, detail = await self._run_active(gen)
+                delay = self._delay_after(why)
+        except Exception as exc:  # a bug, not a fault: say so, release, stop
+            self._log.exception("member runtime failed", error=repr(exc))
+            self.stop_reason = f"error: {exc!r}"
+            raise
+        finally:
+            if self.state is MemberState.STANDBY:
+                self._transition(MemberState.STOPPED)
+
+    def _delay_after(self, why: StepDown) -> float:
+        if why is StepDown.CONFIG_CHANGED:
+            return 0.0  # the transition hold set by the config change applies
+        return self.settings.rejoin_delay
+
+    async def _wait_wake(self, timeout: float, interruptible: bool = True) -> None:
+        """Sleep up to ``timeout``; a config change or advisory (since the last attempt
+        began, so none is lost while an attempt runs) ends it early."""
+        if not interruptible:
+            await self._sleep(timeout)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout)
+
+    # -- election -------------------------------------------------------------------
+    def _consumer_config(self, filters: list[str], **extra: Any) -> dict[str, Any]:
+        s = self.settings
+        config: dict[str, Any] = {
+            "ack_policy": "explicit",
+            "deliver_policy": "all",
+            "filter_subjects": filters,
+            "ack_wait": int(s.ack_wait * 1e9),
+            "max_ack_pending": s.max_in_flight,
+            "max_waiting": 512,
+            "metadata": {MEMBER_KEY: self.member},
+        }
+        config.update(extra)
+        return config
+
+    async def _acquire(self, partitions: tuple[int, ...]) -> Generation | None:
+        """Try once to become the active instance; None means stay standby."""
+        if self.settings.exclusivity is Exclusivity.PINNED:
+            return await self._acquire_pinned(partitions)
+        s = self.settings
+        inactive = int(s.inactive_threshold * 1e9)
+        instance_meta = {MEMBER_KEY: self.member, INSTANCE_KEY: self.instance_id}
+        sync_cfg = self._consumer_config(sync_filters(partitions), inactive_threshold=inactive,
+                                         metadata=instance_meta, max_ack_pending=1)
+        try:
+            await self.js.create_consumer(self._consume_stream, self.sync_consumer, sync_cfg)
+        except ApiError as exc:
+            if exc.err_code not in (jsapi.ERR_CONSUMER_EXISTS, jsapi.ERR_WQ_NOT_UNIQUE):
+                self._log.warning("sync consumer create failed", error=str(exc))
+            return None
+        except CgroupdError as exc:
+            self._log.warning("sync consumer create failed", error=str(exc))
+            return None
+        gen = self._gen = Generation(partitions, [self.data_consumer, self.sync_consumer])
+        # We hold the election from here on: keep the sync consumer alive while waiting
+        # for the previous owner's data consumer to go (10100), never stealing it.
+        gen.pullers.append(await self._start_puller(gen, self.sync_consumer, 1, StepDown.SYNC_LOST))
+        data_cfg = self._consumer_config(partition_filters(partitions),
+                                         inactive_threshold=inactive, metadata=instance_meta)
+        deadline = self._clock() + max(5 * s.inactive_threshold, 2 * s.retry_interval)
+        while True:
+            try:
+                await self.js.create_consumer(self._consume_stream, self.data_consumer, data_cfg)
+                break
+            except CgroupdError as exc:
+                retry = isinstance(exc, ApiError) and exc.err_code == jsapi.ERR_WQ_NOT_UNIQUE
+                if not retry or self._clock() > deadline or gen.ended.done() or self._stopping:
+                    self._log.warning("data consumer create failed", error=str(exc))
+                    await self._release(gen)
+                    self._gen = None
+                    return None
+            await self._sleep(min(0.05, s.retry_interval))
+        gen.pullers.append(await self._start_puller(gen, self.data_consumer, s.max_in_flight,
+                                                    StepDown.DATA_LOST, deliver=True))
+        return gen
+
+    async def _acquire_pinned(self, partitions: tuple[int, ...]) -> Generation | None:
+        """Pinned mode: ensure the shared member consumer exists, pull until pinned."""
+        s = self.settings
+        name = self.sync_consumer
+        extra: dict[str, Any] = {
+            "priority_groups": [PRIORITY_GROUP],
+            "priority_policy": "pinned_client",
+            "priority_timeout": int(s.pinned_ttl * 1e9),
+        }
+        if self.static:
+            extra["durable_name"] = name
+        else:
+            extra["inactive_threshold"] = int(max(s.ack_wait, s.inactive_threshold) * 1e9)
+        cfg = self._consumer_config(partition_filters(partitions), **extra)
+        try:
+            await self.js.create_consumer(self._consume_stream, name, cfg)
+        except ApiError as exc:
+            if exc.err_code != jsapi.ERR_CONSUMER_EXISTS:
+                self._log.warning("member consumer create failed", error=str(exc))
+                return None
+            # It exists (made by another instance, maybe the Go reference's): share it,
+            # moving its filters to the partitions the current config gives this member.
+            info = await self.js.consumer_info(self._consume_stream, name)
+            existing = (info or {}).get("config", {})
+            if PRIORITY_GROUP not in (existing.get("priority_groups") or []):
+                self._log.warning("member consumer exists without priority group",
+                                  consumer=name)
+                return None
+            filters = existing.get("filter_subjects") or [existing.get("filter_subject")]
+            if sorted(filters) != sorted(partition_filters(partitions)):
+                try:
+                    await self.js.create_consumer(
+                        self._consume_stream, name,
+                        {**existing, "filter_subjects": partition_filters(partitions),
+                         "filter_subject": None}, action="update")
+                except CgroupdError as exc2:
+                    self._log.info("member consumer filters not updated yet", error=str(exc2))
+                    return None
+        except CgroupdError as exc:
+            self._log.warning("member consumer create failed", error=str(exc))
+            return None
+        gen = self._gen = Generation(partitions, [])
+        pinned = asyncio.get_running_loop().create_future()
+        gen.pullers.append(await self._start_puller(
+            gen, name, s.max_in_flight, StepDown.PIN_LOST, deliver=True, pinned=pinned))
+        # Standby until the server pins us: the first message carries our pin id.
+        done, _ = await asyncio.wait({pinned, gen.ended}, return_when=asyncio.FIRST_COMPLETED)
+        if pinned in done and not gen.ended.done():
+            return gen
+        await self._release(gen)
+        self._gen = None
+        return None
+
+    async def _start_puller(self, gen: Generation, consumer: str, batch: int,
+                            lost: StepDown, deliver: bool = False,
+                            pinned: asyncio.Future[None] | None = None) -> Puller:
+        s = self.settings
+        group = PRIORITY_GROUP if pinned is not None else None
+
+        def on_message(msg: Msg) -> None:
+            if pinned is not None and not pinned.done():
+                pinned.set_result(None)
+            if deliver:
+                gen.queue.put_nowait(msg)
+
+        puller = await self.js.puller(
+            self._consume_stream, consumer,
+            PullOptions(batch=batch, expires=s.pull_expires, heartbeat=s.heartbeat,
+                        group=group),
+            on_message)
+
+        def ended(fut: asyncio.Future[tuple[PullEnd, str]]) -> None:
+            why, detail = fut.result()
+            if why is not PullEnd.STOPPED:
+                gen.end(lost, f"{consumer}: {detail}")
+
+        puller.ended.add_done_callback(ended)
+        return puller
+
+    # -- activity -------------------------------------------------------------------
+    async def _run_active(self, gen: Generation) -> tuple[StepDown, str]:
+        self._gen = gen
+        self.partitions = gen.partitions
+        self._transition(MemberState.ACTIVE, partitions=list(gen.partitions))
+        self._log.info("became active", partitions=list(gen.partitions))
+        if self.on_active is not None:
+            await self._callback(self.on_active, gen.partitions)
+        gen.tasks.add(asyncio.create_task(self._dispatch(gen), name="cgroupd-dispatch"))
+        if self.settings.exclusivity is Exclusivity.SYNC:
+            self._last_tick = self._clock()
+            gen.tasks.add(asyncio.create_task(self._verify_loop(gen), name="cgroupd-verify"))
+            gen.tasks.add(asyncio.create_task(self._watch_clock(gen), name="cgroupd-clock"))
+        if self._stopping or self._deleted:
+            gen.end(StepDown.STOPPING if self._stopping else StepDown.GROUP_DELETED)
+        why, detail = await gen.ended
+        self._transition(MemberState.STEPPING_DOWN, reason=why.value, detail=detail)
+        self.stats["step_downs"] += why is not StepDown.STOPPING
+        await self._release(gen)
+        self._gen = None
+        self.partitions = ()
+        self._transition(MemberState.STOPPED if self._stopping or self._deleted
+                         else MemberState.STANDBY, reason=why.value)
+        self._log.info("stepped down", reason=why.value, detail=detail)
+        if self.on_standby is not None:
+            await self._callback(self.on_standby, why.value)
+        return why, detail
+
+    async def _release(self, gen: Generation) -> None:
+        """Stop taking messages, let running handlers finish (bounded), drop consumers."""
+        gen.end(StepDown.STOPPING)
+        for task in gen.tasks:
+            task.cancel()
+        for task in gen.tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if gen.running:
+            done, late = await asyncio.wait(gen.running, timeout=self.settings.drain_timeout)
+            for task in late:
+                task.cancel()
+            if late:
+                self._log.warning("handlers still running after drain timeout were cancelled",
+                                  count=len(late))
+        for puller in gen.pullers:
+            await puller.stop()
+        if self.settings.exclusivity is Exclusivity.PINNED:
+            # The member consumer is shared by all instances: keep it, but give up the pin
+            # at once so the server picks a standby without waiting for the pinned TTL.
+            why = gen.ended.result()[0]
+            with contextlib.suppress(CgroupdError):
+                if why is StepDown.CONFIG_CHANGED:
+                    # ADR Transitioning: drop it; it is recreated with the new filters.
+                    await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
+                elif self.state is MemberState.STEPPING_DOWN and why is not StepDown.PIN_LOST:
+                    await self.js.unpin(self._consume_stream, self.sync_consumer,
+                                        PRIORITY_GROUP)
+            return
+        # Data consumer first: its unacked messages become available to the next owner,
+        # who can only create its data consumer once ours is gone.
+        for name in gen.consumers:
+            if name == self.sync_consumer and not await self._sync_is_ours():
+                continue
+            with contextlib.suppress(CgroupdError):
+                await self.js.delete_consumer(self._consume_stream, name)
+
+    async def _sync_is_ours(self) -> bool:
+        try:
+            info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
+        except CgroupdError:
+            return False
+        meta = ((info or {}).get("config") or {}).get("metadata") or {}
+        return bool(meta.get(INSTANCE_KEY) == self.instance_id)
+
+    async def _verify_loop(self, gen: Generation) -> None:
+        """ADR: the active instance checks its consumers still exist and name it."""
+        while not gen.ended.done():
+            await self._sleep(self.settings.retry_interval)
+            await self._verify(gen)
+
+    async def _verify(self, gen: Generation) -> bool:
+        try:
+            sync = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
+            data = await self.js.consumer_info(self._consume_stream, self.data_consumer)
+        except CgroupdError as exc:
+            self._log.warning("self-check could not reach the server", error=str(exc))
+            return True  # unknown: the pull watchdog and inactivity decide
+        meta = ((sync or {}).get("config") or {}).get("metadata") or {}
+        if sync is None or meta.get(INSTANCE_KEY) != self.instance_id:
+            gen.end(StepDown.SYNC_LOST, "sync consumer missing or owned by another instance")
+            return False
+        if data is None:
+            gen.end(StepDown.DATA_LOST, "data consumer missing")
+            return False
+        return True
+
+    async def _watch_clock(self, gen: Generation) -> None:
+        """Notice when this process did not run for a while (SIGSTOP, a starved loop)."""
+        fence = self.settings.inactive_threshold / 2
+        while True:
+            before = self._clock()
+            await asyncio.sleep(fence / 4)
+            now = self._clock()
+            if now - before > fence:
+                gen.suspect = True
+            self._last_tick = now
+
+    async def _dispatch(self, gen: Generation) -> None:
+        """Hand messages to the handler, at most ``max_in_flight`` at a time, in order."""
+        limit = asyncio.Semaphore(self.settings.max_in_flight)
+        fence = self.settings.inactive_threshold / 2
+        check = self.settings.exclusivity is Exclusivity.SYNC
+        while not gen.ended.done():
+            msg = await gen.queue.get()
+            await limit.acquire()
+            if gen.ended.done():
+                limit.release()
+                return
+            if check and (gen.suspect or self._clock() - self._last_tick > fence):
+                # We were not running for a while: another instance may own our
+                # partitions by now. Check before touching another message.
+                if not await self._verify(gen):
+                    limit.release()
+                    return
+                gen.suspect = False
+            task = asyncio.create_task(self._handle(gen, msg), name="cgroupd-handler")
+            gen.running.add(task)
+            task.add_done_callback(lambda t: (gen.running.discard(t), limit.release()))
+
+    async def _handle(self, gen: Generation, raw: Msg) -> None:
+        message = Message.from_msg(self.js.nc, raw)
+        self.stats["delivered"] += 1
+        keepalive = asyncio.create_task(self._keep_alive(message))
+        try:
+            result = self.handler(message) if inspect.iscoroutinefunction(self.handler) \
+                else await asyncio.to_thread(self.handler, message)
+            await _maybe_await(result)
+        except Exception as exc:  # noqa: BLE001 - a handler failure never kills the runtime
+            delay = self.settings.backoff(message.delivery_count)
+            self._log.warning("handler failed; message will be redelivered",
+                              subject=message.subject, seq=message.stream_sequence,
+                              deliveries=message.delivery_count, delay=delay, error=repr(exc))
+            if not message.acknowledged:
+                await self._safe(message.nak(delay))
+        else:
+            if not message.acknowledged:
+                await self._safe(message.ack())
+        finally:
+            keepalive.cancel()
+        if message.outcome is Outcome.ACK:
+            self.stats["acked"] += 1
+        elif message.outcome is Outcome.NAK:
+            self.stats["naked"] += 1
+        elif message.outcome is Outcome.TERM:
+            self.stats["termed"] += 1
+
+    async def _keep_alive(self, message: Message) -> None:
+        """A long handler keeps its message from being redelivered (``in_progress``)."""
+        while True:
+            await asyncio.sleep(self.settings.ack_wait / 3)
+            await self._safe(message.in_progress())
+
+    async def _safe(self, op: Awaitable[None]) -> None:
+        try:
+            await op
+        except Exception as exc:  # noqa: BLE001 - lost acks are redelivered by design
+            self._log.warning("ack could not be sent", error=repr(exc))
+
+    async def _callback(self, cb: Callable[..., Awaitable[None] | None], arg: Any) -> None:
+        try:
+            await _maybe_await(cb(arg))
+        except Exception as exc:  # noqa: BLE001
+            self._log.warning("callback failed", error=repr(exc))
+
+
+def _replace(settings: MemberSettings, **changes: Any) -> MemberSettings:
+    from dataclasses import replace
+    return replace(settings, **changes)

@@ -1,0 +1,91 @@
+"""Which member owns which partition, and the subjects that express it.
+
+Pure core: no I/O. The automatic distribution is exactly the ADR's algorithm (and the Go
+reference's ``GeneratePartitionFilters``) so that cgroupd and Go members agree on every
+assignment: de-duplicate, sort, cap at ``max_members``, contiguous blocks of
+``partitions // members``, the remainder dealt out by modulo. Mappings, when present, win.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from cgroupd.config import GroupConfig, PartitioningFilter
+
+#: Token put in front of the synchronization consumer's filters. It is not a number, so
+#: the filters match no message, yet two such consumers for one partition still overlap.
+SYNC_PREFIX = "sync"
+
+
+def assignment(config: GroupConfig) -> dict[str, tuple[int, ...]]:
+    """Partitions of every member that owns at least one, in partition order."""
+    if config.member_mappings:
+        return {m.member: tuple(sorted(m.partitions)) for m in config.member_mappings}
+    n = config.max_members
+    members = sorted(set(config.members))[:n]
+    if not members:
+        return {}
+    owned: dict[str, list[int]] = {m: [] for m in members}
+    count = len(members)
+    per = n // count
+    for p in range(n):
+        if p < count * per:
+            owner = members[(p // per) % count]
+        else:
+            owner = members[(p - count * per) % count]
+        owned[owner].append(p)
+    return {m: tuple(ps) for m, ps in owned.items() if ps}
+
+
+def member_partitions(config: GroupConfig, member: str) -> tuple[int, ...]:
+    """The partitions ``member`` owns under ``config`` (empty if it owns none)."""
+    return assignment(config).get(member, ())
+
+
+def owners(config: GroupConfig) -> dict[int, str]:
+    """Owner of each partition that has one."""
+    return {p: m for m, ps in assignment(config).items() for p in ps}
+
+
+def partition_filters(partitions: Iterable[int]) -> list[str]:
+    """Data consumer filters: every subject of these partitions of the work-queue stream."""
+    return [f"{p}.>" for p in partitions]
+
+
+def sync_filters(partitions: Iterable[int]) -> list[str]:
+    """Synchronization consumer filters: overlap like the data filters, match nothing."""
+    return [f"{SYNC_PREFIX}.{p}.>" for p in partitions]
+
+
+def transform_destination(pf: PartitioningFilter, partitions: int) -> str:
+    """Subject transform that prefixes the partition number to a matching subject.
+
+    ``foo.*.*`` with wildcards ``[2]`` and 8 partitions gives
+    ``{{partition(8,2)}}.foo.{{wildcard(1)}}.{{wildcard(2)}}``; with no wildcards the whole
+    subject is hashed (``{{partition(8)}}``).
+    """
+    args = ",".join(str(i) for i in (partitions, *pf.partitioning_wildcards))
+    tokens = []
+    star = 0
+    for token in pf.filter.split("."):
+        if token == "*":
+            star += 1
+            tokens.append(f"{{{{wildcard({star})}}}}")
+        else:
+            tokens.append(token)
+    return f"{{{{partition({args})}}}}." + ".".join(tokens)
+
+
+def strip_partition(subject: str) -> tuple[int | None, str]:
+    """Split ``"3.orders.17"`` into ``(3, "orders.17")``; a subject with no numeric first
+    token comes back whole with partition ``None``."""
+    head, sep, rest = subject.partition(".")
+    if sep and head.isascii() and head.isdigit():  # str.isdigit also accepts '²', '٣'...
+        return int(head), rest
+    return None, subject
+
+
+def moved_partitions(before: GroupConfig, after: GroupConfig) -> set[int]:
+    """Partitions whose owner differs between two configs (including gaining/losing one)."""
+    a, b = owners(before), owners(after)
+    return {p for p in set(a) | set(b) if a.get(p) != b.get(p)}

@@ -1,0 +1,198 @@
+"""Continuous pulling from one consumer (ADR-13 pull internals, ADR-37 ``consume``).
+
+A :class:`Puller` keeps pull requests outstanding on a consumer so that it never looks
+idle to the server, refills when fewer than half of the requested messages remain pending,
+re-pulls after missed heartbeats or a reconnect, and turns the server's terminal statuses
+into an outcome: the consumer was deleted (409 / no responders) or the pin was lost (423).
+It is used for both the synchronization consumer (which never delivers a message: it only
+proves liveness) and the data consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from cgroupd import jsapi
+
+STATUS = "Status"
+DESCRIPTION = "Description"
+PENDING_MSGS = "Nats-Pending-Messages"
+PIN_ID = "Nats-Pin-Id"
+
+
+class PullEnd(Enum):
+    """Why a puller stopped for good."""
+
+    CONSUMER_GONE = "consumer-gone"  # deleted, or no longer exists (409 / 503)
+    PIN_LOST = "pin-lost"  # 423: another client is pinned now
+    STOPPED = "stopped"  # stop() was called
+    FAILED = "failed"  # a status that no re-pull can fix (400, bad config)
+
+
+@dataclass(frozen=True)
+class PullOptions:
+    """How a puller asks for messages. Seconds throughout."""
+
+    batch: int = 1
+    expires: float = 1.0
+    heartbeat: float = 0.25
+    #: Priority group to pull in (pinned mode), and whether a pin id is tracked.
+    group: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch < 1:
+            raise ValueError("batch must be at least 1")
+        if not 0 < self.heartbeat * 2 <= self.expires:
+            raise ValueError("heartbeat must be positive and at most half of expires")
+
+
+class Puller:
+    """Keeps pull requests outstanding on one consumer; delivers its messages to a queue.
+
+    ``ended`` resolves with a :class:`PullEnd` and a description when the puller stops for
+    good; ``last_seen`` is the monotonic time of the last sign of life from the server.
+    """
+
+    def __init__(
+        self,
+        nc: Client,
+        stream: str,
+        consumer: str,
+        options: PullOptions,
+        on_message: Callable[[Msg], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._nc = nc
+        self._stream = stream
+        self._consumer = consumer
+        self._opts = options
+        self._on_message = on_message
+        self._clock = clock
+        self._subject = jsapi.pull_subject(stream, consumer)
+        self._inbox = ""
+        self._sub: Subscription | None = None
+        self._pending = 0
+        self._pulled_at = 0.0
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self.pin_id: str | None = None
+        self.last_seen = clock()
+        self.ended: asyncio.Future[tuple[PullEnd, str]] = (
+            asyncio.get_running_loop().create_future()
+        )
+
+    @property
+    def consumer(self) -> str:
+        return self._consumer
+
+    async def start(self) -> None:
+        """Subscribe the inbox and begin pulling."""
+        self._inbox = self._nc.new_inbox()
+        self._sub = await self._nc.subscribe(self._inbox, cb=self._receive)
+        self._task = asyncio.create_task(self._run(), name=f"pull:{self._consumer}")
+
+    async def stop(self) -> None:
+        """Stop pulling and drop the inbox; idempotent."""
+        self._end(PullEnd.STOPPED, "stopped")
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+
+    def _end(self, why: PullEnd, description: str) -> None:
+        if not self.ended.done():
+            self.ended.set_result((why, description))
+        self._wake.set()
+
+    async def _run(self) -> None:
+        """Pull whenever pending falls to the refill threshold, when the newest request is
+        half-way to expiry, or when the server went quiet."""
+        opts = self._opts
+        threshold = opts.batch // 2
+        quiet_limit = opts.heartbeat * 3
+        while not self.ended.done():
+            if self._pending <= threshold:
+                await self._pull(opts.batch - self._pending)
+            elif self._clock() - self._pulled_at >= opts.expires / 2:
+                # Overlap requests so one with interest is always waiting: the server keeps
+                # a consumer with a waiting request alive, so a stall shorter than half the
+                # expiry plus the inactive threshold never costs us our consumers.
+                await self._pull(opts.batch)
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=opts.heartbeat)
+            except TimeoutError:
+                pass
+            if self._clock() - self.last_seen > quiet_limit:
+                # Missed heartbeats (ADR-37): the request is lost (server restart,
+                # reconnect, partition); forget it and ask again.
+                self._pending = 0
+                self.last_seen = self._clock()
+
+    async def _pull(self, batch: int) -> None:
+        if batch <= 0 or not self._nc.is_connected:
+            return
+        body = jsapi.pull_body(batch, self._opts.expires, self._opts.heartbeat,
+                               self._opts.group, self.pin_id)
+        try:
+            await self._nc.publish(self._subject, body, reply=self._inbox)
+        except Exception:  # noqa: BLE001 - reconnecting/closed: the watchdog retries
+            return
+        self._pending += batch
+        self._pulled_at = self._clock()
+
+    async def _receive(self, msg: Msg) -> None:
+        self.last_seen = self._clock()
+        status = msg.headers.get(STATUS) if msg.headers else None
+        if not status:
+            self._pending = max(0, self._pending - 1)
+            if self._opts.group:
+                pin = msg.headers.get(PIN_ID) if msg.headers else None
+                if pin:
+                    self.pin_id = pin
+            if self._on_message is not None:
+                self._on_message(msg)
+            if self._pending <= self._opts.batch // 2:
+                self._wake.set()
+            return
+        self._status(status, (msg.headers or {}).get(DESCRIPTION, ""), msg)
+
+    def _status(self, status: str, description: str, msg: Msg) -> None:
+        headers = msg.headers or {}
+        lowered = description.lower()
+        if status == "100":
+            return  # idle heartbeat (or flow control, not used by pulls): just liveness
+        if status in ("404", "408"):
+            left = headers.get(PENDING_MSGS)
+            self._pending = max(0, self._pending - int(left)) if left else 0
+            self._wake.set()
+        elif status == "409":
+            if "deleted" in lowered:
+                self._end(PullEnd.CONSUMER_GONE, f"consumer deleted ({description})")
+            elif "exceeded" in lowered and "maxwaiting" not in lowered.replace(" ", ""):
+                self._end(PullEnd.FAILED, f"pull rejected: {description}")
+            else:  # leadership change, max waiting, batch completed: ask again
+                left = headers.get(PENDING_MSGS)
+                self._pending = max(0, self._pending - int(left)) if left else 0
+                self._wake.set()
+        elif status == "423":
+            self.pin_id = None
+            self._end(PullEnd.PIN_LOST, f"pin lost ({description})")
+        elif status == "503":
+            self._end(PullEnd.CONSUMER_GONE, "consumer does not exist (no responders)")
+        else:
+            self._end(PullEnd.FAILED, f"pull failed: status {status} {description}")

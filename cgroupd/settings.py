@@ -1,0 +1,79 @@
+"""Tunables of a member instance, with the defaults that give ~1 s crash failover.
+
+One unit everywhere: seconds as float. The CLI is the only place that reads argv or the
+environment; everything below it receives a :class:`MemberSettings`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Exclusivity(Enum):
+    """How the instances of one member decide which of them consumes."""
+
+    #: The ADR's design: a synchronization consumer named after the member, created with
+    #: ``action: create`` and the instance id in its metadata, plus an instance-specific
+    #: data consumer. Works on any server >= 2.10.
+    SYNC = "sync"
+    #: Priority groups (server >= 2.11): one consumer per member, ``pinned_client``
+    #: policy; the server pins one instance. Interoperates with the Go reference.
+    PINNED = "pinned"
+
+
+#: Priority group name used by pinned mode, as the Go reference uses it.
+PRIORITY_GROUP = "PCG"
+
+
+@dataclass(frozen=True)
+class MemberSettings:
+    """How a member instance competes, consumes and steps down."""
+
+    #: Messages a data consumer may have unacknowledged; 1 keeps strict per-partition order.
+    max_in_flight: int = 1
+    #: Server redelivers a message not acked within this time (kept alive while a handler
+    #: runs by ``in_progress``).
+    ack_wait: float = 30.0
+    #: Standby retry and active self-check period (the ADR uses 5 s; we react faster).
+    retry_interval: float = 1.0
+    #: The server deletes a consumer nobody pulled on for this long: the crash detector.
+    inactive_threshold: float = 0.5
+    #: Lifetime of one pull request, and the server's idle heartbeat within it.
+    pull_expires: float = 1.0
+    heartbeat: float = 0.25
+    #: After stepping down, wait this long before competing again (ADR: "a second").
+    rejoin_delay: float = 1.0
+    #: Transition delays on a membership change (ADR "Transitioning").
+    transition_delay: float = 0.5
+    transition_jitter: float = 0.1
+    #: How long a stopping or stepping-down instance lets running handlers finish.
+    drain_timeout: float = 5.0
+    #: Retry backoff after a handler raises: base * 2**(deliveries-1), capped.
+    retry_backoff: float = 0.1
+    retry_backoff_max: float = 10.0
+    exclusivity: Exclusivity = Exclusivity.SYNC
+    #: Pinned mode: the server unpins an instance that did not pull for this long.
+    pinned_ttl: float = 2.0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.max_in_flight < 1:
+            problems.append("max_in_flight must be at least 1")
+        for name in ("ack_wait", "retry_interval", "inactive_threshold", "pull_expires",
+                     "heartbeat", "pinned_ttl"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} must be positive")
+        for name in ("rejoin_delay", "transition_delay", "transition_jitter",
+                     "drain_timeout", "retry_backoff", "retry_backoff_max"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must not be negative")
+        if self.heartbeat * 2 > self.pull_expires:
+            problems.append("heartbeat must be at most half of pull_expires")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def backoff(self, deliveries: int) -> float:
+        """Delay before redelivering a message that failed ``deliveries`` times."""
+        return float(min(self.retry_backoff * 2 ** max(0, deliveries - 1),
+                         self.retry_backoff_max))

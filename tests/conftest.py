@@ -1,0 +1,65 @@
+"""Shared fixtures: real NATS servers (see tests/natsserver.py for the how and why)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import nats
+import pytest
+import pytest_asyncio
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from tests.natsserver import (
+    DockerNatsServer,
+    NatsCluster,
+    NatsServer,
+    client_options,
+    running_cluster,
+    running_server,
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "cluster: uses a 3-node nats-server cluster (nats_cluster)")
+    config.addinivalue_line(
+        "markers", "slow: takes seconds (failover, timeouts); deselect with -m 'not slow'"
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Any test using the cluster fixture gets the marker, so `-m "not cluster"` is reliable.
+    for item in items:
+        if "nats_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[NatsServer | DockerNatsServer]:
+    """A fresh single JetStream node (process, or docker if CGROUPD_TEST_NATS=docker)."""
+    with running_server(workdir=tmp_path / "nats") as server:
+        yield server
+
+
+@pytest.fixture
+def nats_cluster(tmp_path: Path) -> Iterator[NatsCluster]:
+    """A fresh 3-node JetStream cluster with a meta leader (process backend only)."""
+    with running_cluster(workdir=tmp_path / "nats-cluster") as cluster:
+        yield cluster
+
+
+@pytest_asyncio.fixture
+async def nc(nats_server: NatsServer | DockerNatsServer) -> AsyncIterator[Client]:
+    """A client connected to ``nats_server`` that reconnects across restarts."""
+    client = await nats.connect(servers=[nats_server.url], **client_options())
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+def js(nc: Client) -> JetStreamContext:
+    """JetStream context of ``nc``."""
+    return nc.jetstream()

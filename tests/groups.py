@@ -1,0 +1,210 @@
+"""Helpers shared by member tests: keyed traffic, member processes, and the checkers.
+
+The checkers state the promises: nothing published is missing, per key the first
+completions follow publish order, and two instances of one member never hold messages at
+the same time (their processing intervals do not overlap).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nats.js import api
+
+from cgroupd import admin
+from cgroupd.config import ElasticGroupConfig, PartitioningFilter
+from cgroupd.jetstream import JetStream
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 10.0,
+                     interval: float = 0.02, what: str = "condition") -> Any:
+    """Poll ``check`` (sync or async) until truthy; fail with ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+async def make_group(js: JetStream, stream: str = "ORDERS", group: str = "g",
+                     partitions: int = 6, members: Iterable[str] = ("m1", "m2", "m3"),
+                     replicas: int = 1) -> ElasticGroupConfig:
+    """An origin stream ``orders.<key>`` and an elastic group keyed on ``<key>``."""
+    await js.add_stream(api.StreamConfig(name=stream, subjects=[f"{stream.lower()}.>"],
+                                         num_replicas=replicas))
+    config = ElasticGroupConfig(
+        max_members=partitions,
+        partitioning_filters=(PartitioningFilter(f"{stream.lower()}.*", (1,)),),
+        members=tuple(members))
+    return await admin.create_elastic_group(js, stream, group, config)
+
+
+async def publish_keyed(js: JetStream, count: int, keys: int = 64, stream: str = "ORDERS",
+                        start: int = 0, rate: float | None = None) -> list[tuple[str, int]]:
+    """Publish ``count`` messages round-robin over ``keys`` keys; payload = per-key index.
+
+    Returns ``(subject, index)`` in publish order.
+    """
+    sent = []
+    per_key: dict[str, int] = {}
+    for i in range(start, start + count):
+        subject = f"{stream.lower()}.k{i % keys}"
+        n = per_key.get(subject, start // keys + (1 if i % keys < start % keys else 0))
+        per_key[subject] = n + 1
+        await js.js.publish(subject, json.dumps({"key": subject, "n": i}).encode())
+        sent.append((subject, i))
+        if rate:
+            await asyncio.sleep(1 / rate)
+    return sent
+
+
+@dataclass
+class Record:
+    """What one test observed: message events and state changes, from any instance."""
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, event: str, instance: str, **fields: Any) -> None:
+        self.events.append({"event": event, "instance": instance, "t": time.time(), **fields})
+
+    @classmethod
+    def load(cls, paths: Iterable[Path]) -> Record:
+        rec = cls()
+        for path in paths:
+            if path.exists():
+                for line in path.read_text().splitlines():
+                    if line.strip():
+                        try:
+                            rec.events.append(json.loads(line))
+                        except ValueError:
+                            pass  # a line cut short by SIGKILL
+        rec.events.sort(key=lambda e: e["t"])
+        return rec
+
+    def ends(self) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["event"] == "end"]
+
+
+@dataclass
+class Verdict:
+    messages: int
+    lost: list[int]
+    order_violations: list[str]
+    overlaps: list[str]
+    duplicates: int
+
+    def assert_ok(self) -> None:
+        assert not self.lost, f"lost {len(self.lost)} messages, e.g. {self.lost[:5]}"
+        assert not self.order_violations, self.order_violations[:5]
+        assert not self.overlaps, self.overlaps[:5]
+
+
+def check(record: Record, sent: list[tuple[str, int]],
+          member_of: Callable[[dict[str, Any]], str] | None = None) -> Verdict:
+    """Lost messages, per-key order of first completions, overlaps of same-member instances.
+
+    ``member_of`` maps an event to its member name; overlaps are checked only when given.
+    """
+    first_done: dict[int, dict[str, Any]] = {}
+    completions = 0
+    for e in record.ends():
+        n = e["n"]
+        completions += 1
+        first_done.setdefault(n, e)
+    lost = sorted(n for _, n in sent if n not in first_done)
+    violations = []
+    last: dict[str, tuple[int, float]] = {}
+    for n, e in sorted(first_done.items(), key=lambda kv: (kv[1]["t"], kv[0])):
+        key = e["subject"]
+        prev = last.get(key)
+        if prev is not None and prev[0] > n:
+            violations.append(f"{key}: #{n} completed after #{prev[0]}")
+        last[key] = (max(n, prev[0]) if prev else n, e["t"])
+    overlaps: list[str] = []
+    if member_of is not None:
+        overlaps = _overlaps(record, member_of)
+    return Verdict(len(sent), lost, violations, overlaps, completions - len(first_done))
+
+
+def _overlaps(record: Record, member_of: Callable[[dict[str, Any]], str]) -> list[str]:
+    """Instances of one member whose [first start, last end] message windows interleave."""
+    spans: dict[str, dict[str, list[float]]] = {}
+    for e in record.events:
+        if e["event"] in ("start", "end"):
+            inst = spans.setdefault(member_of(e), {}).setdefault(e["instance"], [])
+            inst.append(e["t"])
+    out = []
+    for member, by_instance in spans.items():
+        # Message-level intervals per instance.
+        intervals = []
+        for inst, _ in by_instance.items():
+            starts = [e for e in record.events if e["instance"] == inst and e["event"] == "start"]
+            ends = {e["seq"]: e["t"] for e in record.events
+                    if e["instance"] == inst and e["event"] == "end"}
+            for s in starts:
+                intervals.append((s["t"], ends.get(s["seq"], s["t"]), inst))
+        intervals.sort()
+        for (s1, e1, i1), (s2, e2, i2) in zip(intervals, intervals[1:]):
+            if i1 != i2 and s2 < e1:
+                out.append(f"{member}: {i1} until {e1:.3f} overlaps {i2} from {s2:.3f}")
+    return out
+
+
+class MemberProcess:
+    """``tests.member_process`` in a child process; signal it, read what it recorded."""
+
+    def __init__(self, url: str, record: Path, stream: str, group: str, member: str,
+                 *extra: str) -> None:
+        self.record = record
+        self.member = member
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.member_process", "--url", url, "--stream", stream,
+             "--group", group, "--member", member, "--record", str(record), *extra],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(f"{record}.log", "w"))
+
+    def events(self) -> list[dict[str, Any]]:
+        return Record.load([self.record]).events
+
+    def last_state(self) -> str | None:
+        states = [e["event"] for e in self.events() if e["event"] in ("active", "standby")]
+        return states[-1] if states else None
+
+    @property
+    def active(self) -> bool:
+        return self.last_state() == "active"
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def close(self) -> None:
+        """Never leave the process behind, even if it was stopped."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+async def wait_started(procs: Iterable[MemberProcess], timeout: float = 20.0) -> None:
+    for p in procs:
+        await eventually(lambda p=p: any(e["event"] == "started" for e in p.events()),
+                         timeout, what=f"{p.member} process to start")
+
