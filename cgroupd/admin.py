@@ -142,12 +142,25 @@ async def _create_record(js: JetStream, bucket: str, stream: str, group: str,
     return False
 
 
+async def _check_other_kind(js: JetStream, stream: str, group: str, creating: str) -> None:
+    """GroupExists when the name is taken by a group of the other kind on this stream."""
+    other, kind = ((STATIC_BUCKET, "static") if creating == ELASTIC_BUCKET
+                   else (ELASTIC_BUCKET, "elastic"))
+    try:
+        record = await js.get_record(other, group_key(stream, group))
+    except BucketNotFound:
+        return
+    if record is not None and record.value is not None:
+        raise GroupExists(f"group {stream}/{group} already exists as a {kind} group")
+
+
 async def create_elastic_group(js: JetStream, stream: str, group: str,
                                config: ElasticGroupConfig) -> ElasticGroupConfig:
     """Create an elastic group and its work-queue stream; an identical re-create is a no-op."""
     validate_name("stream", stream)
     validate_name("group", group)
     origin = await _origin(js, stream)
+    await _check_other_kind(js, stream, group, ELASTIC_BUCKET)
     await _create_record(js, ELASTIC_BUCKET, stream, group, config, origin)
     wq = work_queue_stream(stream, group)
     if await js.stream_info(wq) is None:
@@ -176,6 +189,7 @@ async def create_static_group(js: JetStream, stream: str, group: str,
     validate_name("stream", stream)
     validate_name("group", group)
     origin = await _origin(js, stream)
+    await _check_other_kind(js, stream, group, STATIC_BUCKET)
     await _create_record(js, STATIC_BUCKET, stream, group, config, origin)
     return config
 
@@ -213,9 +227,8 @@ async def delete_group(js: JetStream, stream: str, group: str) -> None:
     bucket = STATIC_BUCKET if stored.static else ELASTIC_BUCKET
     await js.delete_record(bucket, group_key(stream, group))
     if stored.static:
-        for info in await js.list_consumers(stream):
-            if info.get("name", "").startswith(f"{group}-"):
-                await js.delete_consumer(stream, info["name"])
+        for info in _static_consumers(group, await js.list_consumers(stream)):
+            await js.delete_consumer(stream, info["name"])
     else:
         await js.delete_stream(work_queue_stream(stream, group))
 
@@ -240,6 +253,8 @@ async def _update(js: JetStream, stream: str, group: str,
 
 
 def _check_members(members: Iterable[str]) -> list[str]:
+    if isinstance(members, str):  # list("m1") would silently mean members "m" and "1"
+        raise ConfigError(f"give member names as a list, not the string {members!r}")
     names = list(members)
     if not names:
         raise ConfigError("name at least one member")
@@ -293,6 +308,32 @@ async def clear_mappings(js: JetStream, stream: str, group: str) -> GroupConfig:
     return await _update(js, stream, group, change)
 
 
+def _static_consumers(group: str, infos: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The consumers of static group ``group`` among all the consumers of its stream.
+
+    Its members' consumers are ``<group>-<member>`` (their metadata names the member, so
+    group ``g`` does not claim ``g-x-m1`` of group ``g-x``; without cgroupd metadata the
+    prefix decides), plus the data consumers ``<member>-<instance>`` of the instances
+    holding them.
+    """
+    def meta(info: dict[str, Any]) -> dict[str, Any]:
+        return (info.get("config") or {}).get("metadata") or {}
+
+    kept: list[dict[str, Any]] = []
+    instances: set[tuple[str, str]] = set()
+    for info in infos:
+        name, member = info.get("name", ""), meta(info).get(MEMBER_KEY)
+        if name == f"{group}-{member}" or (member is None and name.startswith(f"{group}-")):
+            kept.append(info)
+            if member is not None and meta(info).get(INSTANCE_KEY):
+                instances.add((member, meta(info)[INSTANCE_KEY]))
+    for info in infos:
+        key = (meta(info).get(MEMBER_KEY), meta(info).get(INSTANCE_KEY))
+        if key in instances and info.get("name") == f"{key[0]}-{key[1]}" and info not in kept:
+            kept.append(info)
+    return kept
+
+
 def _view(info: dict[str, Any]) -> ConsumerView:
     config = info.get("config") or {}
     meta = config.get("metadata") or {}
@@ -325,27 +366,22 @@ def _view(info: dict[str, Any]) -> ConsumerView:
 async def group_consumers(js: JetStream, stream: str, group: str) -> list[ConsumerView]:
     """Every consumer on the group's stream that belongs to it, read as member instances."""
     stored = await get_group(js, stream, group)
-    views = [_view(i) for i in await js.list_consumers(stored.consume_stream)]
+    infos = await js.list_consumers(stored.consume_stream)
     if stored.static:
-        views = [v for v in views if v.name.startswith(f"{group}-")]
-    return sorted(views, key=lambda v: v.name)
+        infos = _static_consumers(group, infos)
+    return sorted((_view(i) for i in infos), key=lambda v: v.name)
 
 
 async def partition_pending(js: JetStream, stream: str, group: str) -> dict[int, int]:
     """Messages waiting in each partition of the group's stream (its lag)."""
     stored = await get_group(js, stream, group)
     counts = {p: 0 for p in range(stored.config.max_members)}
-    info = await _subject_counts(js, stored.consume_stream)
+    info = await js.subject_counts(stored.consume_stream)
     for subject, n in info.items():
         head = subject.split(".", 1)[0]
         if head.isdigit() and int(head) in counts:
             counts[int(head)] += n
     return counts
-
-
-async def _subject_counts(js: JetStream, stream: str) -> dict[str, int]:
-    info = await js.jsm.stream_info(stream, subjects_filter=">")
-    return dict(info.state.subjects or {})
 
 
 async def group_status(js: JetStream, stream: str, group: str) -> GroupStatus:

@@ -6,9 +6,9 @@ Streams, KV records and consumers, with nats-py's exceptions translated into
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +41,7 @@ class Record:
 
 
 @contextlib.contextmanager
-def translated(what: str) -> Any:
+def translated(what: str) -> Iterator[None]:
     """Re-raise nats-py errors raised while doing ``what`` as cgroupd errors."""
     try:
         yield
@@ -56,6 +56,13 @@ def translated(what: str) -> Any:
         code = int(exc.code or 500)
         err_code = int(exc.err_code or 0)
         desc = exc.description or str(exc)
+        if isinstance(exc, nats.js.errors.ServiceUnavailableError) and exc.code is None:
+            # nats-py's translation of "no responders" on a $JS.API subject.
+            raise JetStreamNotEnabled(
+                f"{what}: no JetStream answered (is JetStream enabled for this account?)"
+            ) from exc
+        if err_code == jsapi.ERR_JS_NOT_ENABLED:
+            raise JetStreamNotEnabled(f"{what}: {desc}") from exc
         if err_code == jsapi.ERR_STREAM_NOT_FOUND:
             raise StreamNotFound(f"{what}: stream not found") from exc
         if code == 403 or "permission" in desc.lower():
@@ -65,7 +72,7 @@ def translated(what: str) -> Any:
         raise JetStreamNotEnabled(
             f"{what}: no JetStream answered (is JetStream enabled for this account?)"
         ) from exc
-    except (nats.errors.TimeoutError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, nats.errors.TimeoutError) as exc:
         raise ServerUnreachable(f"{what}: the server did not answer in time") from exc
     except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
             nats.errors.StaleConnectionError) as exc:
@@ -80,32 +87,66 @@ class JetStream:
         self.js = nc.jetstream(timeout=timeout)
         self.jsm = nc.jetstream(timeout=timeout)._jsm
         self._kv: dict[str, KeyValue] = {}
+        self._denials: list[tuple[float, str]] = []
+        self._watch_permission_errors()
+
+    def _watch_permission_errors(self) -> None:
+        """A denied publish gets no API reply, only an async -ERR on the connection; keep
+        those so a request that then times out is reported as PermissionDenied."""
+        chained = self.nc._error_cb
+
+        async def on_error(exc: Exception) -> None:
+            if "permissions violation" in str(exc).lower():
+                self._denials = [*self._denials[-9:], (time.monotonic(), str(exc))]
+            if chained is not None:
+                await chained(exc)
+
+        self.nc._error_cb = on_error
+
+    @contextlib.contextmanager
+    def _translated(self, what: str) -> Iterator[None]:
+        """:func:`translated`, plus: a timeout after a permissions violation is a denial."""
+        started = time.monotonic()
+        try:
+            with translated(what):
+                yield
+        except ServerUnreachable as exc:
+            denial = next((text for at, text in reversed(self._denials) if at >= started), None)
+            if denial is not None:
+                raise PermissionDenied(f"{what}: {denial}") from exc
+            raise
 
     # -- streams ---------------------------------------------------------------------
     async def stream_info(self, name: str) -> api.StreamInfo | None:
         """Info of a stream, or None when it does not exist."""
         try:
-            with translated(f"stream {name}"):
+            with self._translated(f"stream {name}"):
                 return await self.jsm.stream_info(name)
         except StreamNotFound:
             return None
 
     async def add_stream(self, config: api.StreamConfig) -> api.StreamInfo:
-        with translated(f"creating stream {config.name}"):
+        with self._translated(f"creating stream {config.name}"):
             return await self.jsm.add_stream(config)
 
     async def delete_stream(self, name: str) -> bool:
         """Delete a stream; False if it did not exist."""
         try:
-            with translated(f"deleting stream {name}"):
+            with self._translated(f"deleting stream {name}"):
                 return bool(await self.jsm.delete_stream(name))
         except StreamNotFound:
             return False
 
+    async def subject_counts(self, stream: str) -> dict[str, int]:
+        """Messages per subject in a stream (the server caps very large answers)."""
+        with self._translated(f"stream {stream}"):
+            info = await self.jsm.stream_info(stream, subjects_filter=">")
+        return dict(info.state.subjects or {})
+
     async def purge(self, stream: str, subject: str | None = None,
                     keep_from_seq: int | None = None) -> None:
         """Purge ``subject`` (all if None) below sequence ``keep_from_seq``."""
-        with translated(f"purging {stream}"):
+        with self._translated(f"purging {stream}"):
             await self.jsm.purge_stream(stream, subject=subject, seq=keep_from_seq)
 
     # -- KV records ------------------------------------------------------------------
@@ -114,12 +155,12 @@ class JetStream:
         if name in self._kv:
             return self._kv[name]
         try:
-            with translated(f"bucket {name}"):
+            with self._translated(f"bucket {name}"):
                 kv = await self.js.key_value(name)
         except BucketNotFound:
             if create_with is None:
                 raise
-            with translated(f"creating bucket {name}"):
+            with self._translated(f"creating bucket {name}"):
                 kv = await self.js.create_key_value(config=create_with)
         self._kv[name] = kv
         return kv
@@ -128,7 +169,7 @@ class JetStream:
         """Current value of a record; None when absent or deleted."""
         kv = await self.bucket(bucket)
         try:
-            with translated(f"reading {bucket}/{key}"):
+            with self._translated(f"reading {bucket}/{key}"):
                 entry = await kv.get(key)
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
             return None
@@ -137,7 +178,7 @@ class JetStream:
     async def create_record(self, bucket: str, key: str, value: bytes) -> int:
         """Create a record that must not exist yet; ConflictError if it does."""
         kv = await self.bucket(bucket)
-        with translated(f"creating {bucket}/{key}"):
+        with self._translated(f"creating {bucket}/{key}"):
             try:
                 return int(await kv.create(key, value))
             except nats.js.errors.KeyWrongLastSequenceError as exc:
@@ -146,19 +187,19 @@ class JetStream:
     async def update_record(self, bucket: str, key: str, value: bytes, last: int) -> int:
         """Compare-and-set on revision ``last``; ConflictError when it moved on."""
         kv = await self.bucket(bucket)
-        with translated(f"updating {bucket}/{key}"):
+        with self._translated(f"updating {bucket}/{key}"):
             return int(await kv.update(key, value, last=last))
 
     async def delete_record(self, bucket: str, key: str) -> None:
         kv = await self.bucket(bucket)
-        with translated(f"deleting {bucket}/{key}"):
+        with self._translated(f"deleting {bucket}/{key}"):
             await kv.delete(key)
 
     async def keys(self, bucket: str) -> list[str]:
         """Keys of live records in a bucket."""
         kv = await self.bucket(bucket)
         try:
-            with translated(f"listing {bucket}"):
+            with self._translated(f"listing {bucket}"):
                 return list(await kv.keys())
         except nats.js.errors.NoKeysError:
             return []
@@ -166,13 +207,13 @@ class JetStream:
     async def watch_record(self, bucket: str, key: str) -> AsyncIterator[Record]:
         """The current record, then every change (value None = deleted), until cancelled."""
         kv = await self.bucket(bucket)
-        with translated(f"watching {bucket}/{key}"):
+        with self._translated(f"watching {bucket}/{key}"):
             watcher = await kv.watch(key)
         try:
             while True:
                 try:
-                    entry = await watcher.updates(timeout=60.0)
-                except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                    entry = await watcher.updates(timeout=60.0)  # type: ignore[no-untyped-call]
+                except (TimeoutError, nats.errors.TimeoutError):
                     continue
                 if entry is None:
                     continue  # end of initial values marker
@@ -180,24 +221,29 @@ class JetStream:
                 yield Record(None if deleted else entry.value, entry.revision or 0)
         finally:
             with contextlib.suppress(Exception):
-                await watcher.stop()
+                await watcher.stop()  # type: ignore[no-untyped-call]
 
     # -- consumers -------------------------------------------------------------------
     async def create_consumer(self, stream: str, name: str, config: dict[str, Any],
                               action: str = "create") -> dict[str, Any]:
-        return await jsapi.create_consumer(self.nc, stream, name, config, action)
+        with self._translated(f"creating consumer {name}"):
+            return await jsapi.create_consumer(self.nc, stream, name, config, action)
 
     async def delete_consumer(self, stream: str, name: str) -> bool:
-        return await jsapi.delete_consumer(self.nc, stream, name)
+        with self._translated(f"deleting consumer {name}"):
+            return await jsapi.delete_consumer(self.nc, stream, name)
 
     async def consumer_info(self, stream: str, name: str) -> dict[str, Any] | None:
-        return await jsapi.consumer_info(self.nc, stream, name)
+        with self._translated(f"consumer {name}"):
+            return await jsapi.consumer_info(self.nc, stream, name)
 
     async def list_consumers(self, stream: str) -> list[dict[str, Any]]:
-        return await jsapi.list_consumers(self.nc, stream)
+        with self._translated(f"listing consumers of {stream}"):
+            return await jsapi.list_consumers(self.nc, stream)
 
     async def unpin(self, stream: str, consumer: str, group: str) -> None:
-        await jsapi.unpin(self.nc, stream, consumer, group)
+        with self._translated(f"unpinning {consumer}"):
+            await jsapi.unpin(self.nc, stream, consumer, group)
 
     async def puller(self, stream: str, consumer: str, options: PullOptions,
                      on_message: Callable[[Any], None] | None = None) -> Puller:

@@ -46,8 +46,8 @@ from cgroupd.config import (
 from cgroupd.errors import ApiError, CgroupdError, ConfigError, GroupNotFound
 from cgroupd.jetstream import JetStream, Record
 from cgroupd.message import Message, Outcome
-from cgroupd.partitions import member_partitions, partition_filters, sync_filters
-from cgroupd.pull import Puller, PullEnd, PullOptions
+from cgroupd.partitions import SYNC_PREFIX, member_partitions, partition_filters, sync_filters
+from cgroupd.pull import PullEnd, Puller, PullOptions
 from cgroupd.settings import PRIORITY_GROUP, Exclusivity, MemberSettings
 
 log = structlog.get_logger("cgroupd.member")
@@ -85,7 +85,7 @@ class StepDown(Enum):
     SYNC_LOST = "sync-consumer-lost"
     DATA_LOST = "data-consumer-lost"
     PIN_LOST = "pin-lost"
-    SUSPENDED = "suspended"
+    STALLED = "stalled"
     GROUP_DELETED = "group-deleted"
     INVALID_CONFIG = "invalid-config"
     STOPPING = "stopping"
@@ -114,6 +114,8 @@ class Generation:
     running: set[asyncio.Task[Any]] = field(default_factory=set)
     #: Set when the process may have been suspended; cleared by a successful self-check.
     suspect: bool = False
+    #: The data consumer's info at the last self-check.
+    data_info: dict[str, Any] | None = None
     ended: asyncio.Future[tuple[StepDown, str]] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -212,6 +214,7 @@ class Member:
             self._advisories = await self.js.nc.subscribe(
                 f"$JS.EVENT.ADVISORY.CONSUMER.DELETED.{self._consume_stream}.*",
                 cb=self._on_consumer_deleted)
+        self._transition(MemberState.STANDBY)
         self._supervisor = asyncio.create_task(self._supervise(), name="cgroupd-member")
 
     async def stop(self) -> None:
@@ -326,7 +329,6 @@ class Member:
 
     # -- supervisor -----------------------------------------------------------------
     async def _supervise(self) -> None:
-        self._transition(MemberState.STANDBY)
         delay = 0.0
         try:
             while not self._stopping and not self._deleted:
@@ -349,7 +351,7 @@ class Member:
                     await self._wait_wake(self.settings.retry_interval)
                     delay = 0.0
                     continue
-                why, detail = await self._run_active(gen)
+                why = await self._run_active(gen)
                 delay = self._delay_after(why)
         except Exception as exc:  # a bug, not a fault: say so, release, stop
             self._log.exception("member runtime failed", error=repr(exc))
@@ -360,8 +362,8 @@ class Member:
                 self._transition(MemberState.STOPPED)
 
     def _delay_after(self, why: StepDown) -> float:
-        if why is StepDown.CONFIG_CHANGED:
-            return 0.0  # the transition hold set by the config change applies
+        if why in (StepDown.CONFIG_CHANGED, StepDown.STALLED):
+            return 0.0  # the transition hold applies / nobody else needs a chance
         return self.settings.rejoin_delay
 
     async def _wait_wake(self, timeout: float, interruptible: bool = True) -> None:
@@ -408,17 +410,20 @@ class Member:
             return None
         gen = self._gen = Generation(partitions, [self.data_consumer, self.sync_consumer])
         # We hold the election from here on: keep the sync consumer alive while waiting
-        # for the previous owner's data consumer to go (10100), never stealing it.
+        # for the previous owner's data consumer to go (10100). A live previous owner
+        # (draining after a step-down) is never robbed; an abandoned one is reclaimed.
         gen.pullers.append(await self._start_puller(gen, self.sync_consumer, 1, StepDown.SYNC_LOST))
         data_cfg = self._consumer_config(partition_filters(partitions),
                                          inactive_threshold=inactive, metadata=instance_meta)
-        deadline = self._clock() + max(5 * s.inactive_threshold, 2 * s.retry_interval)
+        deadline = self._clock() + s.drain_timeout + 2 * s.retry_interval
         while True:
             try:
                 await self.js.create_consumer(self._consume_stream, self.data_consumer, data_cfg)
                 break
             except CgroupdError as exc:
                 retry = isinstance(exc, ApiError) and exc.err_code == jsapi.ERR_WQ_NOT_UNIQUE
+                if retry and s.reclaim_abandoned and await self._reclaim_abandoned(gen):
+                    continue
                 if not retry or self._clock() > deadline or gen.ended.done() or self._stopping:
                     self._log.warning("data consumer create failed", error=str(exc))
                     await self._release(gen)
@@ -428,6 +433,46 @@ class Member:
         gen.pullers.append(await self._start_puller(gen, self.data_consumer, s.max_in_flight,
                                                     StepDown.DATA_LOST, deliver=True))
         return gen
+
+    async def _reclaim_abandoned(self, gen: Generation) -> bool:
+        """Delete data consumers of this member that nobody pulls from any more.
+
+        The server keeps a consumer holding unacknowledged messages until their ack wait
+        runs out, so a crashed owner would block its successor for ``ack_wait``. We hold
+        the member's sync consumer, so the previous owner stopped pulling on it for the
+        inactive threshold; if its data consumer also has no waiting pull in two looks a
+        heartbeat apart, its owner is gone (a live owner draining after a step-down keeps
+        pulling) and its unacked messages are released to us by deleting it.
+        """
+        mine = set(gen.consumers)
+
+        async def abandoned() -> dict[str, int]:
+            out = {}
+            for info in await self.js.list_consumers(self._consume_stream):
+                cfg = info.get("config") or {}
+                meta = cfg.get("metadata") or {}
+                name = info.get("name", "")
+                if meta.get(MEMBER_KEY) == self.member and INSTANCE_KEY in meta \
+                        and name not in mine and not (cfg.get("filter_subjects") or [""])[0] \
+                        .startswith(f"{SYNC_PREFIX}."):
+                    out[name] = int(info.get("num_waiting", 0))
+            return out
+
+        try:
+            first = await abandoned()
+            if not any(waiting == 0 for waiting in first.values()):
+                return False
+            await self._sleep(self.settings.heartbeat)
+            second = await abandoned()
+            reclaimed = False
+            for name, waiting in second.items():
+                if waiting == 0 and first.get(name) == 0 and not gen.ended.done():
+                    self._log.warning("reclaiming abandoned data consumer", consumer=name)
+                    reclaimed |= await self.js.delete_consumer(self._consume_stream, name)
+            return reclaimed
+        except CgroupdError as exc:
+            self._log.warning("could not inspect previous owner's consumer", error=str(exc))
+            return False
 
     async def _acquire_pinned(self, partitions: tuple[int, ...]) -> Generation | None:
         """Pinned mode: ensure the shared member consumer exists, pull until pinned."""
@@ -509,7 +554,7 @@ class Member:
         return puller
 
     # -- activity -------------------------------------------------------------------
-    async def _run_active(self, gen: Generation) -> tuple[StepDown, str]:
+    async def _run_active(self, gen: Generation) -> StepDown:
         self._gen = gen
         self.partitions = gen.partitions
         self._transition(MemberState.ACTIVE, partitions=list(gen.partitions))
@@ -534,7 +579,7 @@ class Member:
         self._log.info("stepped down", reason=why.value, detail=detail)
         if self.on_standby is not None:
             await self._callback(self.on_standby, why.value)
-        return why, detail
+        return why
 
     async def _release(self, gen: Generation) -> None:
         """Stop taking messages, let running handlers finish (bounded), drop consumers."""
@@ -545,7 +590,7 @@ class Member:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         if gen.running:
-            done, late = await asyncio.wait(gen.running, timeout=self.settings.drain_timeout)
+            _, late = await asyncio.wait(gen.running, timeout=self.settings.drain_timeout)
             for task in late:
                 task.cancel()
             if late:
@@ -582,10 +627,29 @@ class Member:
         return bool(meta.get(INSTANCE_KEY) == self.instance_id)
 
     async def _verify_loop(self, gen: Generation) -> None:
-        """ADR: the active instance checks its consumers still exist and name it."""
+        """ADR: the active instance checks its consumers still exist and name it.
+
+        It also notices a data consumer that starves us: at three checks in a row the
+        server holds messages for it, none is unacknowledged and we hold none. A
+        nats-server killed with SIGKILL can come back with consumer state that no longer
+        matches its stream and then delivers only when a new pull arrives; a new data
+        consumer starts cleanly from what the work-queue stream still holds.
+        """
+        starved = 0
         while not gen.ended.done():
             await self._sleep(self.settings.retry_interval)
-            await self._verify(gen)
+            gen.data_info = None
+            if not await self._verify(gen) or gen.data_info is None:
+                continue
+            info = gen.data_info
+            holding = bool(gen.running) or not gen.queue.empty()
+            if int(info.get("num_pending", 0)) > 0 and int(info.get("num_ack_pending", 0)) == 0 \
+                    and not holding:
+                starved += 1
+            else:
+                starved = 0
+            if starved >= 3:
+                gen.end(StepDown.STALLED, "data consumer stopped delivering pending messages")
 
     async def _verify(self, gen: Generation) -> bool:
         try:
@@ -601,6 +665,7 @@ class Member:
         if data is None:
             gen.end(StepDown.DATA_LOST, "data consumer missing")
             return False
+        gen.data_info = data
         return True
 
     async def _watch_clock(self, gen: Generation) -> None:
@@ -634,7 +699,12 @@ class Member:
                 gen.suspect = False
             task = asyncio.create_task(self._handle(gen, msg), name="cgroupd-handler")
             gen.running.add(task)
-            task.add_done_callback(lambda t: (gen.running.discard(t), limit.release()))
+
+            def finished(t: asyncio.Task[None]) -> None:
+                gen.running.discard(t)
+                limit.release()
+
+            task.add_done_callback(finished)
 
     async def _handle(self, gen: Generation, raw: Msg) -> None:
         message = Message.from_msg(self.js.nc, raw)

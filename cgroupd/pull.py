@@ -21,7 +21,11 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+import structlog
+
 from cgroupd import jsapi
+
+log = structlog.get_logger("cgroupd.pull")
 
 STATUS = "Status"
 DESCRIPTION = "Description"
@@ -176,6 +180,8 @@ class Puller:
         lowered = description.lower()
         if status == "100":
             return  # idle heartbeat (or flow control, not used by pulls): just liveness
+        log.debug("pull status", consumer=self._consumer, status=status, description=description,
+                 pending=headers.get(PENDING_MSGS))
         if status in ("404", "408"):
             left = headers.get(PENDING_MSGS)
             self._pending = max(0, self._pending - int(left)) if left else 0

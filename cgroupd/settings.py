@@ -53,6 +53,9 @@ class MemberSettings:
     retry_backoff: float = 0.1
     retry_backoff_max: float = 10.0
     exclusivity: Exclusivity = Exclusivity.SYNC
+    #: Delete a previous owner's data consumer that nobody pulls from any more, instead of
+    #: waiting for the server to drop it after its unacked messages' ack wait.
+    reclaim_abandoned: bool = True
     #: Pinned mode: the server unpins an instance that did not pull for this long.
     pinned_ttl: float = 2.0
 

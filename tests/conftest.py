@@ -11,6 +11,7 @@ import pytest_asyncio
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
+from cgroupd.jetstream import JetStream
 from tests.natsserver import (
     DockerNatsServer,
     NatsCluster,
@@ -63,3 +64,9 @@ async def nc(nats_server: NatsServer | DockerNatsServer) -> AsyncIterator[Client
 def js(nc: Client) -> JetStreamContext:
     """JetStream context of ``nc``."""
     return nc.jetstream()
+
+
+@pytest.fixture
+def jetstream(nc: Client) -> JetStream:
+    """cgroupd's JetStream adapter over ``nc``."""
+    return JetStream(nc)

@@ -144,26 +144,25 @@ def check(record: Record, sent: list[tuple[str, int]],
 
 
 def _overlaps(record: Record, member_of: Callable[[dict[str, Any]], str]) -> list[str]:
-    """Instances of one member whose [first start, last end] message windows interleave."""
-    spans: dict[str, dict[str, list[float]]] = {}
+    """Message processing intervals of different instances of one member that intersect."""
+    begun: dict[tuple[str, int], float] = {}
+    intervals: dict[str, list[tuple[float, float, str]]] = {}
     for e in record.events:
-        if e["event"] in ("start", "end"):
-            inst = spans.setdefault(member_of(e), {}).setdefault(e["instance"], [])
-            inst.append(e["t"])
+        key = (e["instance"], e.get("seq", -1))
+        if e["event"] == "start":
+            begun[key] = e["t"]
+        elif e["event"] == "end" and key in begun:
+            intervals.setdefault(member_of(e), []).append((begun.pop(key), e["t"], key[0]))
     out = []
-    for member, by_instance in spans.items():
-        # Message-level intervals per instance.
-        intervals = []
-        for inst, _ in by_instance.items():
-            starts = [e for e in record.events if e["instance"] == inst and e["event"] == "start"]
-            ends = {e["seq"]: e["t"] for e in record.events
-                    if e["instance"] == inst and e["event"] == "end"}
-            for s in starts:
-                intervals.append((s["t"], ends.get(s["seq"], s["t"]), inst))
-        intervals.sort()
-        for (s1, e1, i1), (s2, e2, i2) in zip(intervals, intervals[1:]):
-            if i1 != i2 and s2 < e1:
-                out.append(f"{member}: {i1} until {e1:.3f} overlaps {i2} from {s2:.3f}")
+    for member, spans in intervals.items():
+        spans.sort()
+        latest_end, latest_instance = float("-inf"), ""
+        for start, end, instance in spans:
+            if instance != latest_instance and start < latest_end:
+                out.append(f"{member}: {latest_instance} busy until {latest_end:.3f} "
+                           f"while {instance} started at {start:.3f}")
+            if end > latest_end:
+                latest_end, latest_instance = end, instance
     return out
 
 
@@ -175,10 +174,11 @@ class MemberProcess:
         self.record = record
         self.member = member
         env = dict(os.environ, PYTHONPATH=str(ROOT))
+        self._log = open(f"{record}.log", "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.member_process", "--url", url, "--stream", stream,
              "--group", group, "--member", member, "--record", str(record), *extra],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(f"{record}.log", "w"))
+            cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
 
     def events(self) -> list[dict[str, Any]]:
         return Record.load([self.record]).events
@@ -201,6 +201,7 @@ class MemberProcess:
             self.proc.send_signal(signal.SIGCONT)
             self.proc.kill()
         self.proc.wait(timeout=10)
+        self._log.close()
 
 
 async def wait_started(procs: Iterable[MemberProcess], timeout: float = 20.0) -> None:

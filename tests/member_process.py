@@ -42,7 +42,7 @@ async def main(args: argparse.Namespace) -> None:
         exclusivity=Exclusivity(args.exclusivity),
         max_in_flight=args.max_in_flight,
     )
-    out = open(args.record, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+    out = open(args.record, "a", buffering=1)
     member: Member
 
     async def handler(msg: Message) -> None:
@@ -51,13 +51,17 @@ async def main(args: argparse.Namespace) -> None:
                   seq=msg.stream_sequence, deliveries=msg.delivery_count)
         if args.handler_delay:
             await asyncio.sleep(args.handler_delay)
+        # At-least-once: the work is recorded before it is acknowledged, so a crash between
+        # the two shows up as a duplicate, never as a loss.
+        rec.write("end", subject=msg.subject, partition=msg.partition, n=n,
+                  seq=msg.stream_sequence)
         try:
             await msg.double_ack()
             confirmed = True
         except Exception:  # noqa: BLE001 - recorded, the runtime redelivers
             confirmed = False
-        rec.write("end", subject=msg.subject, partition=msg.partition, n=n,
-                  seq=msg.stream_sequence, confirmed=confirmed)
+        rec.write("ack", subject=msg.subject, n=n, seq=msg.stream_sequence,
+                  confirmed=confirmed)
 
     member = Member(
         JetStream(nc), args.stream, args.group, args.member, handler, settings,
