@@ -43,16 +43,21 @@ from cgroupd.config import (
     validate_name,
     work_queue_stream,
 )
+from cgroupd.dispatch import Dispatcher, Handler
 from cgroupd.errors import ApiError, CgroupdError, ConfigError, GroupNotFound
 from cgroupd.jetstream import JetStream, Record
-from cgroupd.message import Message, Outcome
-from cgroupd.partitions import SYNC_PREFIX, member_partitions, partition_filters, sync_filters
+from cgroupd.partitions import (
+    SYNC_PREFIX,
+    key_function,
+    member_partitions,
+    partition_filters,
+    sync_filters,
+)
 from cgroupd.pull import PullEnd, Puller, PullOptions
 from cgroupd.settings import PRIORITY_GROUP, Exclusivity, MemberSettings
 
 log = structlog.get_logger("cgroupd.member")
 
-Handler = Callable[[Message], Awaitable[None] | None]
 ActiveCallback = Callable[[tuple[int, ...]], Awaitable[None] | None]
 StandbyCallback = Callable[[str], Awaitable[None] | None]
 
@@ -109,9 +114,8 @@ class Generation:
     partitions: tuple[int, ...]
     consumers: list[str]
     pullers: list[Puller] = field(default_factory=list)
-    queue: asyncio.Queue[Msg] = field(default_factory=asyncio.Queue)
+    dispatcher: Dispatcher | None = None
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
-    running: set[asyncio.Task[Any]] = field(default_factory=set)
     #: Set when the process may have been suspended; cleared by a successful self-check.
     suspect: bool = False
     #: The data consumer's info at the last self-check.
@@ -181,7 +185,8 @@ class Member:
         #: Partitions under the latest config, and when competing may resume after a change.
         self._last_partitions: tuple[int, ...] = ()
         self._not_before = 0.0
-        self.stats = {"delivered": 0, "acked": 0, "naked": 0, "termed": 0, "step_downs": 0}
+        self.stats = {"delivered": 0, "acked": 0, "naked": 0, "termed": 0, "retries": 0,
+                      "duplicates": 0, "step_downs": 0}
         self._log = log.bind(stream=stream, group=group, member=member,
                              instance=self.instance_id)
 
@@ -408,7 +413,7 @@ class Member:
         except CgroupdError as exc:
             self._log.warning("sync consumer create failed", error=str(exc))
             return None
-        gen = self._gen = Generation(partitions, [self.data_consumer, self.sync_consumer])
+        gen = self._gen = self._generation(partitions, [self.data_consumer, self.sync_consumer])
         # We hold the election from here on: keep the sync consumer alive while waiting
         # for the previous owner's data consumer to go (10100). A live previous owner
         # (draining after a step-down) is never robbed; an abandoned one is reclaimed.
@@ -515,7 +520,7 @@ class Member:
         except CgroupdError as exc:
             self._log.warning("member consumer create failed", error=str(exc))
             return None
-        gen = self._gen = Generation(partitions, [])
+        gen = self._gen = self._generation(partitions, [])
         pinned = asyncio.get_running_loop().create_future()
         gen.pullers.append(await self._start_puller(
             gen, name, s.max_in_flight, StepDown.PIN_LOST, deliver=True, pinned=pinned))
@@ -527,6 +532,17 @@ class Member:
         self._gen = None
         return None
 
+    def _generation(self, partitions: tuple[int, ...], consumers: list[str]) -> Generation:
+        s = self.settings
+        gen = Generation(partitions, consumers)
+        gen.dispatcher = Dispatcher(
+            self.js.nc, self.handler, ordering=s.ordering, max_in_flight=s.max_in_flight,
+            ack_wait=s.ack_wait, backoff=s.backoff,
+            key_of=key_function(s.key, self.config), before_start=lambda: self._fence(gen),
+            log=self._log, stats=self.stats)
+        gen.dispatcher.start()
+        return gen
+
     async def _start_puller(self, gen: Generation, consumer: str, batch: int,
                             lost: StepDown, deliver: bool = False,
                             pinned: asyncio.Future[None] | None = None) -> Puller:
@@ -536,8 +552,8 @@ class Member:
         def on_message(msg: Msg) -> None:
             if pinned is not None and not pinned.done():
                 pinned.set_result(None)
-            if deliver:
-                gen.queue.put_nowait(msg)
+            if deliver and gen.dispatcher is not None:
+                gen.dispatcher.submit(msg)
 
         puller = await self.js.puller(
             self._consume_stream, consumer,
@@ -561,7 +577,6 @@ class Member:
         self._log.info("became active", partitions=list(gen.partitions))
         if self.on_active is not None:
             await self._callback(self.on_active, gen.partitions)
-        gen.tasks.add(asyncio.create_task(self._dispatch(gen), name="cgroupd-dispatch"))
         if self.settings.exclusivity is Exclusivity.SYNC:
             self._last_tick = self._clock()
             gen.tasks.add(asyncio.create_task(self._verify_loop(gen), name="cgroupd-verify"))
@@ -589,13 +604,8 @@ class Member:
         for task in gen.tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        if gen.running:
-            _, late = await asyncio.wait(gen.running, timeout=self.settings.drain_timeout)
-            for task in late:
-                task.cancel()
-            if late:
-                self._log.warning("handlers still running after drain timeout were cancelled",
-                                  count=len(late))
+        if gen.dispatcher is not None:
+            await gen.dispatcher.drain(self.settings.drain_timeout)
         for puller in gen.pullers:
             await puller.stop()
         if self.settings.exclusivity is Exclusivity.PINNED:
@@ -642,7 +652,7 @@ class Member:
             if not await self._verify(gen) or gen.data_info is None:
                 continue
             info = gen.data_info
-            holding = bool(gen.running) or not gen.queue.empty()
+            holding = gen.dispatcher is not None and gen.dispatcher.holding > 0
             if int(info.get("num_pending", 0)) > 0 and int(info.get("num_ack_pending", 0)) == 0 \
                     and not holding:
                 starved += 1
@@ -679,71 +689,16 @@ class Member:
                 gen.suspect = True
             self._last_tick = now
 
-    async def _dispatch(self, gen: Generation) -> None:
-        """Hand messages to the handler, at most ``max_in_flight`` at a time, in order."""
-        limit = asyncio.Semaphore(self.settings.max_in_flight)
+    async def _fence(self, gen: Generation) -> bool:
+        """Before a handler starts: if we were not running for a while, another instance
+        may own our partitions by now; check before touching another message."""
         fence = self.settings.inactive_threshold / 2
-        check = self.settings.exclusivity is Exclusivity.SYNC
-        while not gen.ended.done():
-            msg = await gen.queue.get()
-            await limit.acquire()
-            if gen.ended.done():
-                limit.release()
-                return
-            if check and (gen.suspect or self._clock() - self._last_tick > fence):
-                # We were not running for a while: another instance may own our
-                # partitions by now. Check before touching another message.
-                if not await self._verify(gen):
-                    limit.release()
-                    return
-                gen.suspect = False
-            task = asyncio.create_task(self._handle(gen, msg), name="cgroupd-handler")
-            gen.running.add(task)
-
-            def finished(t: asyncio.Task[None]) -> None:
-                gen.running.discard(t)
-                limit.release()
-
-            task.add_done_callback(finished)
-
-    async def _handle(self, gen: Generation, raw: Msg) -> None:
-        message = Message.from_msg(self.js.nc, raw)
-        self.stats["delivered"] += 1
-        keepalive = asyncio.create_task(self._keep_alive(message))
-        try:
-            result = self.handler(message) if inspect.iscoroutinefunction(self.handler) \
-                else await asyncio.to_thread(self.handler, message)
-            await _maybe_await(result)
-        except Exception as exc:  # noqa: BLE001 - a handler failure never kills the runtime
-            delay = self.settings.backoff(message.delivery_count)
-            self._log.warning("handler failed; message will be redelivered",
-                              subject=message.subject, seq=message.stream_sequence,
-                              deliveries=message.delivery_count, delay=delay, error=repr(exc))
-            if not message.acknowledged:
-                await self._safe(message.nak(delay))
-        else:
-            if not message.acknowledged:
-                await self._safe(message.ack())
-        finally:
-            keepalive.cancel()
-        if message.outcome is Outcome.ACK:
-            self.stats["acked"] += 1
-        elif message.outcome is Outcome.NAK:
-            self.stats["naked"] += 1
-        elif message.outcome is Outcome.TERM:
-            self.stats["termed"] += 1
-
-    async def _keep_alive(self, message: Message) -> None:
-        """A long handler keeps its message from being redelivered (``in_progress``)."""
-        while True:
-            await asyncio.sleep(self.settings.ack_wait / 3)
-            await self._safe(message.in_progress())
-
-    async def _safe(self, op: Awaitable[None]) -> None:
-        try:
-            await op
-        except Exception as exc:  # noqa: BLE001 - lost acks are redelivered by design
-            self._log.warning("ack could not be sent", error=repr(exc))
+        if self.settings.exclusivity is Exclusivity.SYNC and (
+                gen.suspect or self._clock() - self._last_tick > fence):
+            if not await self._verify(gen):
+                return False
+            gen.suspect = False
+        return not gen.ended.done()
 
     async def _callback(self, cb: Callable[..., Awaitable[None] | None], arg: Any) -> None:
         try:

@@ -8,7 +8,7 @@ assignment: de-duplicate, sort, cap at ``max_members``, contiguous blocks of
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from cgroupd.config import GroupConfig, PartitioningFilter
 
@@ -89,3 +89,65 @@ def moved_partitions(before: GroupConfig, after: GroupConfig) -> set[int]:
     """Partitions whose owner differs between two configs (including gaining/losing one)."""
     a, b = owners(before), owners(after)
     return {p for p in set(a) | set(b) if a.get(p) != b.get(p)}
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard match: ``*`` is one token, a final ``>`` one or more."""
+    ptoks, stoks = pattern.split("."), subject.split(".")
+    for i, p in enumerate(ptoks):
+        if p == ">":
+            return len(stoks) > i
+        if i >= len(stoks) or (p != "*" and p != stoks[i]):
+            return False
+    return len(ptoks) == len(stoks)
+
+
+def key_function(spec: str, config: GroupConfig | None) -> Callable[[str, Mapping[str, str],
+                                                                     int | None], str]:
+    """How messages are grouped for in-order processing (``--key``).
+
+    ``auto``: the partitioning tokens of the subject (the group's partitioning wildcards;
+    the whole subject when a filter hashes it all). ``subject``: the whole subject.
+    ``partition``: the partition number. ``tokens:1,3``: those 1-based subject tokens.
+    ``header:NAME``: that header's value (the subject when absent). The function takes
+    the subject with the partition token stripped, the headers and the partition.
+    """
+    kind, _, arg = spec.partition(":")
+    if kind == "subject":
+        return lambda subject, headers, partition: subject
+    if kind == "partition":
+        return lambda subject, headers, partition: str(partition)
+    if kind == "header":
+        if not arg:
+            raise ValueError("key 'header:' needs a header name, e.g. header:Order-Id")
+        return lambda subject, headers, partition: headers.get(arg) or subject
+    if kind == "tokens":
+        try:
+            positions = [int(t) for t in arg.split(",")]
+        except ValueError:
+            raise ValueError(f"key {spec!r}: tokens are 1-based integers, e.g. tokens:1,3") \
+                from None
+        if not positions or min(positions) < 1:
+            raise ValueError(f"key {spec!r}: tokens are 1-based integers, e.g. tokens:1,3")
+
+        def by_tokens(subject: str, headers: Mapping[str, str], partition: int | None) -> str:
+            toks = subject.split(".")
+            return ".".join(toks[i - 1] if i <= len(toks) else "" for i in positions)
+
+        return by_tokens
+    if kind != "auto":
+        raise ValueError(f"unknown key {spec!r}: use auto, subject, partition, "
+                         "tokens:1,2 or header:NAME")
+    filters = getattr(config, "partitioning_filters", ()) or ()
+
+    def auto(subject: str, headers: Mapping[str, str], partition: int | None) -> str:
+        for pf in filters:
+            if subject_matches(pf.filter, subject):
+                if not pf.partitioning_wildcards:
+                    return subject
+                toks = subject.split(".")
+                stars = [i for i, t in enumerate(pf.filter.split(".")) if t == "*"]
+                return ".".join(toks[stars[w - 1]] for w in pf.partitioning_wildcards)
+        return subject
+
+    return auto

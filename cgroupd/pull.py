@@ -17,11 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
+import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-
-import structlog
 
 from cgroupd import jsapi
 

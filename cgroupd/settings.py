@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from cgroupd.dispatch import Ordering
+
 
 class Exclusivity(Enum):
     """How the instances of one member decide which of them consumes."""
@@ -24,14 +26,21 @@ class Exclusivity(Enum):
 
 #: Priority group name used by pinned mode, as the Go reference uses it.
 PRIORITY_GROUP = "PCG"
+#: Default max in flight of the concurrent orderings.
+DEFAULT_CONCURRENCY = 256
 
 
 @dataclass(frozen=True)
 class MemberSettings:
     """How a member instance competes, consumes and steps down."""
 
-    #: Messages a data consumer may have unacknowledged; 1 keeps strict per-partition order.
-    max_in_flight: int = 1
+    #: Order kept within the member (see :mod:`cgroupd.dispatch`).
+    ordering: Ordering = Ordering.PARTITION
+    #: Messages a data consumer may have unacknowledged; 0 picks the ordering's default
+    #: (1 for ``partition``: the member processes strictly in stream order; 256 otherwise).
+    max_in_flight: int = 0
+    #: What makes messages "the same key" in ``key`` ordering (see partitions.key_function).
+    key: str = "auto"
     #: Server redelivers a message not acked within this time (kept alive while a handler
     #: runs by ``in_progress``).
     ack_wait: float = 30.0
@@ -61,6 +70,9 @@ class MemberSettings:
 
     def __post_init__(self) -> None:
         problems = []
+        if self.max_in_flight == 0:
+            default = 1 if self.ordering is Ordering.PARTITION else DEFAULT_CONCURRENCY
+            object.__setattr__(self, "max_in_flight", default)
         if self.max_in_flight < 1:
             problems.append("max_in_flight must be at least 1")
         for name in ("ack_wait", "retry_interval", "inactive_threshold", "pull_expires",

@@ -12,6 +12,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from cgroupd.jetstream import JetStream
+from tests.groups import Fleet
 from tests.natsserver import (
     DockerNatsServer,
     NatsCluster,
@@ -70,3 +71,13 @@ def js(nc: Client) -> JetStreamContext:
 def jetstream(nc: Client) -> JetStream:
     """cgroupd's JetStream adapter over ``nc``."""
     return JetStream(nc)
+
+
+@pytest_asyncio.fixture
+async def fleet(nats_server: NatsServer) -> AsyncIterator[Fleet]:
+    """In-process member instances on ``nats_server``, all stopped afterwards."""
+    f = Fleet(nats_server.url)
+    try:
+        yield f
+    finally:
+        await f.close()

@@ -19,11 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import nats
+from nats.aio.client import Client
 from nats.js import api
 
 from cgroupd import admin
 from cgroupd.config import ElasticGroupConfig, PartitioningFilter
 from cgroupd.jetstream import JetStream
+from cgroupd.member import Member
+from cgroupd.message import Message
+from cgroupd.settings import MemberSettings
+from tests.natsserver import client_options
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -209,3 +215,57 @@ async def wait_started(procs: Iterable[MemberProcess], timeout: float = 20.0) ->
         await eventually(lambda p=p: any(e["event"] == "started" for e in p.events()),
                          timeout, what=f"{p.member} process to start")
 
+
+class Fleet:
+    """In-process member instances, each on its own connection, all recording to one log."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.record = Record()
+        self.members: list[Member] = []
+        self._conns: list[Client] = []
+        self.member_of: dict[str, str] = {}
+        self.handler_delay = 0.0
+        self.fail_once: set[int] = set()
+
+    async def add(self, member: str, settings: MemberSettings | None = None,
+                  **kw: Any) -> Member:
+        nc = await nats.connect(servers=[self.url], **client_options())
+        self._conns.append(nc)
+        holder: dict[str, Member] = {}
+
+        async def handler(msg: Message) -> None:
+            inst = holder["m"].instance_id
+            n = json.loads(msg.data)["n"]
+            self.record.add("start", inst, subject=msg.subject, n=n, seq=msg.stream_sequence)
+            if self.handler_delay:
+                await asyncio.sleep(self.handler_delay)
+            if n in self.fail_once:
+                self.fail_once.discard(n)
+                self.record.add("fail", inst, subject=msg.subject, n=n, seq=msg.stream_sequence)
+                raise RuntimeError(f"injected failure on #{n}")
+            self.record.add("end", inst, subject=msg.subject, n=n, seq=msg.stream_sequence)
+
+        m = Member(JetStream(nc), "ORDERS", "g", member, handler, settings, **kw)
+        holder["m"] = m
+        self.member_of[m.instance_id] = member
+        await m.start()
+        self.members.append(m)
+        return m
+
+    def active(self, member: str | None = None) -> list[Member]:
+        return [m for m in self.members if m.active and (member is None or m.member == member)]
+
+    def by_member(self, e: dict[str, Any]) -> str:
+        return self.member_of[e["instance"]]
+
+    async def close(self) -> None:
+        await asyncio.gather(*(m.stop() for m in self.members), return_exceptions=True)
+        for nc in self._conns:
+            await nc.close()
+
+
+async def all_done(fleet: Fleet, sent: list[tuple[str, int]], timeout: float = 30.0) -> None:
+    want = {n for _, n in sent}
+    await eventually(lambda: want <= {e["n"] for e in fleet.record.ends()}, timeout,
+                     what=f"{len(want)} messages processed")

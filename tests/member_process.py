@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import signal
 import sys
 import time
@@ -19,6 +20,7 @@ from typing import Any, TextIO
 
 import nats
 
+from cgroupd.dispatch import Ordering
 from cgroupd.jetstream import JetStream
 from cgroupd.member import Member
 from cgroupd.message import Message
@@ -40,6 +42,7 @@ async def main(args: argparse.Namespace) -> None:
     nc = await nats.connect(args.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
     settings = MemberSettings(
         exclusivity=Exclusivity(args.exclusivity),
+        ordering=Ordering(args.ordering),
         max_in_flight=args.max_in_flight,
     )
     out = open(args.record, "a", buffering=1)
@@ -50,7 +53,8 @@ async def main(args: argparse.Namespace) -> None:
         rec.write("start", subject=msg.subject, partition=msg.partition, n=n,
                   seq=msg.stream_sequence, deliveries=msg.delivery_count)
         if args.handler_delay:
-            await asyncio.sleep(args.handler_delay)
+            await asyncio.sleep(random.uniform(0, 2 * args.handler_delay)
+                                if args.jitter else args.handler_delay)
         # At-least-once: the work is recorded before it is acknowledged, so a crash between
         # the two shows up as a duplicate, never as a loss.
         rec.write("end", subject=msg.subject, partition=msg.partition, n=n,
@@ -92,7 +96,9 @@ if __name__ == "__main__":
     parser.add_argument("--member", required=True)
     parser.add_argument("--record", required=True)
     parser.add_argument("--handler-delay", type=float, default=0.0)
-    parser.add_argument("--max-in-flight", type=int, default=1)
+    parser.add_argument("--max-in-flight", type=int, default=0)
+    parser.add_argument("--ordering", default="partition")
+    parser.add_argument("--jitter", action="store_true")
     parser.add_argument("--exclusivity", default="sync")
     parser.add_argument("--static", action="store_true")
     asyncio.run(main(parser.parse_args()))

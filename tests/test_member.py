@@ -6,97 +6,30 @@ import asyncio
 import json
 import signal
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
-import nats
 import pytest
-import pytest_asyncio
 from nats.aio.client import Client
 
 from cgroupd import admin
 from cgroupd.config import ELASTIC_BUCKET, MemberMapping, group_key
 from cgroupd.jetstream import JetStream
-from cgroupd.member import Member, MemberState
-from cgroupd.message import Message
+from cgroupd.member import MemberState
 from cgroupd.settings import Exclusivity, MemberSettings
 from tests.groups import (
+    Fleet,
     MemberProcess,
     Record,
+    all_done,
     check,
     eventually,
     make_group,
     publish_keyed,
     wait_started,
 )
-from tests.natsserver import NatsServer, client_options
+from tests.natsserver import NatsServer
 
 pytestmark = pytest.mark.slow
-
-
-class Fleet:
-    """In-process member instances, each on its own connection, all recording to one log."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.record = Record()
-        self.members: list[Member] = []
-        self._conns: list[Client] = []
-        self.member_of: dict[str, str] = {}
-        self.handler_delay = 0.0
-        self.fail_once: set[int] = set()
-
-    async def add(self, member: str, settings: MemberSettings | None = None,
-                  **kw: Any) -> Member:
-        nc = await nats.connect(servers=[self.url], **client_options())
-        self._conns.append(nc)
-        holder: dict[str, Member] = {}
-
-        async def handler(msg: Message) -> None:
-            inst = holder["m"].instance_id
-            n = json.loads(msg.data)["n"]
-            self.record.add("start", inst, subject=msg.subject, n=n, seq=msg.stream_sequence)
-            if self.handler_delay:
-                await asyncio.sleep(self.handler_delay)
-            if n in self.fail_once:
-                self.fail_once.discard(n)
-                self.record.add("fail", inst, subject=msg.subject, n=n, seq=msg.stream_sequence)
-                raise RuntimeError(f"injected failure on #{n}")
-            self.record.add("end", inst, subject=msg.subject, n=n, seq=msg.stream_sequence)
-
-        m = Member(JetStream(nc), "ORDERS", "g", member, handler, settings, **kw)
-        holder["m"] = m
-        self.member_of[m.instance_id] = member
-        await m.start()
-        self.members.append(m)
-        return m
-
-    def active(self, member: str | None = None) -> list[Member]:
-        return [m for m in self.members if m.active and (member is None or m.member == member)]
-
-    def by_member(self, e: dict[str, Any]) -> str:
-        return self.member_of[e["instance"]]
-
-    async def close(self) -> None:
-        await asyncio.gather(*(m.stop() for m in self.members), return_exceptions=True)
-        for nc in self._conns:
-            await nc.close()
-
-
-@pytest_asyncio.fixture
-async def fleet(nats_server: NatsServer) -> AsyncIterator[Fleet]:
-    f = Fleet(nats_server.url)
-    try:
-        yield f
-    finally:
-        await f.close()
-
-
-async def all_done(fleet: Fleet, sent: list[tuple[str, int]], timeout: float = 30.0) -> None:
-    want = {n for _, n in sent}
-    await eventually(lambda: want <= {e["n"] for e in fleet.record.ends()}, timeout,
-                     what=f"{len(want)} messages processed")
 
 
 async def test_three_members_two_instances_each_process_everything_once_in_order(
