@@ -85,6 +85,15 @@ class Dispatcher:
         """Messages delivered to us and not yet settled."""
         return len(self._held)
 
+    async def settle(self, partitions: set[int], timeout: float) -> bool:
+        """Wait until no message of ``partitions`` is held; False if that takes too long."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while any(m.partition in partitions for m in self._held.values()):
+            if asyncio.get_running_loop().time() > deadline or self._closing.is_set():
+                return False
+            await asyncio.sleep(0.005)
+        return True
+
     def submit(self, raw: Msg) -> None:
         """Take a delivery from the data consumer (called from the puller's callback)."""
         if self._closing.is_set():

@@ -60,6 +60,8 @@ log = structlog.get_logger("cgroupd.member")
 
 ActiveCallback = Callable[[tuple[int, ...]], Awaitable[None] | None]
 StandbyCallback = Callable[[str], Awaitable[None] | None]
+#: Called with (partitions now owned, seconds the move took) after an in-place rebalance.
+RebalanceCallback = Callable[[tuple[tuple[int, ...], float]], Awaitable[None] | None]
 
 #: Metadata key carrying the instance id in the consumers this runtime creates.
 INSTANCE_KEY = "cgroupd_instance"
@@ -112,7 +114,10 @@ class Generation:
     """One period of activity: fixed partitions, this instance's consumers, its tasks."""
 
     partitions: tuple[int, ...]
-    consumers: list[str]
+    #: This instance's data consumers and the partitions each serves. One at first; an
+    #: incremental rebalance adds one for the partitions it gains (a consumer never
+    #: rewinds when filters are added to it, so gained partitions need a fresh one).
+    data: dict[str, tuple[int, ...]] = field(default_factory=dict)
     pullers: list[Puller] = field(default_factory=list)
     dispatcher: Dispatcher | None = None
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
@@ -120,6 +125,14 @@ class Generation:
     suspect: bool = False
     #: The data consumer's info at the last self-check.
     data_info: dict[str, Any] | None = None
+    #: Partitions the latest config gives us; differs from ``partitions`` while an
+    #: incremental rebalance moves some of them.
+    target: tuple[int, ...] = ()
+    retarget: asyncio.Event = field(default_factory=asyncio.Event)
+    rebalances: int = 0
+
+    def __post_init__(self) -> None:
+        self.target = self.partitions
     ended: asyncio.Future[tuple[StepDown, str]] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -149,6 +162,7 @@ class Member:
         instance_id: str | None = None,
         on_active: ActiveCallback | None = None,
         on_standby: StandbyCallback | None = None,
+        on_rebalance: RebalanceCallback | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -164,6 +178,7 @@ class Member:
         self.instance_id = instance_id or new_instance_id()
         self.on_active = on_active
         self.on_standby = on_standby
+        self.on_rebalance = on_rebalance
         self._sleep = sleep
         self._clock = clock
         self.state = MemberState.JOINING
@@ -186,7 +201,7 @@ class Member:
         self._last_partitions: tuple[int, ...] = ()
         self._not_before = 0.0
         self.stats = {"delivered": 0, "acked": 0, "naked": 0, "termed": 0, "retries": 0,
-                      "duplicates": 0, "step_downs": 0}
+                      "duplicates": 0, "step_downs": 0, "rebalances": 0}
         self._log = log.bind(stream=stream, group=group, member=member,
                              instance=self.instance_id)
 
@@ -302,7 +317,13 @@ class Member:
             self._first_config.set_result(None)
         new = member_partitions(config, self.member)
         gen = self._gen
-        if not first and new != (gen.partitions if gen is not None else self._last_partitions):
+        current = gen.target if gen is not None else self._last_partitions
+        if not first and new != current and gen is not None and self.active \
+                and self._incremental(gen, new):
+            # Move only what changes; the partitions we keep never stop (issue 9).
+            gen.target = new
+            gen.retarget.set()
+        elif not first and new != current:
             # ADR Transitioning: everyone drops its consumers, then waits before competing
             # again; the active instance a fixed delay, standbys a little longer.
             s = self.settings
@@ -353,7 +374,10 @@ class Member:
                 self._wake.clear()
                 gen = await self._acquire(partitions)
                 if gen is None:
-                    await self._wait_wake(self.settings.retry_interval)
+                    # Right after a membership change the partitions we want are being
+                    # released by their previous owners: look again soon.
+                    soon = self._clock() < self._not_before + 5.0
+                    await self._wait_wake(0.1 if soon else self.settings.retry_interval)
                     delay = 0.0
                     continue
                 why = await self._run_active(gen)
@@ -413,31 +437,154 @@ class Member:
         except CgroupdError as exc:
             self._log.warning("sync consumer create failed", error=str(exc))
             return None
-        gen = self._gen = self._generation(partitions, [self.data_consumer, self.sync_consumer])
+        gen = self._gen = self._generation(partitions)
         # We hold the election from here on: keep the sync consumer alive while waiting
         # for the previous owner's data consumer to go (10100). A live previous owner
         # (draining after a step-down) is never robbed; an abandoned one is reclaimed.
         gen.pullers.append(await self._start_puller(gen, self.sync_consumer, 1, StepDown.SYNC_LOST))
-        data_cfg = self._consumer_config(partition_filters(partitions),
-                                         inactive_threshold=inactive, metadata=instance_meta)
+        try:
+            await self._add_data_consumer(gen, self.data_consumer, partitions)
+        except CgroupdError as exc:
+            self._log.warning("data consumer create failed", error=str(exc))
+            await self._release(gen)
+            self._gen = None
+            return None
+        return gen
+
+    async def _add_data_consumer(self, gen: Generation, name: str,
+                                 partitions: tuple[int, ...]) -> None:
+        """Create a data consumer for ``partitions`` and pull from it.
+
+        Creation fails with 10100 while the previous owner's data consumer still holds
+        some of them: retry until it lets go (reclaiming it if abandoned), up to a bound.
+        """
+        s = self.settings
+        config = self._consumer_config(
+            partition_filters(partitions), inactive_threshold=int(s.inactive_threshold * 1e9),
+            metadata={MEMBER_KEY: self.member, INSTANCE_KEY: self.instance_id})
         deadline = self._clock() + s.drain_timeout + 2 * s.retry_interval
         while True:
             try:
-                await self.js.create_consumer(self._consume_stream, self.data_consumer, data_cfg)
+                await self.js.create_consumer(self._consume_stream, name, config)
                 break
-            except CgroupdError as exc:
-                retry = isinstance(exc, ApiError) and exc.err_code == jsapi.ERR_WQ_NOT_UNIQUE
-                if retry and s.reclaim_abandoned and await self._reclaim_abandoned(gen):
+            except ApiError as exc:
+                if exc.err_code != jsapi.ERR_WQ_NOT_UNIQUE:
+                    raise
+                if s.reclaim_abandoned and await self._reclaim_abandoned(gen):
                     continue
-                if not retry or self._clock() > deadline or gen.ended.done() or self._stopping:
-                    self._log.warning("data consumer create failed", error=str(exc))
-                    await self._release(gen)
-                    self._gen = None
-                    return None
+                if self._clock() > deadline or gen.ended.done() or self._stopping:
+                    raise
             await self._sleep(min(0.05, s.retry_interval))
-        gen.pullers.append(await self._start_puller(gen, self.data_consumer, s.max_in_flight,
+        gen.data[name] = partitions
+        gen.pullers.append(await self._start_puller(gen, name, s.max_in_flight,
                                                     StepDown.DATA_LOST, deliver=True))
-        return gen
+
+    def _incremental(self, gen: Generation, new: tuple[int, ...]) -> bool:
+        """Can this change be applied by moving only the partitions that change?"""
+        return (self.settings.incremental_rebalance
+                and self.settings.exclusivity is Exclusivity.SYNC
+                and bool(new) and bool(set(new) & set(gen.partitions)))
+
+    async def _rebalance_loop(self, gen: Generation) -> None:
+        """Apply membership changes in place: release lost partitions once their messages
+        are settled, then claim gained ones as soon as their previous owner let go."""
+        while not gen.ended.done():
+            await gen.retarget.wait()
+            gen.retarget.clear()
+            target = gen.target
+            if target == gen.partitions:
+                continue
+            started = self._clock()
+            try:
+                done = await self._move_partitions(gen, target)
+            except CgroupdError as exc:
+                self._log.warning("rebalance failed; rejoining", error=str(exc))
+                done = False
+            if not done:
+                if gen.target == target:
+                    gen.end(StepDown.CONFIG_CHANGED, "incremental rebalance not possible")
+                continue
+            self.partitions = gen.partitions
+            self.stats["rebalances"] += 1
+            elapsed = self._clock() - started
+            self._log.info("rebalanced", partitions=list(gen.partitions),
+                           seconds=round(elapsed, 3))
+            if self.on_rebalance is not None:
+                await self._callback(self.on_rebalance, (gen.partitions, elapsed))
+
+    async def _move_partitions(self, gen: Generation, target: tuple[int, ...]) -> bool:
+        """One incremental rebalance; False means fall back to a full rejoin."""
+        s = self.settings
+        kept = tuple(p for p in gen.partitions if p in target)
+        lost = set(gen.partitions) - set(target)
+        if not kept:
+            return False
+        if lost:
+            # Stop deliveries of the lost partitions, take in what was already sent,
+            # finish it, and only then let the next owner claim them (per-key order).
+            emptied = []
+            for name, parts in list(gen.data.items()):
+                left = tuple(p for p in parts if p not in lost)
+                if left == parts:
+                    continue
+                if left:
+                    await self._update_filters(name, partition_filters(left))
+                    gen.data[name] = left
+                else:
+                    emptied.append(name)
+            for puller in gen.pullers:
+                if puller.consumer in emptied:
+                    await puller.stop()
+                await puller.flush_received()
+            assert gen.dispatcher is not None
+            if not await gen.dispatcher.settle(lost, s.drain_timeout):
+                return False
+            for name in emptied:
+                if not await self._acks_applied(name):
+                    return False
+                await self.js.delete_consumer(self._consume_stream, name)
+                del gen.data[name]
+                gen.pullers = [p for p in gen.pullers if p.consumer != name]
+            await self._update_filters(self.sync_consumer, sync_filters(kept))
+            gen.partitions = kept
+        gained = tuple(p for p in target if p not in gen.partitions)
+        if gained:
+            deadline = self._clock() + s.drain_timeout + 2 * s.retry_interval
+            while True:
+                if gen.ended.done() or gen.target != target:
+                    return gen.target != target  # superseded: the loop goes again
+                try:
+                    await self._update_filters(self.sync_consumer, sync_filters(target))
+                    break
+                except ApiError as exc:
+                    if exc.err_code != jsapi.ERR_WQ_NOT_UNIQUE or self._clock() > deadline:
+                        raise
+                await self._sleep(0.05)
+            gen.rebalances += 1
+            await self._add_data_consumer(gen, f"{self.data_consumer}-{gen.rebalances}", gained)
+            gen.partitions = target
+        return True
+
+    async def _acks_applied(self, name: str) -> bool:
+        """Wait (bounded) until the server has applied our acks on consumer ``name``, so
+        deleting it cannot hand an already-processed message to the next owner."""
+        deadline = self._clock() + self.settings.drain_timeout
+        while self._clock() < deadline:
+            info = await self.js.consumer_info(self._consume_stream, name)
+            if info is None or int(info.get("num_ack_pending", 0)) == 0:
+                return True
+            await self._sleep(0.01)
+        return False
+
+    async def _update_filters(self, name: str, filters: list[str]) -> None:
+        """Change the filters of one of our consumers in place (consumer update)."""
+        info = await self.js.consumer_info(self._consume_stream, name)
+        if info is None:
+            raise ApiError(404, jsapi.ERR_CONSUMER_NOT_FOUND, f"consumer {name} disappeared")
+        config = dict(info["config"])
+        config["filter_subjects"] = filters
+        config.pop("filter_subject", None)
+        await self.js.create_consumer(self._consume_stream, name, config, action="update")
 
     async def _reclaim_abandoned(self, gen: Generation) -> bool:
         """Delete data consumers of this member that nobody pulls from any more.
@@ -449,7 +596,7 @@ class Member:
         heartbeat apart, its owner is gone (a live owner draining after a step-down keeps
         pulling) and its unacked messages are released to us by deleting it.
         """
-        mine = set(gen.consumers)
+        mine = set(gen.data) | {self.sync_consumer}
 
         async def abandoned() -> dict[str, int]:
             out = {}
@@ -520,7 +667,7 @@ class Member:
         except CgroupdError as exc:
             self._log.warning("member consumer create failed", error=str(exc))
             return None
-        gen = self._gen = self._generation(partitions, [])
+        gen = self._gen = self._generation(partitions)
         pinned = asyncio.get_running_loop().create_future()
         gen.pullers.append(await self._start_puller(
             gen, name, s.max_in_flight, StepDown.PIN_LOST, deliver=True, pinned=pinned))
@@ -532,9 +679,9 @@ class Member:
         self._gen = None
         return None
 
-    def _generation(self, partitions: tuple[int, ...], consumers: list[str]) -> Generation:
+    def _generation(self, partitions: tuple[int, ...]) -> Generation:
         s = self.settings
-        gen = Generation(partitions, consumers)
+        gen = Generation(partitions)
         gen.dispatcher = Dispatcher(
             self.js.nc, self.handler, ordering=s.ordering, max_in_flight=s.max_in_flight,
             ack_wait=s.ack_wait, backoff=s.backoff,
@@ -578,6 +725,7 @@ class Member:
         if self.on_active is not None:
             await self._callback(self.on_active, gen.partitions)
         if self.settings.exclusivity is Exclusivity.SYNC:
+            gen.tasks.add(asyncio.create_task(self._rebalance_loop(gen), name="cgroupd-rebalance"))
             self._last_tick = self._clock()
             gen.tasks.add(asyncio.create_task(self._verify_loop(gen), name="cgroupd-verify"))
             gen.tasks.add(asyncio.create_task(self._watch_clock(gen), name="cgroupd-clock"))
@@ -622,11 +770,12 @@ class Member:
             return
         # Data consumer first: its unacked messages become available to the next owner,
         # who can only create its data consumer once ours is gone.
-        for name in gen.consumers:
-            if name == self.sync_consumer and not await self._sync_is_ours():
-                continue
+        for name in gen.data:
             with contextlib.suppress(CgroupdError):
                 await self.js.delete_consumer(self._consume_stream, name)
+        if await self._sync_is_ours():
+            with contextlib.suppress(CgroupdError):
+                await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
 
     async def _sync_is_ours(self) -> bool:
         try:
@@ -664,7 +813,8 @@ class Member:
     async def _verify(self, gen: Generation) -> bool:
         try:
             sync = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
-            data = await self.js.consumer_info(self._consume_stream, self.data_consumer)
+            data = [await self.js.consumer_info(self._consume_stream, name)
+                    for name in list(gen.data)]
         except CgroupdError as exc:
             self._log.warning("self-check could not reach the server", error=str(exc))
             return True  # unknown: the pull watchdog and inactivity decide
@@ -672,10 +822,12 @@ class Member:
         if sync is None or meta.get(INSTANCE_KEY) != self.instance_id:
             gen.end(StepDown.SYNC_LOST, "sync consumer missing or owned by another instance")
             return False
-        if data is None:
+        if any(info is None for info in data):
             gen.end(StepDown.DATA_LOST, "data consumer missing")
             return False
-        gen.data_info = data
+        gen.data_info = {
+            key: sum(int((info or {}).get(key, 0)) for info in data)
+            for key in ("num_pending", "num_ack_pending")}
         return True
 
     async def _watch_clock(self, gen: Generation) -> None:

@@ -116,6 +116,18 @@ class Puller:
                 await self._sub.unsubscribe()
             self._sub = None
 
+    async def flush_received(self) -> None:
+        """Return once every message the server sent before now has reached the callback.
+
+        A reply received on this connection after a change (a consumer update) follows
+        every delivery the server sent before it; those sit in this subscription's queue
+        until its task hands them to the callback.
+        """
+        # nats-py offers no event for an emptied subscription queue: poll it.
+        while self._sub is not None and self._sub.pending_msgs > 0:  # noqa: ASYNC110
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0)
+
     def _end(self, why: PullEnd, description: str) -> None:
         if not self.ended.done():
             self.ended.set_result((why, description))

@@ -65,6 +65,9 @@ class MemberSettings:
     #: Delete a previous owner's data consumer that nobody pulls from any more, instead of
     #: waiting for the server to drop it after its unacked messages' ack wait.
     reclaim_abandoned: bool = True
+    #: On a membership change, move only the partitions that change owner (consumer filter
+    #: updates) instead of the ADR's drop-everything-and-rejoin. Sync exclusivity only.
+    incremental_rebalance: bool = True
     #: Pinned mode: the server unpins an instance that did not pull for this long.
     pinned_ttl: float = 2.0
 

@@ -237,14 +237,16 @@ class Fleet:
         async def handler(msg: Message) -> None:
             inst = holder["m"].instance_id
             n = json.loads(msg.data)["n"]
-            self.record.add("start", inst, subject=msg.subject, n=n, seq=msg.stream_sequence)
+            self.record.add("start", inst, subject=msg.subject, n=n, seq=msg.stream_sequence,
+                            partition=msg.partition)
             if self.handler_delay:
                 await asyncio.sleep(self.handler_delay)
             if n in self.fail_once:
                 self.fail_once.discard(n)
                 self.record.add("fail", inst, subject=msg.subject, n=n, seq=msg.stream_sequence)
                 raise RuntimeError(f"injected failure on #{n}")
-            self.record.add("end", inst, subject=msg.subject, n=n, seq=msg.stream_sequence)
+            self.record.add("end", inst, subject=msg.subject, n=n, seq=msg.stream_sequence,
+                            partition=msg.partition)
 
         m = Member(JetStream(nc), "ORDERS", "g", member, handler, settings, **kw)
         holder["m"] = m

@@ -831,11 +831,12 @@ def _memberships(draw: st.DrawFn, n: int) -> dict[str, Any]:
     if kind == "mappings":
         order = draw(st.permutations(range(n)))
         cuts = sorted(draw(st.sets(st.integers(1, n - 1), max_size=n - 1))) if n > 1 else []
-        chunks = [order[a:b] for a, b in zip([0, *cuts], [*cuts, n])]
+        chunks = [order[a:b] for a, b in zip([0, *cuts], [*cuts, n], strict=True)]
         names = draw(
             st.lists(_member_names, min_size=len(chunks), max_size=len(chunks), unique=True)
         )
-        return {"member_mappings": [MemberMapping(m, c) for m, c in zip(names, chunks)]}
+        pairs = zip(names, chunks, strict=True)
+        return {"member_mappings": [MemberMapping(m, c) for m, c in pairs]}
     return {}
 
 

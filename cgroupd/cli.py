@@ -1,0 +1,926 @@
+"""The ``cgroupd`` command line: the only module that reads argv and the environment.
+
+Commands::
+
+    cgroupd [global options] COMMAND
+      join         run one member instance (handler function or webhook), until SIGTERM
+      group        create | delete | ls | info
+      member       add | drop | ls
+      mapping      set | clear
+      step-down    ask a member's active instance to hand over to a standby
+      status       per partition: member, active instance, pending messages
+      demo         a self-contained demo with an embedded nats-server
+
+Exit codes: 0 success, 1 operational failure (server unreachable, group missing, any
+other cgroupd error), 2 usage error (bad arguments, names, mapping syntax, a handler that
+cannot be loaded). Expected errors print one line on stderr; ``--debug`` adds the
+traceback. Every option has an environment variable ``CGROUPD_<OPTION>``; the servers also
+come from ``NATS_URL``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import socket
+import sys
+import traceback
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+from typer.core import TyperCommand, TyperGroup
+
+import cgroupd
+from cgroupd import admin, logs
+from cgroupd.config import (
+    ElasticGroupConfig,
+    GroupConfig,
+    MemberMapping,
+    PartitioningFilter,
+    StaticGroupConfig,
+    name_problems,
+)
+from cgroupd.connect import DEFAULT_CONNECT_TIMEOUT, ConnectionOptions, connect
+from cgroupd.errors import CgroupdError, ConfigError, StreamNotFound
+from cgroupd.handlers import (
+    DEFAULT_WEBHOOK_TIMEOUT,
+    DeadLetterOptions,
+    HandlerLoadError,
+    HandlerOptions,
+    WebhookOptions,
+    load_handler,
+    parse_statuses,
+)
+from cgroupd.jetstream import JetStream
+from cgroupd.partitions import assignment
+from cgroupd.settings import Exclusivity, MemberSettings
+
+T = TypeVar("T")
+
+PROG = "cgroupd"
+USAGE = 2
+FAILURE = 1
+
+
+class CliError(Exception):
+    """An expected failure: print ``message`` on one line, exit with ``code``."""
+
+    def __init__(self, message: str, code: int = FAILURE) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+def usage(message: str) -> NoReturn:
+    raise CliError(message, USAGE)
+
+
+# -- pure helpers (unit-tested) ---------------------------------------------------------
+_ORDINAL = re.compile(r"-(\d+)$")
+
+
+def member_from_hostname(hostname: str, members: int, prefix: str = "m") -> str:
+    """Member name of a StatefulSet pod: ``name-<ordinal>`` → ``<prefix><ordinal % members>``.
+
+    With 3 members, pods 0..2 are m0..m2 and pods 3..5 their standbys. Only the first DNS
+    label counts (``web-4.web.ns.svc`` → ordinal 4).
+    """
+    if members < 1:
+        raise ValueError(f"members must be at least 1, not {members}")
+    label = hostname.strip().split(".", 1)[0]
+    match = _ORDINAL.search(label)
+    if not match:
+        raise ValueError(f"hostname {hostname!r} does not end in -<ordinal> "
+                         "(expected a StatefulSet pod name like worker-0)")
+    name = f"{prefix}{int(match.group(1)) % members}"
+    problems = name_problems("member", name)
+    if problems:
+        raise ValueError("; ".join(problems))
+    return name
+
+
+def parse_partitions(text: str) -> tuple[int, ...]:
+    """``"0,1,4-6"`` → ``(0, 1, 4, 5, 6)``; ValueError on anything else."""
+    out: list[int] = []
+    for item in text.split(","):
+        item = item.strip()
+        lo, dash, hi = item.partition("-")
+        if not item or not lo.isdigit() or (dash and not hi.isdigit()):
+            raise ValueError(f"{item!r} is not a partition number or range like 0-3")
+        first, last = int(lo), int(hi) if dash else int(lo)
+        if last < first:
+            raise ValueError(f"range {item!r} runs backwards")
+        for p in range(first, last + 1):
+            if p in out:
+                raise ValueError(f"partition {p} is listed twice")
+            out.append(p)
+    return tuple(out)
+
+
+def parse_mappings(items: Sequence[str]) -> list[MemberMapping]:
+    """``["m1=0,1", "m2=2-3"]`` → mappings; ValueError naming the first bad item."""
+    if not items:
+        raise ValueError("give at least one mapping like m1=0,1")
+    out = []
+    for item in items:
+        member, sep, spec = item.partition("=")
+        member = member.strip()
+        if not sep or not member or not spec.strip():
+            raise ValueError(f"mapping {item!r} must look like MEMBER=0,1 or MEMBER=0-3")
+        problems = name_problems("member", member)
+        if problems:
+            raise ValueError("; ".join(problems))
+        try:
+            partitions = parse_partitions(spec)
+        except ValueError as exc:
+            raise ValueError(f"mapping {item!r}: {exc}") from exc
+        out.append(MemberMapping(member, partitions))
+    return out
+
+
+def parse_wildcards(text: str) -> tuple[int, ...]:
+    """``"1,2"`` → ``(1, 2)``."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items or not all(t.isdigit() for t in items):
+        raise ValueError(f"--wildcards {text!r} must be wildcard positions like 1 or 1,2")
+    return tuple(int(t) for t in items)
+
+
+def pair_filters(args: Sequence[str]) -> list[tuple[str, str | None]]:
+    """Each ``--filter`` with the ``--wildcards`` that follows it, in command-line order."""
+    pairs: list[list[str | None]] = []
+    it = iter(args)
+    for token in it:
+        if token == "--":
+            break
+        for opt in ("--filter", "--wildcards"):
+            if token == opt:
+                value = next(it, None)
+            elif token.startswith(opt + "="):
+                value = token[len(opt) + 1:]
+            else:
+                continue
+            if value is None:
+                break  # click reports the missing value
+            if opt == "--filter":
+                pairs.append([value, None])
+            elif not pairs:
+                raise ValueError(f"--wildcards {value} must follow the --filter it belongs to")
+            elif pairs[-1][1] is not None:
+                raise ValueError(f"--filter {pairs[-1][0]} has more than one --wildcards")
+            else:
+                pairs[-1][1] = value
+    return [(str(f), w) for f, w in pairs]
+
+
+def ranges(partitions: Iterable[int]) -> str:
+    """``[0, 1, 2, 5]`` → ``"0-2,5"``."""
+    parts = sorted(partitions)
+    out: list[str] = []
+    i = 0
+    while i < len(parts):
+        j = i
+        while j + 1 < len(parts) and parts[j + 1] == parts[j] + 1:
+            j += 1
+        out.append(str(parts[i]) if i == j else f"{parts[i]}-{parts[j]}")
+        i = j + 1
+    return ",".join(out) or "-"
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A plain aligned text table."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    return "\n".join(lines)
+
+
+# -- error handling ---------------------------------------------------------------------
+_state = {"debug": False}
+
+
+def _error_line(message: str) -> None:
+    text = " ".join(str(message).split()) or "error"
+    typer.echo(f"{PROG}: error: {text}", err=True)
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """Print what went wrong (one line; traceback with --debug) and pick the exit code."""
+    if isinstance(exc, SystemExit):
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    if isinstance(exc, KeyboardInterrupt):
+        _error_line("interrupted")
+        return 130
+    if isinstance(exc, typer.Abort):
+        _error_line("aborted")
+        return FAILURE
+    if isinstance(exc, typer.TyperException):  # click's usage and parameter errors
+        ctx = getattr(exc, "ctx", None)
+        if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+            typer.echo(ctx.get_help())
+            return USAGE
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        _error_line(exc.format_message() + hint)
+        return int(getattr(exc, "exit_code", USAGE))
+    if _state["debug"]:
+        traceback.print_exception(exc)
+    if isinstance(exc, CliError):
+        _error_line(exc.message)
+        return exc.code
+    if isinstance(exc, (ConfigError, HandlerLoadError)):
+        _error_line(str(exc))
+        return USAGE
+    if isinstance(exc, CgroupdError):
+        _error_line(str(exc))
+        return FAILURE
+    hint = "" if _state["debug"] else " (run with --debug for the traceback)"
+    _error_line(f"unexpected {type(exc).__name__}: {exc}{hint}")
+    return FAILURE
+
+
+#: Global flags also accepted after the subcommand (``cgroupd status S G --json``).
+_MOVABLE = ("--json", "--debug")
+
+
+class CgroupdApp(TyperGroup):
+    """The top-level group: one place that turns exceptions into one line and a code."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True,
+             windows_expand_args: bool = True, **extra: Any) -> Any:
+        _state["debug"] = False
+        argv = list(sys.argv[1:] if args is None else args)
+        if "--" in argv:
+            head, tail = argv[:argv.index("--")], argv[argv.index("--"):]
+        else:
+            head, tail = argv, []
+        moved = [a for a in head if a in _MOVABLE]
+        argv = moved + [a for a in head if a not in _MOVABLE] + tail
+        try:
+            rv = super().main(args=argv, prog_name=prog_name or PROG,
+                              complete_var=complete_var, standalone_mode=False,
+                              windows_expand_args=windows_expand_args, **extra)
+            code = rv if isinstance(rv, int) else 0
+        except BaseException as exc:  # noqa: BLE001 - the one place errors become codes
+            code = exit_code_for(exc)
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+class PairedFiltersCommand(TyperCommand):
+    """Keeps each ``--filter`` paired with the ``--wildcards`` after it (click does not
+    record the order across different options)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        try:
+            ctx.meta["cgroupd.filters"] = pair_filters(args)
+        except ValueError as exc:
+            usage(str(exc))
+        return super().parse_args(ctx, args)
+
+
+# -- shared state ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Globals:
+    connection: ConnectionOptions
+    json: bool
+    debug: bool
+
+
+def _globals(ctx: typer.Context) -> Globals:
+    obj = ctx.find_root().obj
+    assert isinstance(obj, Globals)
+    return obj
+
+
+def _check_names(**names: str | Sequence[str]) -> None:
+    problems: list[str] = []
+    for kind, value in names.items():
+        for name in ([value] if isinstance(value, str) else value):
+            problems += name_problems(kind, name)
+    if problems:
+        usage("; ".join(problems))
+
+
+def _admin(ctx: typer.Context, op: Callable[[JetStream], Awaitable[T]]) -> T:
+    """Connect (failing fast), run one admin operation, disconnect."""
+    g = _globals(ctx)
+
+    async def go() -> T:
+        nc = await connect(g.connection)
+        try:
+            return await op(JetStream(nc))
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
+
+
+def _emit(ctx: typer.Context, data: Any, human: str | Callable[[], str]) -> None:
+    if _globals(ctx).json:
+        typer.echo(json.dumps(data, indent=2))
+    else:
+        typer.echo(human() if callable(human) else human)
+
+
+# -- app ----------------------------------------------------------------------------
+app = typer.Typer(
+    cls=CgroupdApp, name=PROG, no_args_is_help=True, add_completion=False,
+    pretty_exceptions_enable=False, rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="Partitioned consumer groups for NATS JetStream: strict per-key order, "
+         "horizontal scale, hot standbys.")
+group_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                        help="Create, delete, list and inspect consumer groups.")
+member_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                         help="Add, drop and list the members of a group.")
+mapping_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                          help="Pin members to partitions explicitly, or go back to "
+                               "automatic distribution.")
+app.add_typer(group_app, name="group")
+app.add_typer(member_app, name="member")
+app.add_typer(mapping_app, name="mapping")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"{PROG} {cgroupd.__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(
+    ctx: typer.Context,
+    server: Annotated[list[str] | None, typer.Option(
+        "--server", "-s", metavar="URL", envvar=["CGROUPD_SERVER", "NATS_URL"],
+        help="NATS server URL; repeat or comma-separate for several. "
+             "Default: $NATS_URL, then nats://127.0.0.1:4222.")] = None,
+    json_output: Annotated[bool, typer.Option(
+        "--json", envvar="CGROUPD_JSON", help="Print JSON instead of tables.")] = False,
+    debug: Annotated[bool, typer.Option(
+        "--debug", envvar="CGROUPD_DEBUG",
+        help="Show tracebacks and debug logs.")] = False,
+    creds: Annotated[Path | None, typer.Option(
+        "--creds", envvar="CGROUPD_CREDS", metavar="FILE", exists=True, dir_okay=False,
+        help="NATS credentials (.creds) file.")] = None,
+    nkey: Annotated[Path | None, typer.Option(
+        "--nkey", envvar="CGROUPD_NKEY", metavar="FILE", exists=True, dir_okay=False,
+        help="File holding an nkey seed.")] = None,
+    token: Annotated[str | None, typer.Option(
+        "--token", envvar="CGROUPD_TOKEN", metavar="TOKEN", help="Authentication token.")] = None,
+    user: Annotated[str | None, typer.Option(
+        "--user", envvar="CGROUPD_USER", metavar="USER", help="User name.")] = None,
+    password: Annotated[str | None, typer.Option(
+        "--password", envvar="CGROUPD_PASSWORD", metavar="PASSWORD",
+        help="Password of --user.")] = None,
+    tls_cert: Annotated[Path | None, typer.Option(
+        "--tls-cert", envvar="CGROUPD_TLS_CERT", metavar="FILE", exists=True, dir_okay=False,
+        help="Client certificate (mutual TLS).")] = None,
+    tls_key: Annotated[Path | None, typer.Option(
+        "--tls-key", envvar="CGROUPD_TLS_KEY", metavar="FILE", exists=True, dir_okay=False,
+        help="Key of --tls-cert.")] = None,
+    tls_ca: Annotated[Path | None, typer.Option(
+        "--tls-ca", envvar="CGROUPD_TLS_CA", metavar="FILE", exists=True, dir_okay=False,
+        help="CA bundle that signed the server certificate.")] = None,
+    connect_timeout: Annotated[float, typer.Option(
+        "--connect-timeout", envvar="CGROUPD_CONNECT_TIMEOUT", min=0.1, metavar="SEC",
+        help="Give up connecting after this long.")] = DEFAULT_CONNECT_TIMEOUT,
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, expose_value=False,
+        help="Print the version and exit.")] = False,
+) -> None:
+    _state["debug"] = debug
+    logs.configure("debug" if debug else "warning")
+    connection = ConnectionOptions(
+        servers=tuple(server or ()), creds=creds, nkey_seed=nkey, token=token, user=user,
+        password=password, tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
+        connect_timeout=connect_timeout)
+    ctx.obj = Globals(connection, json_output, debug)
+
+
+# -- join ---------------------------------------------------------------------------
+class ExclusivityName(StrEnum):
+    sync = "sync"
+    pinned = "pinned"
+
+
+def _settings(**given: Any) -> MemberSettings:
+    chosen = {k: v for k, v in given.items() if v is not None}
+    try:
+        return MemberSettings(**chosen)
+    except ValueError as exc:
+        usage(str(exc))
+
+
+@app.command(no_args_is_help=True)
+def join(
+    ctx: typer.Context,
+    stream: Annotated[str, typer.Option(
+        "--stream", envvar="CGROUPD_STREAM", metavar="STREAM", help="Stream the group consumes.")],
+    group: Annotated[str, typer.Option(
+        "--group", envvar="CGROUPD_GROUP", metavar="GROUP", help="Consumer group name.")],
+    member: Annotated[str | None, typer.Option(
+        "--member", envvar="CGROUPD_MEMBER", metavar="MEMBER",
+        help="Member name of this instance.")] = None,
+    handler: Annotated[str | None, typer.Option(
+        "--handler", envvar="CGROUPD_HANDLER", metavar="PKG.MODULE:FUNCTION",
+        help="Python function called with each message (sync or async); returning acks, "
+             "raising retries.")] = None,
+    webhook: Annotated[str | None, typer.Option(
+        "--webhook", envvar="CGROUPD_WEBHOOK", metavar="URL",
+        help="POST each message here; 2xx acks.")] = None,
+    max_deliver: Annotated[int, typer.Option(
+        "--max-deliver", envvar="CGROUPD_MAX_DELIVER", min=0, metavar="N",
+        help="Give up on a message whose N-th delivery fails (0: retry forever).")] = 0,
+    dead_letter_subject: Annotated[str | None, typer.Option(
+        "--dead-letter-subject", envvar="CGROUPD_DEAD_LETTER_SUBJECT", metavar="SUBJECT",
+        help="Publish given-up messages here (a stream must capture it), then term them. "
+             "Without it they are termed and logged.")] = None,
+    non_retryable: Annotated[str, typer.Option(
+        "--non-retryable", envvar="CGROUPD_NON_RETRYABLE", metavar="STATUSES",
+        help="Webhook statuses that give up at once instead of retrying.")] = "400,422",
+    webhook_timeout: Annotated[float, typer.Option(
+        "--webhook-timeout", envvar="CGROUPD_WEBHOOK_TIMEOUT", metavar="SEC",
+        help="Bound on one webhook request.")] = DEFAULT_WEBHOOK_TIMEOUT,
+    max_in_flight: Annotated[int | None, typer.Option(
+        "--max-in-flight", envvar="CGROUPD_MAX_IN_FLIGHT", metavar="N",
+        help="Messages handled at once (1 keeps strict per-key order). [default: 1]")] = None,
+    ack_wait: Annotated[float | None, typer.Option(
+        "--ack-wait", envvar="CGROUPD_ACK_WAIT", metavar="SEC",
+        help="Redeliver a message not acked within this (kept alive while handling). "
+             "[default: 30]")] = None,
+    retry_interval: Annotated[float | None, typer.Option(
+        "--retry-interval", envvar="CGROUPD_RETRY_INTERVAL", metavar="SEC",
+        help="Standby retry and active self-check period. [default: 1]")] = None,
+    inactive_threshold: Annotated[float | None, typer.Option(
+        "--inactive-threshold", envvar="CGROUPD_INACTIVE_THRESHOLD", metavar="SEC",
+        help="Server drops a crashed instance's consumers after this. [default: 0.5]")] = None,
+    drain_timeout: Annotated[float | None, typer.Option(
+        "--drain-timeout", envvar="CGROUPD_DRAIN_TIMEOUT", metavar="SEC",
+        help="On stop or step-down, let running handlers finish this long. "
+             "[default: 5]")] = None,
+    exclusivity: Annotated[ExclusivityName | None, typer.Option(
+        "--exclusivity", envvar="CGROUPD_EXCLUSIVITY",
+        help="How instances of one member elect the active one. [default: sync]")] = None,
+    static: Annotated[bool, typer.Option(
+        "--static", envvar="CGROUPD_STATIC",
+        help="The group is a static one (default: detected from the group).")] = False,
+    metrics_port: Annotated[int, typer.Option(
+        "--metrics-port", envvar="CGROUPD_METRICS_PORT", min=0, max=65535, metavar="PORT",
+        help="Serve /metrics, /healthz, /readyz here (0: off).")] = 0,
+    metrics_host: Annotated[str, typer.Option(
+        "--metrics-host", envvar="CGROUPD_METRICS_HOST", metavar="HOST",
+        help="Bind address of the metrics server.")] = "0.0.0.0",
+    log_level: Annotated[str, typer.Option(
+        "--log-level", envvar="CGROUPD_LOG_LEVEL", metavar="LEVEL",
+        help="debug, info, warning or error.")] = "info",
+    hostname_members: Annotated[int | None, typer.Option(
+        "--member-from-hostname", envvar="CGROUPD_MEMBERS", metavar="MEMBERS", min=1,
+        help="Derive the member from a StatefulSet hostname name-<ordinal>: "
+             "<prefix><ordinal % MEMBERS>.")] = None,
+    member_prefix: Annotated[str, typer.Option(
+        "--member-prefix", envvar="CGROUPD_MEMBER_PREFIX", metavar="PREFIX",
+        help="Prefix of hostname-derived member names.")] = "m",
+    instance_id: Annotated[str | None, typer.Option(
+        "--instance-id", envvar="CGROUPD_INSTANCE_ID", metavar="ID",
+        help="Id of this instance (default: random).")] = None,
+) -> None:
+    """Run one instance of a member: consume its partitions while active, stand by
+    otherwise. SIGTERM/SIGINT hands over to a standby and exits 0."""
+    from cgroupd.daemon import JoinOptions, run_join
+
+    g = _globals(ctx)
+    if (handler is None) == (webhook is None):
+        usage("give exactly one of --handler or --webhook")
+    if hostname_members is not None:
+        if member is not None:
+            usage("give --member or --member-from-hostname, not both")
+        try:
+            member = member_from_hostname(socket.gethostname(), hostname_members,
+                                          member_prefix)
+        except ValueError as exc:
+            usage(str(exc))
+    if member is None:
+        usage("missing option '--member' (or --member-from-hostname)")
+    _check_names(stream=stream, group=group, member=member)
+    if instance_id is not None:
+        _check_names(instance=instance_id)
+    try:
+        logs.configure("debug" if g.debug else log_level)
+    except ValueError as exc:
+        usage(str(exc))
+    settings = _settings(
+        max_in_flight=max_in_flight, ack_wait=ack_wait, retry_interval=retry_interval,
+        inactive_threshold=inactive_threshold, drain_timeout=drain_timeout,
+        exclusivity=Exclusivity(exclusivity.value) if exclusivity else None)
+    try:
+        dead_letter = DeadLetterOptions(max_deliver, dead_letter_subject)
+        hook = None
+        if webhook is not None:
+            hook = WebhookOptions(webhook, webhook_timeout, parse_statuses(non_retryable))
+    except ValueError as exc:
+        usage(str(exc))
+    function = None
+    if handler is not None:
+        # Like other app servers, find handler modules relative to where we run.
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        function = load_handler(handler)
+    options = JoinOptions(stream, group, member, static=static, instance_id=instance_id,
+                          metrics_port=metrics_port, metrics_host=metrics_host)
+    spec = HandlerOptions(function=function, reference=handler, webhook=hook,
+                          dead_letter=dead_letter)
+    try:
+        code = asyncio.run(run_join(g.connection, options, settings, spec))
+    except ConfigError as exc:  # arguments were checked above: this is the stored group
+        raise CliError(str(exc), FAILURE) from exc
+    raise typer.Exit(code)
+
+
+# -- group --------------------------------------------------------------------------
+def _kind(config: GroupConfig) -> str:
+    return "static" if isinstance(config, StaticGroupConfig) else "elastic"
+
+
+def _config_json(stream: str, group: str, config: GroupConfig,
+                 revision: int | None = None) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "stream": stream, "group": group, "type": _kind(config),
+        "partitions": config.max_members, "members": list(config.members),
+        "mappings": [{"member": m.member, "partitions": list(m.partitions)}
+                     for m in config.member_mappings],
+        "assignment": {m: list(ps) for m, ps in assignment(config).items()},
+    }
+    if isinstance(config, ElasticGroupConfig):
+        data["filters"] = [{"filter": pf.filter, "wildcards": list(pf.partitioning_wildcards)}
+                           for pf in config.partitioning_filters]
+        data["max_buffered_msgs"] = config.max_buffered_msgs
+        data["max_buffered_bytes"] = config.max_buffered_bytes
+        data["consume_stream"] = f"{stream}-{group}"
+    else:
+        data["filters"] = [{"filter": f, "wildcards": []} for f in config.filters]
+        data["consume_stream"] = stream
+    if revision is not None:
+        data["revision"] = revision
+    return data
+
+
+def _assignment_table(config: GroupConfig) -> str:
+    owned = assignment(config)
+    if not owned:
+        return "no members: no partition is consumed"
+    return table(["MEMBER", "PARTITIONS"], [(m, ranges(ps)) for m, ps in sorted(owned.items())])
+
+
+def _describe(stream: str, group: str, config: GroupConfig,
+              revision: int | None = None) -> str:
+    if isinstance(config, ElasticGroupConfig):
+        filters = ", ".join(
+            pf.filter + (f" (wildcards {','.join(map(str, pf.partitioning_wildcards))})"
+                         if pf.partitioning_wildcards else " (whole subject)")
+            for pf in config.partitioning_filters)
+        consume = f"{stream}-{group} (work queue)"
+    else:
+        filters = ", ".join(config.filters) or "-"
+        consume = f"{stream} (subjects start with the partition)"
+    if config.member_mappings:
+        membership = "mapped: " + "  ".join(f"{m.member}={ranges(m.partitions)}"
+                                            for m in config.member_mappings)
+    else:
+        membership = ", ".join(config.members) or "-"
+    rows = [("group", f"{stream}/{group} ({_kind(config)})"),
+            ("partitions", str(config.max_members)),
+            ("filters", filters),
+            ("consumes", consume),
+            ("members", membership)]
+    if isinstance(config, ElasticGroupConfig) and (config.max_buffered_msgs
+                                                   or config.max_buffered_bytes):
+        rows.append(("buffer", f"{config.max_buffered_msgs or 'unlimited'} msgs, "
+                               f"{config.max_buffered_bytes or 'unlimited'} bytes"))
+    if revision is not None:
+        rows.append(("revision", str(revision)))
+    width = max(len(k) for k, _ in rows)
+    head = "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+    return f"{head}\n\n{_assignment_table(config)}"
+
+
+@group_app.command("create", cls=PairedFiltersCommand, no_args_is_help=True)
+def group_create(
+    ctx: typer.Context,
+    stream: Annotated[str, typer.Argument(metavar="STREAM", help="Origin stream.")],
+    group: Annotated[str, typer.Argument(metavar="GROUP", help="Group name.")],
+    partitions: Annotated[int, typer.Option(
+        "--partitions", min=1, metavar="N",
+        help="Number of partitions: the most members that can consume at once.")],
+    filter_: Annotated[list[str] | None, typer.Option(
+        "--filter", metavar="SUBJECT",
+        help="Subject filter to partition (repeatable). Elastic groups need one.")] = None,
+    wildcards: Annotated[list[str] | None, typer.Option(
+        "--wildcards", metavar="1,2",
+        help="Which '*' of the preceding --filter form the key (default: whole "
+             "subject).")] = None,
+    members: Annotated[list[str] | None, typer.Option(
+        "--member", metavar="M", help="Initial member (repeatable).")] = None,
+    static: Annotated[bool, typer.Option(
+        "--static", help="The stream's subjects already start with the partition "
+                         "number: no work-queue stream.")] = False,
+    max_buffered_msgs: Annotated[int, typer.Option(
+        "--max-buffered-msgs", min=0, metavar="N",
+        help="Limit of the group's work-queue stream (0: none).")] = 0,
+    max_buffered_bytes: Annotated[int, typer.Option(
+        "--max-buffered-bytes", min=0, metavar="N",
+        help="Limit of the group's work-queue stream (0: none).")] = 0,
+) -> None:
+    """Create a group (re-creating an identical one is a no-op)."""
+    _check_names(stream=stream, group=group, member=members or [])
+    pairs: list[tuple[str, str | None]] = ctx.meta.get("cgroupd.filters", [])
+    config: GroupConfig
+    if static:
+        if wildcards or any(w is not None for _, w in pairs):
+            usage("--wildcards applies to elastic groups only")
+        if max_buffered_msgs or max_buffered_bytes:
+            usage("--max-buffered-* applies to elastic groups only")
+        config = StaticGroupConfig(max_members=partitions, filters=tuple(filter_ or ()),
+                                   members=tuple(members or ()))
+    else:
+        if not pairs:
+            usage("an elastic group needs at least one --filter SUBJECT")
+        try:
+            filters = tuple(PartitioningFilter(f, parse_wildcards(w) if w else ())
+                            for f, w in pairs)
+        except ValueError as exc:
+            usage(str(exc))
+        config = ElasticGroupConfig(
+            max_members=partitions, partitioning_filters=filters,
+            members=tuple(members or ()), max_buffered_msgs=max_buffered_msgs,
+            max_buffered_bytes=max_buffered_bytes)
+
+    async def op(js: JetStream) -> None:
+        if isinstance(config, StaticGroupConfig):
+            await admin.create_static_group(js, stream, group, config)
+        else:
+            await admin.create_elastic_group(js, stream, group, config)
+
+    _admin(ctx, op)
+    _emit(ctx, _config_json(stream, group, config),
+          lambda: f"created {_kind(config)} group {stream}/{group} with {partitions} "
+                  f"partitions\n\n{_assignment_table(config)}")
+
+
+@group_app.command("delete", no_args_is_help=True)
+def group_delete(
+    ctx: typer.Context,
+    stream: Annotated[str, typer.Argument(metavar="STREAM", help="Origin stream.")],
+    group: Annotated[str, typer.Argument(metavar="GROUP", help="Group name.")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+) -> None:
+    """Delete a group: its members stop, its work-queue stream is removed."""
+    _check_names(stream=stream, group=group)
+    if not yes and not typer.confirm(
+            f"Delete consumer group {stream}/{group} and its buffered messages?"):
+        raise CliError("not deleted")
+    _admin(ctx, lambda js: admin.delete_group(js, stream, group))
+    _emit(ctx, {"stream": stream, "group": group, "deleted": True},
+          f"deleted group {stream}/{group}")
+
+
+@group_app.command("ls", no_args_is_help=True)
+def group_ls(
+    ctx: typer.Context,
+    stream: Annotated[str, typer.Argument(metavar="STREAM", help="Origin stream.")],
+) -> None:
+    """List the groups of a stream."""
+    _check_names(stream=stream)
+
+    async def op(js: JetStream) -> list[dict[str, Any]]:
+        if await js.stream_info(stream) is None:
+            raise StreamNotFound(f"stream {stream!r} does not exist")
+        out = []
+        for name, _kind_name in await admin.list_groups(js, stream):
+            stored = await admin.get_group(js, stream, name)
+            out.append(_config_json(stream, name, stored.config, stored.revision))
+        return out
+
+    groups = _admin(ctx, op)
+
+    def human() -> str:
+        if not groups:
+            return f"no consumer groups on stream {stream}"
+        return table(["GROUP", "TYPE", "PARTITIONS", "MEMBERS"],
+                     [(g["group"], g["type"], g["partitions"],
+                       ", ".join(g["assignment"]) or "-") for g in groups])
+
+    _emit(ctx, groups, human)
+
+
+@group_app.command("info", no_args_is_help=True)
+def group_info(
+    ctx: typer.Context,
+    stream: Annotated[str, typer.Argument(metavar="STREAM", help="Origin stream.")],
+    group: Annotated[str, typer.Argument(metavar="GROUP", help="Group name.")],
+) -> None:
+    """Show a group's configuration and who owns which partitions."""
+    _check_names(stream=stream, group=group)
+    stored = _admin(ctx, lambda js: admin.get_group(js, stream, group))
+    _emit(ctx, _config_json(stream, group, stored.config, stored.revision),
+          lambda: _describe(stream, group, stored.config, stored.revision))
+
+
+# -- member -------------------------------------------------------------------------
+def _membership_out(ctx: typer.Context, stream: str, group: str, config: GroupConfig,
+                    verb: str) -> None:
+    _emit(ctx, _config_json(stream, group, config),
+          lambda: f"{verb}; members of {stream}/{group}: "
+                  f"{', '.join(config.member_names) or '-'}\n\n{_assignment_table(config)}")
+
+
+@member_app.command("add", no_args_is_help=True)
+def member_add(
+    ctx: typer.Context,
+    stream: Annotated[str, typer.Argument(metavar="STREAM", help="Origin stream.")],
+    group: Annotated[str, typer.Argument(metavar="GROUP", help="Group name.")],
+    members: Annotated[list[str], typer.Argument(metavar="MEMBER...", help="Members to add.")],
+) -> None:
+    """Add members (partitions are redistributed)."""
+    _check_names(stream=stream, group=group, member=members)
+    config = _admin(ctx, lambda js: admin.add_members(js, stream, group, members))
+    _membership_out(ctx, stream, group, config, f"added {', '.join(members)}")
+
+
+@member_app.command("drop", no_args_is_help=True)
+def member_drop(
+    ctx: typer.Context,
+    stream: Annotated[str, typer.Argument(metavar="STREAM", help="Origin stream.")],
+    group: Annotated[str, typer.Argument(metavar="GROUP", help="Group name.")],
+    members: Annotated[list[str], typer.Argument(metavar="MEMBER...",
+                                                 help="Members to drop.")],
+) -> None:
+    """Drop members (their partitions move to the others)."""
+    _check_names(stream=stream, group=group, member=members)
+    config = _admin(ctx, lambda js: admin.drop_members(js, stream, group, members))
+    _membership_out(ctx, stream, group, config, f"dropped {', '.join(members)}")
+
+
+@member_app.command("ls", no_args_is_help=True)
+def member_ls(
+    ctx: typer.Context,
+    stream: Annotated[str, typer.Argument(metavar="STREAM", help="Origin stream.")],
+    group: Annotated[str, typer.Argument(metavar="GROUP", help="Group name.")],
+) -> None:
+    """List members, their partitions and their active instance."""
+    _check_names(stream=stream, group=group)
+    status = _admin(ctx, lambda js: admin.group_status(js, stream, group))
+    config = status.group.config
+    owned = assignment(config)
+    rows: list[dict[str, Any]] = []
+    for name in dict.fromkeys([*config.member_names, *owned]):
+        parts = owned.get(name, ())
+        instances = {r.instance for r in status.partitions
+                     if r.member == name and r.instance is not None}
+        rows.append({
+            "member": name, "partitions": list(parts),
+            "active_instance": sorted(instances)[0] if instances else None,
+            "pending": sum(r.pending for r in status.partitions if r.member == name),
+        })
+    _emit(ctx, rows, lambda: table(
+        ["MEMBER", "PARTITIONS", "ACTIVE INSTANCE", "PENDING"],
+        [(r["member"], ranges(r["partitions"]),
+          r["active_instance"] or ("-" if not r["partitions"] else "NONE (not consumed)"),
+          r["pending"]) for r in rows]) if rows else f"{stream}/{group} has no members")
+
+
+# -- mapping ------------------------------------------------------------------------
+@mapping_app.command("set", no_args_is_help=True)
+def mapping_set(
+    ctx: typer.Context,
+    stream: Annotated[str, typer.Argument(metavar="STREAM", help="Origin stream.")],
+    group: Annotated[str, typer.Argument(metavar="GROUP", help="Group name.")],
+    mappings: Annotated[list[str], typer.Argument(
+        metavar="MEMBER=PARTITIONS...", help="e.g. m1=0,1 m2=2-3")],
+) -> None:
+    """Replace the membership with explicit member=partitions mappings."""
+    _check_names(stream=stream, group=group)
+    try:
+        chosen = parse_mappings(mappings)
+    except ValueError as exc:
+        usage(str(exc))
+    config = _admin(ctx, lambda js: admin.set_mappings(js, stream, group, chosen))
+    _membership_out(ctx, stream, group, config, "mappings set")
+
+
+@mapping_app.command("clear", no_args_is_help=True)
+def mapping_clear(
+    ctx: typer.Context,
+    stream: Annotated[str, typer.Argument(metavar="STREAM", help="Origin stream.")],
+    group: Annotated[str, typer.Argument(metavar="GROUP", help="Group name.")],
+) -> None:
+    """Drop the mappings; their members are distributed automatically."""
+    _check_names(stream=stream, group=group)
+    config = _admin(ctx, lambda js: admin.clear_mappings(js, stream, group))
+    _membership_out(ctx, stream, group, config, "mappings cleared")
+
+
+# -- step-down and status -------------------------------------------------------------
+@app.command("step-down", no_args_is_help=True)
+def step_down(
+    ctx: typer.Context,
+    stream: Annotated[str, typer.Argument(metavar="STREAM", help="Origin stream.")],
+    group: Annotated[str, typer.Argument(metavar="GROUP", help="Group name.")],
+    member: Annotated[str, typer.Argument(
+        metavar="MEMBER", help="Member whose active instance steps down.")],
+) -> None:
+    """Ask a member's active instance to hand over to a standby (exit 1 if none)."""
+    _check_names(stream=stream, group=group, member=member)
+    done = _admin(ctx, lambda js: admin.step_down(js, stream, group, member))
+    if not done:
+        raise CliError(f"member {member} of {stream}/{group} has no active instance")
+    _emit(ctx, {"stream": stream, "group": group, "member": member, "stepped_down": True},
+          f"asked the active instance of {member} to step down")
+
+
+@app.command(no_args_is_help=True)
+def status(
+    ctx: typer.Context,
+    stream: Annotated[str, typer.Argument(metavar="STREAM", help="Origin stream.")],
+    group: Annotated[str, typer.Argument(metavar="GROUP", help="Group name.")],
+) -> None:
+    """Per partition: owning member, its active instance, pending messages."""
+    _check_names(stream=stream, group=group)
+    st = _admin(ctx, lambda js: admin.group_status(js, stream, group))
+    config = st.group.config
+    data = {
+        "stream": stream, "group": group, "type": _kind(config),
+        "partitions": [{"partition": r.partition, "member": r.member,
+                        "instance": r.instance, "pending": r.pending}
+                       for r in st.partitions],
+        "pending": sum(r.pending for r in st.partitions),
+        "unowned_partitions": st.unowned_partitions,
+        "members_without_instance": st.members_without_instance,
+        "consumers": [{"name": c.name, "member": c.member, "instance": c.instance,
+                       "role": c.role, "partitions": list(c.partitions),
+                       "pending": c.num_pending, "ack_pending": c.num_ack_pending}
+                      for c in st.consumers],
+    }
+
+    def human() -> str:
+        lines = [f"{stream}/{group} ({_kind(config)}): {config.max_members} partitions, "
+                 f"{data['pending']} pending", ""]
+        lines.append(table(["PARTITION", "MEMBER", "INSTANCE", "PENDING"], [
+            (r.partition, r.member or "-", r.instance or "-", r.pending)
+            for r in st.partitions]))
+        if st.members_without_instance:
+            owned = assignment(config)
+            lines += ["", "members with no active instance (partitions not consumed): "
+                      + ", ".join(f"{m} ({ranges(owned.get(m, ()))})"
+                                  for m in st.members_without_instance)]
+        unassigned = [r.partition for r in st.partitions if r.member is None]
+        if unassigned:
+            lines += ["", f"partitions with no member: {ranges(unassigned)}"]
+        if not st.unowned_partitions:
+            lines += ["", "every partition has an active instance"]
+        return "\n".join(lines)
+
+    _emit(ctx, data, human)
+
+
+# -- demo -----------------------------------------------------------------------------
+@app.command()
+def demo(
+    server: Annotated[str | None, typer.Option(
+        "--server", metavar="URL",
+        help="Use this server instead of an embedded nats-server.")] = None,
+    duration: Annotated[float, typer.Option(
+        "--duration", min=1, metavar="SEC", help="Run this long (Ctrl-C ends early).")] = 20,
+    members: Annotated[int, typer.Option(
+        "--members", min=1, max=20, metavar="N", help="Members, each with a standby.")] = 3,
+    partitions: Annotated[int, typer.Option(
+        "--partitions", min=1, max=64, metavar="N", help="Partitions.")] = 6,
+    rate: Annotated[float, typer.Option(
+        "--rate", min=1, max=5000, metavar="N", help="Messages published per second.")] = 50,
+) -> None:
+    """Watch a group at work: embedded server, members with standbys, keyed traffic, and a
+    killed active instance failing over."""
+    from cgroupd.demo import DemoOptions, run_demo
+
+    if partitions < members:
+        usage(f"--partitions ({partitions}) must be at least --members ({members})")
+    options = DemoOptions(server=server, duration=duration, members=members,
+                          partitions=partitions, rate=rate, interactive=sys.stdout.isatty())
+    raise typer.Exit(asyncio.run(run_demo(options)))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console-script entry point."""
+    typer.main.get_command(app).main(args=argv, prog_name=PROG)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

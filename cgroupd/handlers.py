@@ -1,0 +1,361 @@
+"""What the daemon does with each message: a Python function or a webhook, guarded by the
+dead-letter policy and measured.
+
+Contract with the member runtime (:class:`~cgroupd.member.Member`): a handler that returns
+gets its message acked (unless it acked, naked or termed it itself); one that raises gets
+it retried with the runtime's backoff (in place for ordered modes, so nothing of its key
+overtakes it, or by a nak), and ``delivery_count`` counts the attempts. On top of that:
+
+* :class:`WebhookHandler` POSTs the payload; 2xx returns (ack), a status listed as
+  non-retryable raises :class:`NonRetryable`, anything else (other statuses, timeouts,
+  connection errors) raises :class:`WebhookFailed` (redelivery).
+* :class:`HandlerWrapper` gives up on a message that raised :class:`NonRetryable`, or that
+  failed on its ``max_deliver``-th delivery: it publishes it to the dead-letter subject
+  (when one is set) and then terms it. If that publish fails, it raises instead, so the
+  message is redelivered and nothing is lost. It also feeds :class:`~cgroupd.metrics.Metrics`.
+
+No nats-py here: dead letters go through a ``publish`` callable the daemon provides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import structlog
+
+from cgroupd.message import Message
+from cgroupd.metrics import Metrics
+
+log = structlog.get_logger("cgroupd.handlers")
+
+#: Default webhook statuses that mean "this message will never succeed": term it.
+DEFAULT_NON_RETRYABLE = frozenset({400, 422})
+DEFAULT_WEBHOOK_TIMEOUT = 10.0
+#: Longest ``Cgroupd-Error`` header value.
+MAX_ERROR_HEADER = 1000
+
+Handler = Callable[[Message], Any]
+#: Publishes ``(subject, payload, headers)`` durably; raises when not confirmed.
+Publish = Callable[[str, bytes, dict[str, str]], Awaitable[None]]
+
+
+class HandlerLoadError(Exception):
+    """A ``pkg.module:function`` handler reference cannot be loaded."""
+
+
+class NonRetryable(Exception):
+    """Raise from a handler when the message can never succeed: it is dead-lettered (if a
+    dead-letter subject is set) and termed, never retried."""
+
+
+class WebhookFailed(Exception):
+    """The webhook did not accept the message this time; it will be redelivered."""
+
+
+class DeadLetterFailed(Exception):
+    """Publishing to the dead-letter subject failed; the message will be redelivered."""
+
+
+# -- options ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WebhookOptions:
+    """Where and how to POST messages."""
+
+    url: str
+    #: Bound on one request, connect to last byte (seconds).
+    timeout: float = DEFAULT_WEBHOOK_TIMEOUT
+    #: Statuses that term the message instead of retrying it.
+    non_retryable: frozenset[int] = DEFAULT_NON_RETRYABLE
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "non_retryable", frozenset(self.non_retryable))
+        problems = []
+        if not self.url.startswith(("http://", "https://")):
+            problems.append(f"webhook URL {self.url!r} must start with http:// or https://")
+        if self.timeout <= 0:
+            problems.append("webhook timeout must be positive")
+        bad = sorted(s for s in self.non_retryable if not 300 <= s <= 599)
+        if bad:
+            problems.append(f"non-retryable statuses must be within 300..599, not {bad}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+@dataclass(frozen=True)
+class DeadLetterOptions:
+    """When to give up on a message, and where it goes then."""
+
+    #: Give up when the handler fails on this delivery (0: never give up on retryable
+    #: failures; strict per-key order then waits for the handler to recover).
+    max_deliver: int = 0
+    #: Subject given-up messages are published to (a stream should capture it); None:
+    #: they are termed and logged.
+    subject: str | None = None
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.max_deliver < 0:
+            problems.append("max deliver must not be negative")
+        if self.subject is not None:
+            tokens = self.subject.split(".")
+            if (not self.subject or any(not t for t in tokens)
+                    or any(ch.isspace() for ch in self.subject)
+                    or any(t in ("*", ">") for t in tokens)):
+                problems.append(f"dead-letter subject {self.subject!r} must be a valid "
+                                "subject without wildcards")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+@dataclass(frozen=True)
+class HandlerOptions:
+    """The handler of a ``cgroupd join``: exactly one of a function or a webhook."""
+
+    function: Handler | None = None
+    #: The ``pkg.module:function`` the function was loaded from (for logs).
+    reference: str | None = None
+    webhook: WebhookOptions | None = None
+    dead_letter: DeadLetterOptions = field(default_factory=DeadLetterOptions)
+
+    def __post_init__(self) -> None:
+        if (self.function is None) == (self.webhook is None):
+            raise ValueError("give exactly one handler: a function or a webhook")
+
+
+def parse_statuses(text: str) -> frozenset[int]:
+    """``"400,422"`` → ``{400, 422}``; ValueError naming the bad item otherwise."""
+    out = set()
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if not item.isdigit():
+            raise ValueError(f"status {item!r} is not a number (expected e.g. 400,422)")
+        out.add(int(item))
+    return frozenset(out)
+
+
+# -- Python function handlers ----------------------------------------------------------
+def load_handler(reference: str) -> Handler:
+    """Import ``pkg.module:function`` (attribute paths like ``mod:obj.method`` work)."""
+    module_name, sep, attr = reference.partition(":")
+    if not sep or not module_name or not attr:
+        raise HandlerLoadError(
+            f"handler {reference!r} must look like package.module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise HandlerLoadError(f"handler module {module_name!r} not found "
+                                   f"(no module named {exc.name!r})") from exc
+        raise HandlerLoadError(f"handler module {module_name!r} failed to import: "
+                               f"{exc}") from exc
+    except Exception as exc:  # any import-time error of the user's code
+        raise HandlerLoadError(f"handler module {module_name!r} failed to import: "
+                               f"{type(exc).__name__}: {exc}") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as exc:
+            raise HandlerLoadError(
+                f"handler module {module_name!r} has no attribute {attr!r}") from exc
+    if not callable(obj):
+        raise HandlerLoadError(f"handler {reference!r} is not callable")
+    return obj  # type: ignore[no-any-return]
+
+
+def _is_async(fn: Any) -> bool:
+    """An ``async def`` function, or an object whose ``__call__`` is one."""
+    call = fn.__call__ if not inspect.isroutine(fn) else None
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+async def call_handler(fn: Handler, message: Message) -> None:
+    """Run a sync (in a thread, so pulls keep flowing) or async handler to completion."""
+    result = fn(message) if _is_async(fn) else await asyncio.to_thread(fn, message)
+    if inspect.isawaitable(result):
+        await result
+
+
+# -- webhooks --------------------------------------------------------------------------
+def _header_value(value: str) -> str:
+    return " ".join(str(value).splitlines())
+
+
+def webhook_headers(message: Message) -> dict[str, str]:
+    """Request headers: where the message came from, and its NATS headers prefixed."""
+    headers = {
+        "Content-Type": _find(message.headers, "Content-Type") or "application/octet-stream",
+        "Cgroupd-Subject": message.subject,
+        "Cgroupd-Stream-Sequence": str(message.stream_sequence),
+        "Cgroupd-Delivery-Count": str(message.delivery_count),
+    }
+    if message.partition is not None:
+        headers["Cgroupd-Partition"] = str(message.partition)
+    for name, value in message.headers.items():
+        headers[f"Nats-Header-{name}"] = _header_value(value)
+    return headers
+
+
+def _find(headers: Mapping[str, str], name: str) -> str | None:
+    lower = name.lower()
+    return next((v for k, v in headers.items() if k.lower() == lower), None)
+
+
+class WebhookHandler:
+    """POSTs each message to one URL over a shared session (connections are reused)."""
+
+    def __init__(self, options: WebhookOptions, session: aiohttp.ClientSession) -> None:
+        self.options = options
+        self.session = session
+        self._timeout = aiohttp.ClientTimeout(total=options.timeout)
+
+    async def __call__(self, message: Message) -> None:
+        url = self.options.url
+        try:
+            async with self.session.post(url, data=message.data,
+                                         headers=webhook_headers(message),
+                                         timeout=self._timeout) as resp:
+                body = await resp.read()  # read to the end so the connection is reused
+                status = resp.status
+        except TimeoutError as exc:
+            raise WebhookFailed(f"webhook {url} timed out after "
+                                f"{self.options.timeout:g}s") from exc
+        except aiohttp.ClientError as exc:
+            raise WebhookFailed(f"webhook {url} failed: {exc or type(exc).__name__}") from exc
+        if 200 <= status < 300:
+            return
+        snippet = body[:200].decode(errors="replace").strip()
+        detail = f"webhook {url} answered {status}" + (f": {snippet}" if snippet else "")
+        if status in self.options.non_retryable:
+            raise NonRetryable(detail)
+        raise WebhookFailed(detail)
+
+
+# -- dead letters and measurement ------------------------------------------------------
+def dead_letter_headers(message: Message, error: str, msg_id: str) -> dict[str, str]:
+    """The original headers (minus JetStream's own ``Nats-*`` controls) and why it died.
+
+    ``Nats-Msg-Id`` makes a retried publish after a lost PubAck a duplicate the
+    dead-letter stream drops, instead of a second dead letter.
+    """
+    headers = {k: v for k, v in message.headers.items() if not k.lower().startswith("nats-")}
+    headers.update({
+        "Cgroupd-Error": _header_value(error)[:MAX_ERROR_HEADER],
+        "Cgroupd-Original-Subject": message.subject,
+        "Cgroupd-Stream-Sequence": str(message.stream_sequence),
+        "Cgroupd-Deliveries": str(message.delivery_count),
+        "Nats-Msg-Id": msg_id,
+    })
+    if message.partition is not None:
+        headers["Cgroupd-Partition"] = str(message.partition)
+    return headers
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class HandlerWrapper:
+    """The handler the member runtime calls: user handler + dead-letter policy + metrics."""
+
+    def __init__(self, handler: Handler, dead_letter: DeadLetterOptions,
+                 publish: Publish | None = None, metrics: Metrics | None = None, *,
+                 context: Mapping[str, str] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if dead_letter.subject is not None and publish is None:
+            raise ValueError("a dead-letter subject needs a publish function")
+        self.handler = handler
+        self.dead_letter = dead_letter
+        self.publish = publish
+        self.metrics = metrics
+        self.context = dict(context or {})
+        self._clock = clock
+        self._log = log.bind(**self.context)
+
+    async def __call__(self, message: Message) -> None:
+        await self.handle(message)
+
+    async def handle(self, message: Message) -> None:
+        """Handle one message. Give the runtime this bound method: it recognises it as
+        async (it would run an object with an async ``__call__`` through a thread)."""
+        started = self._clock()
+        if self.metrics is not None:
+            self.metrics.message_started()
+        outcome = "nak"
+        try:
+            try:
+                await call_handler(self.handler, message)
+            except NonRetryable as exc:
+                outcome = await self._give_up(message, exc, "not retryable")
+            except Exception as exc:
+                limit = self.dead_letter.max_deliver
+                if message.acknowledged or not limit or message.delivery_count < limit:
+                    raise  # the runtime retries with backoff (and logs it)
+                outcome = await self._give_up(message, exc, f"failed {limit} deliveries")
+            else:
+                outcome = message.outcome.value if message.outcome is not None else "ack"
+        finally:
+            if message.outcome is not None and outcome != "dead_letter":
+                outcome = message.outcome.value
+            if self.metrics is not None:
+                self.metrics.message_finished(outcome, self._clock() - started)
+
+    async def _give_up(self, message: Message, exc: BaseException, why: str) -> str:
+        """Dead-letter (if configured) and term; raise if the dead letter was not stored."""
+        if message.acknowledged:
+            return message.outcome.value if message.outcome is not None else "ack"
+        error = _describe(exc)
+        fields = {"subject": message.subject, "partition": message.partition,
+                  "seq": message.stream_sequence, "deliveries": message.delivery_count,
+                  "error": error}
+        subject = self.dead_letter.subject
+        if subject is None:
+            self._log.error(f"giving up on message ({why}); terminated", **fields)
+            await message.term(why)
+            return "term"
+        assert self.publish is not None
+        msg_id = "cgroupd-dl-{}-{}-{}".format(self.context.get("stream", ""),
+                                              self.context.get("group", ""),
+                                              message.stream_sequence)
+        try:
+            await self.publish(subject, message.data,
+                               dead_letter_headers(message, error, msg_id))
+        except Exception as pub_exc:
+            self._log.error("dead-letter publish failed; message kept for redelivery",
+                            dead_letter_subject=subject, publish_error=_describe(pub_exc),
+                            **fields)
+            raise DeadLetterFailed(f"dead-letter publish to {subject} failed: "
+                                   f"{_describe(pub_exc)}") from pub_exc
+        self._log.warning(f"message dead-lettered ({why})", dead_letter_subject=subject,
+                          **fields)
+        await message.term(f"dead-lettered to {subject}")
+        return "dead_letter"
+
+
+def build_handler(options: HandlerOptions, *, session: aiohttp.ClientSession | None,
+                  publish: Publish | None, metrics: Metrics | None,
+                  context: Mapping[str, str]) -> HandlerWrapper:
+    """The wrapped handler for ``options`` (a webhook needs ``session``)."""
+    inner: Handler
+    if options.webhook is not None:
+        if session is None:
+            raise ValueError("a webhook handler needs an HTTP session")
+        inner = WebhookHandler(options.webhook, session)
+    else:
+        assert options.function is not None
+        inner = options.function
+    return HandlerWrapper(inner, options.dead_letter, publish, metrics, context=context)
+
+
+def statuses_text(statuses: Iterable[int]) -> str:
+    return ",".join(str(s) for s in sorted(statuses))

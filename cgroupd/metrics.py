@@ -1,0 +1,156 @@
+"""Prometheus metrics of one member instance, on a registry of its own.
+
+A dedicated :class:`~prometheus_client.CollectorRegistry` (not the global one) keeps the
+output to what this instance knows and lets several instances live in one process (tests,
+the demo). Every series carries ``stream``, ``group`` and ``member`` labels.
+
+The daemon feeds it from the member runtime's callbacks (``on_active``, ``on_standby``,
+``on_rebalance``),
+from the handler wrapper (outcomes, durations, in-flight) and from a periodic group status
+read (unowned partitions: the ADR's "partitions nobody consumes" alert).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+PREFIX = "cgroupd_"
+LABELS = ("stream", "group", "member")
+#: Message outcomes counted by ``cgroupd_messages_processed_total``.
+OUTCOMES = ("ack", "nak", "term", "dead_letter")
+#: Step-down reason that starts a rebalance (the member runtime's ``StepDown`` value).
+REBALANCE_REASON = "config-changed"
+
+_HANDLER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0, 30.0, 60.0)
+_REBALANCE_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    """The metrics of one member instance; methods are the events that move them."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, stream: str, group: str, member: str,
+                 clock: Callable[[], float] = time.monotonic,
+                 registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        self._clock = clock
+        self._labels = {"stream": stream, "group": group, "member": member}
+        self._started = clock()
+        self._last_message: float | None = None
+        self._rebalance_started: float | None = None
+        r = self.registry
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(PREFIX + name, doc, LABELS, registry=r)
+
+        self._active = gauge("member_active", "1 while this instance is its member's "
+                             "active instance, else 0.")
+        self._owned = gauge("partitions_owned", "Partitions this instance consumes now.")
+        self._in_flight = gauge("messages_in_flight", "Messages being handled now.")
+        self._connected = gauge("nats_connected", "1 while connected to NATS, else 0.")
+        self._unowned = gauge("group_unowned_partitions", "Partitions of the group that no "
+                              "active instance consumes (refreshed periodically).")
+        self._idle = gauge("seconds_since_last_message", "Seconds since this instance "
+                           "finished a message (since start if none yet).")
+        self._processed = Counter(PREFIX + "messages_processed", "Handler runs, by outcome "
+                                  "(nak: failed, will be retried).", (*LABELS, "outcome"),
+                                  registry=r)
+        self._duration = Histogram(PREFIX + "handler_duration_seconds", "Time spent "
+                                   "handling one message.", LABELS, registry=r,
+                                   buckets=_HANDLER_BUCKETS)
+        self._step_downs = Counter(PREFIX + "step_downs", "Times this instance stopped "
+                                   "being active, by reason.", (*LABELS, "reason"),
+                                   registry=r)
+        self._rebalances = Counter(PREFIX + "rebalances", "Membership changes that moved "
+                                   "this instance's partitions.", LABELS, registry=r)
+        self._rebalance_seconds = Histogram(PREFIX + "rebalance_duration_seconds",
+                                            "How long moving partitions took: an in-place "
+                                            "move, or a config-changed step-down until "
+                                            "active again.", LABELS, registry=r,
+                                            buckets=_REBALANCE_BUCKETS)
+        self._status_errors = Counter(PREFIX + "status_errors", "Failed group status reads "
+                                      "(for the unowned-partitions gauge).", LABELS,
+                                      registry=r)
+        # Children created up front so every series shows from the first scrape.
+        for child in (self._active, self._owned, self._in_flight, self._connected,
+                      self._unowned):
+            child.labels(**self._labels).set(0)
+        for outcome in OUTCOMES:
+            self._processed.labels(**self._labels, outcome=outcome)
+        self._duration.labels(**self._labels)
+        self._rebalances.labels(**self._labels)
+        self._rebalance_seconds.labels(**self._labels)
+        self._status_errors.labels(**self._labels)
+        self._idle.labels(**self._labels).set_function(self.seconds_since_last_message)
+
+    # -- membership ---------------------------------------------------------------------
+    def became_active(self, partitions: Sequence[int]) -> float | None:
+        """This instance is active; returns the rebalance duration if one just ended."""
+        self._active.labels(**self._labels).set(1)
+        self._owned.labels(**self._labels).set(len(partitions))
+        if self._rebalance_started is None:
+            return None
+        took = self._clock() - self._rebalance_started
+        self._rebalance_started = None
+        self._rebalance_seconds.labels(**self._labels).observe(took)
+        return took
+
+    def stepped_down(self, reason: str) -> bool:
+        """This instance stopped being active; True when that starts a rebalance."""
+        self._active.labels(**self._labels).set(0)
+        self._owned.labels(**self._labels).set(0)
+        self._step_downs.labels(**self._labels, reason=reason).inc()
+        if reason != REBALANCE_REASON:
+            return False
+        self._rebalances.labels(**self._labels).inc()
+        self._rebalance_started = self._clock()
+        return True
+
+    def rebalanced(self, partitions: Sequence[int], seconds: float) -> None:
+        """An in-place (incremental) rebalance moved partitions without a step-down."""
+        self._owned.labels(**self._labels).set(len(partitions))
+        self._rebalances.labels(**self._labels).inc()
+        self._rebalance_seconds.labels(**self._labels).observe(seconds)
+
+    # -- messages -----------------------------------------------------------------------
+    def message_started(self) -> None:
+        self._in_flight.labels(**self._labels).inc()
+
+    def message_finished(self, outcome: str, seconds: float) -> None:
+        if outcome not in OUTCOMES:
+            raise ValueError(f"unknown outcome {outcome!r}")
+        self._in_flight.labels(**self._labels).dec()
+        self._processed.labels(**self._labels, outcome=outcome).inc()
+        self._duration.labels(**self._labels).observe(seconds)
+        self._last_message = self._clock()
+
+    def seconds_since_last_message(self) -> float:
+        since = self._last_message if self._last_message is not None else self._started
+        return max(0.0, self._clock() - since)
+
+    # -- connection and group -----------------------------------------------------------
+    def set_connected(self, connected: bool) -> None:
+        self._connected.labels(**self._labels).set(1 if connected else 0)
+
+    def set_unowned_partitions(self, count: int) -> None:
+        self._unowned.labels(**self._labels).set(count)
+
+    def status_failed(self) -> None:
+        # The gauge keeps its last known value; the error counter says it is stale.
+        self._status_errors.labels(**self._labels).inc()
+
+    def render(self) -> bytes:
+        """The text exposition format of every metric in this registry."""
+        return generate_latest(self.registry)

@@ -1,0 +1,1 @@
+"""Handler modules that ``cgroupd join`` subprocesses load in tests."""
