@@ -35,6 +35,12 @@ Handler = Callable[[Message], Awaitable[None] | None]
 KeyOf = Callable[[str, Mapping[str, str], int | None], str]
 
 
+def _is_async(handler: Handler) -> bool:
+    """An ``async def`` function, or an object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        type(handler).__call__)
+
+
 class Ordering(Enum):
     """What order messages are processed in within one member."""
 
@@ -97,7 +103,10 @@ class Dispatcher:
     def submit(self, raw: Msg) -> None:
         """Take a delivery from the data consumer (called from the puller's callback)."""
         if self._closing.is_set():
-            return  # not ours to start any more: the next owner gets it
+            # Not ours to start any more: hand it back now rather than after the ack wait.
+            if raw.reply:
+                self._spawn(self._settle(self._nc.publish(raw.reply, b"-NAK")))
+            return
         try:
             message = Message.from_msg(self._nc, raw)
         except Exception as exc:  # noqa: BLE001 - not a JetStream delivery: nothing to ack
@@ -182,8 +191,8 @@ class Dispatcher:
                 self._closing.set()
                 return False
             try:
-                if inspect.iscoroutinefunction(self._handler):
-                    await self._handler(message)
+                if _is_async(self._handler):
+                    await self._handler(message)  # type: ignore[misc]
                 else:
                     result = await asyncio.to_thread(self._handler, message)
                     if inspect.isawaitable(result):

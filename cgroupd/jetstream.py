@@ -143,6 +143,13 @@ class JetStream:
             info = await self.jsm.stream_info(stream, subjects_filter=">")
         return dict(info.state.subjects or {})
 
+    async def publish(self, subject: str, data: bytes, headers: dict[str, str] | None = None,
+                      timeout: float | None = None) -> int:
+        """Publish into a stream and wait for its acknowledgement; the stream sequence."""
+        with self._translated(f"publishing to {subject}"):
+            ack = await self.js.publish(subject, data, timeout=timeout, headers=headers)
+        return int(ack.seq)
+
     async def purge(self, stream: str, subject: str | None = None,
                     keep_from_seq: int | None = None) -> None:
         """Purge ``subject`` (all if None) below sequence ``keep_from_seq``."""
@@ -205,18 +212,26 @@ class JetStream:
             return []
 
     async def watch_record(self, bucket: str, key: str) -> AsyncIterator[Record]:
-        """The current record, then every change (value None = deleted), until cancelled."""
+        """The current record, then every change (value None = deleted), until cancelled.
+
+        A record absent when the watch starts comes first as ``Record(None, 0)``.
+        """
         kv = await self.bucket(bucket)
         with self._translated(f"watching {bucket}/{key}"):
             watcher = await kv.watch(key)
+        seen = False
         try:
             while True:
                 try:
                     entry = await watcher.updates(timeout=60.0)  # type: ignore[no-untyped-call]
                 except (TimeoutError, nats.errors.TimeoutError):
                     continue
-                if entry is None:
-                    continue  # end of initial values marker
+                if entry is None:  # end of the initial values
+                    if not seen:
+                        seen = True
+                        yield Record(None, 0)
+                    continue
+                seen = True
                 deleted = entry.operation in ("DEL", "PURGE")
                 yield Record(None if deleted else entry.value, entry.revision or 0)
         finally:

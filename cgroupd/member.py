@@ -245,8 +245,9 @@ class Member:
             self._gen.end(StepDown.STOPPING)
         self._wake.set()
         if self._supervisor is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._supervisor
+            # Waiting, not awaiting: a cancelled caller must not cancel the supervisor
+            # half-way through releasing our consumers.
+            await asyncio.wait({self._supervisor})
         await self._close_watch()
         if self.state is not MemberState.STOPPED:
             self._transition(MemberState.STOPPED)
@@ -254,8 +255,9 @@ class Member:
     async def wait_stopped(self) -> str:
         """Wait until the instance stopped by itself (group deleted) or by stop()."""
         if self._supervisor is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._supervisor
+            await asyncio.wait({self._supervisor})
+            if not self._supervisor.cancelled() and self._supervisor.exception() is not None:
+                raise self._supervisor.exception()  # type: ignore[misc]
         return self.stop_reason or "stopped"
 
     # -- state ----------------------------------------------------------------------
@@ -285,12 +287,13 @@ class Member:
 
     def _apply_record(self, record: Record, decode: Callable[[bytes], GroupConfig]) -> None:
         if record.value is None:
+            if not self._first_config.done():
+                self._first_config.set_exception(GroupNotFound(
+                    f"no consumer group {self.group!r} on stream {self.stream!r}"))
+                return
             self._log.info("group deleted")
             self._deleted = True
             self.stop_reason = "group deleted"
-            if not self._first_config.done():
-                self._first_config.set_exception(
-                    GroupNotFound(f"group {self.stream}/{self.group} does not exist"))
             if self._gen is not None:
                 self._gen.end(StepDown.GROUP_DELETED)
             self._wake.set()
@@ -752,21 +755,26 @@ class Member:
         for task in gen.tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        pinned = self.settings.exclusivity is Exclusivity.PINNED
+        handing_over = pinned and self.state is MemberState.STEPPING_DOWN
+        # Pinned: the consumer outlives us, so stop pulling first and answer any delivery
+        # still coming with a nak while the server moves the pin, as handlers finish.
+        retiring = [asyncio.create_task(p.retire(self.settings.pull_expires))
+                    for p in gen.pullers] if handing_over else []
+        if handing_over:
+            retiring.append(asyncio.create_task(self._unpin(gen)))
         if gen.dispatcher is not None:
             await gen.dispatcher.drain(self.settings.drain_timeout)
+        await asyncio.gather(*retiring)
         for puller in gen.pullers:
             await puller.stop()
-        if self.settings.exclusivity is Exclusivity.PINNED:
+        if pinned:
             # The member consumer is shared by all instances: keep it, but give up the pin
             # at once so the server picks a standby without waiting for the pinned TTL.
-            why = gen.ended.result()[0]
-            with contextlib.suppress(CgroupdError):
-                if why is StepDown.CONFIG_CHANGED:
-                    # ADR Transitioning: drop it; it is recreated with the new filters.
+            if gen.ended.result()[0] is StepDown.CONFIG_CHANGED:
+                # ADR Transitioning: drop it; it is recreated with the new filters.
+                with contextlib.suppress(CgroupdError):
                     await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
-                elif self.state is MemberState.STEPPING_DOWN and why is not StepDown.PIN_LOST:
-                    await self.js.unpin(self._consume_stream, self.sync_consumer,
-                                        PRIORITY_GROUP)
             return
         # Data consumer first: its unacked messages become available to the next owner,
         # who can only create its data consumer once ours is gone.
@@ -776,6 +784,14 @@ class Member:
         if await self._sync_is_ours():
             with contextlib.suppress(CgroupdError):
                 await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
+
+    async def _unpin(self, gen: Generation) -> None:
+        """Give up the pin at once so the server picks a standby without waiting for the
+        pinned TTL (not after losing it: that would unpin the new holder)."""
+        if gen.ended.result()[0] in (StepDown.PIN_LOST, StepDown.CONFIG_CHANGED):
+            return
+        with contextlib.suppress(CgroupdError):
+            await self.js.unpin(self._consume_stream, self.sync_consumer, PRIORITY_GROUP)
 
     async def _sync_is_ours(self) -> bool:
         try:

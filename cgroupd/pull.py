@@ -85,6 +85,7 @@ class Puller:
         self._sub: Subscription | None = None
         self._pending = 0
         self._pulled_at = 0.0
+        self._retiring = False
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self.pin_id: str | None = None
@@ -115,6 +116,24 @@ class Puller:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
             self._sub = None
+
+    async def retire(self, timeout: float) -> None:
+        """Stop asking, but listen until the requests we made are answered (or timeout).
+
+        A message the server still hands to one of them is nak'ed at once, so another
+        client gets it now rather than after the ack wait. Pinned mode needs this: after
+        an unpin the server may pick a request of ours that is still waiting.
+        """
+        self._retiring = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        deadline = self._clock() + timeout
+        while self._pending > 0 and self._clock() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        await self.stop()
 
     async def flush_received(self) -> None:
         """Return once every message the server sent before now has reached the callback.
@@ -175,6 +194,10 @@ class Puller:
         status = msg.headers.get(STATUS) if msg.headers else None
         if not status:
             self._pending = max(0, self._pending - 1)
+            if self._retiring:
+                with contextlib.suppress(Exception):
+                    await self._nc.publish(msg.reply, b"-NAK")
+                return
             if self._opts.group:
                 pin = msg.headers.get(PIN_ID) if msg.headers else None
                 if pin:
@@ -207,6 +230,8 @@ class Puller:
                 self._pending = max(0, self._pending - int(left)) if left else 0
                 self._wake.set()
         elif status == "423":
+            left = headers.get(PENDING_MSGS)
+            self._pending = max(0, self._pending - (int(left) if left else self._opts.batch))
             self.pin_id = None
             self._end(PullEnd.PIN_LOST, f"pin lost ({description})")
         elif status == "503":

@@ -13,8 +13,10 @@ from nats.aio.client import Client
 
 from cgroupd import admin
 from cgroupd.config import ELASTIC_BUCKET, MemberMapping, group_key
+from cgroupd.errors import GroupNotFound
 from cgroupd.jetstream import JetStream
-from cgroupd.member import MemberState
+from cgroupd.member import Member, MemberState
+from cgroupd.message import Message
 from cgroupd.settings import Exclusivity, MemberSettings
 from tests.groups import (
     Fleet,
@@ -340,3 +342,17 @@ async def _publish_when_ready(js: JetStream, count: int) -> list[tuple[str, int]
         return await publish_keyed(js, count, keys=16, start=200)
     except Exception:  # noqa: BLE001 - JetStream may still be recovering: try again
         return None
+
+
+async def test_start_on_a_missing_group_fails_fast(jetstream: JetStream, nc: Client) -> None:
+    """Joining a group that was never created raises GroupNotFound instead of waiting."""
+    await make_group(jetstream, partitions=2, members=("m1",))
+
+    async def handler(msg: Message) -> None:
+        return None
+
+    member = Member(jetstream, "ORDERS", "nope", "m1", handler)
+    with pytest.raises(GroupNotFound, match="nope"):
+        await asyncio.wait_for(member.start(), 5)
+    await member.stop()
+    assert member.state is MemberState.STOPPED
