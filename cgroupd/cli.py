@@ -47,6 +47,7 @@ from cgroupd.config import (
     name_problems,
 )
 from cgroupd.connect import DEFAULT_CONNECT_TIMEOUT, ConnectionOptions, connect
+from cgroupd.dispatch import Ordering
 from cgroupd.errors import CgroupdError, ConfigError, StreamNotFound
 from cgroupd.handlers import (
     DEFAULT_WEBHOOK_TIMEOUT,
@@ -58,7 +59,7 @@ from cgroupd.handlers import (
     parse_statuses,
 )
 from cgroupd.jetstream import JetStream
-from cgroupd.partitions import assignment
+from cgroupd.partitions import assignment, key_function
 from cgroupd.settings import Exclusivity, MemberSettings
 
 T = TypeVar("T")
@@ -412,6 +413,12 @@ class ExclusivityName(StrEnum):
     pinned = "pinned"
 
 
+class OrderingName(StrEnum):
+    partition = "partition"
+    key = "key"
+    none = "none"
+
+
 def _settings(**given: Any) -> MemberSettings:
     chosen = {k: v for k, v in given.items() if v is not None}
     try:
@@ -450,9 +457,18 @@ def join(
     webhook_timeout: Annotated[float, typer.Option(
         "--webhook-timeout", envvar="CGROUPD_WEBHOOK_TIMEOUT", metavar="SEC",
         help="Bound on one webhook request.")] = DEFAULT_WEBHOOK_TIMEOUT,
+    ordering: Annotated[OrderingName | None, typer.Option(
+        "--ordering", envvar="CGROUPD_ORDERING",
+        help="partition: strictly in order per partition; key: in order per key, keys "
+             "concurrently; none: no order. [default: partition]")] = None,
+    key: Annotated[str | None, typer.Option(
+        "--key", envvar="CGROUPD_KEY", metavar="SPEC",
+        help="What a key is for --ordering key: auto (the partitioning tokens), subject, "
+             "partition, tokens:1,3 or header:NAME. [default: auto]")] = None,
     max_in_flight: Annotated[int | None, typer.Option(
         "--max-in-flight", envvar="CGROUPD_MAX_IN_FLIGHT", metavar="N",
-        help="Messages handled at once (1 keeps strict per-key order). [default: 1]")] = None,
+        help="Messages unacknowledged at once. [default: 1 for partition ordering, "
+             "256 otherwise]")] = None,
     ack_wait: Annotated[float | None, typer.Option(
         "--ack-wait", envvar="CGROUPD_ACK_WAIT", metavar="SEC",
         help="Redeliver a message not acked within this (kept alive while handling). "
@@ -504,8 +520,8 @@ def join(
         if member is not None:
             usage("give --member or --member-from-hostname, not both")
         try:
-            member = member_from_hostname(socket.gethostname(), hostname_members,
-                                          member_prefix)
+            member = member_from_hostname(os.environ.get("HOSTNAME") or socket.gethostname(),
+                                          hostname_members, member_prefix)
         except ValueError as exc:
             usage(str(exc))
     if member is None:
@@ -517,7 +533,13 @@ def join(
         logs.configure("debug" if g.debug else log_level)
     except ValueError as exc:
         usage(str(exc))
+    if key is not None:
+        try:
+            key_function(key, None)
+        except ValueError as exc:
+            usage(str(exc))
     settings = _settings(
+        ordering=Ordering(ordering.value) if ordering else None, key=key,
         max_in_flight=max_in_flight, ack_wait=ack_wait, retry_interval=retry_interval,
         inactive_threshold=inactive_threshold, drain_timeout=drain_timeout,
         exclusivity=Exclusivity(exclusivity.value) if exclusivity else None)
