@@ -29,7 +29,7 @@ import sys
 import traceback
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
@@ -413,7 +413,7 @@ class ExclusivityName(StrEnum):
     pinned = "pinned"
 
 
-class OrderingName(StrEnum):
+class OrderingName(Enum):
     partition = "partition"
     key = "key"
     none = "none"

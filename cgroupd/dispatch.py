@@ -63,6 +63,7 @@ class Dispatcher:
         backoff: Callable[[int], float],
         key_of: KeyOf,
         before_start: Callable[[], Awaitable[bool]],
+        on_settled: Callable[[], Awaitable[None]],
         log: Any,
         stats: dict[str, int],
     ) -> None:
@@ -72,6 +73,7 @@ class Dispatcher:
         self._key_of = key_of
         self._backoff = backoff
         self._before_start = before_start
+        self._on_settled = on_settled
         self._log = log
         self._stats = stats
         self._ack_wait = ack_wait
@@ -174,6 +176,7 @@ class Dispatcher:
                     message.delivery_count += 1
                 queue.popleft()
                 self._held.pop(message.stream_sequence, None)
+                await self._on_settled()
         finally:
             if self._keys.get(key) is queue:
                 del self._keys[key]
@@ -183,6 +186,7 @@ class Dispatcher:
             await self._settle(message.nak(self._backoff(message.delivery_count)))
             self._count(message.outcome)
         self._held.pop(message.stream_sequence, None)
+        await self._on_settled()
 
     async def _invoke(self, message: Message) -> bool:
         """Run the handler once. True when the message is settled (acked, termed, nak'ed)."""

@@ -220,6 +220,7 @@ class JetStream:
         with self._translated(f"watching {bucket}/{key}"):
             watcher = await kv.watch(key)
         seen = False
+        last = 0
         try:
             while True:
                 try:
@@ -228,10 +229,17 @@ class JetStream:
                     continue
                 if entry is None:  # end of the initial values
                     if not seen:
+                        # nats-py may signal the end before an initial value it already
+                        # received reaches us: ask for the record itself.
                         seen = True
-                        yield Record(None, 0)
+                        current = await self.get_record(bucket, key)
+                        last = current.revision if current else 0
+                        yield current or Record(None, 0)
                     continue
+                if entry.revision is not None and entry.revision <= last:
+                    continue  # already yielded by the lookup above
                 seen = True
+                last = entry.revision or last
                 deleted = entry.operation in ("DEL", "PURGE")
                 yield Record(None if deleted else entry.value, entry.revision or 0)
         finally:
@@ -261,8 +269,9 @@ class JetStream:
             await jsapi.unpin(self.nc, stream, consumer, group)
 
     async def puller(self, stream: str, consumer: str, options: PullOptions,
-                     on_message: Callable[[Any], None] | None = None) -> Puller:
+                     on_message: Callable[[Any], None] | None = None,
+                     capacity: Callable[[], int] | None = None) -> Puller:
         """A started :class:`Puller` on ``consumer``."""
-        puller = Puller(self.nc, stream, consumer, options, on_message)
+        puller = Puller(self.nc, stream, consumer, options, on_message, capacity=capacity)
         await puller.start()
         return puller

@@ -689,7 +689,7 @@ class Member:
             self.js.nc, self.handler, ordering=s.ordering, max_in_flight=s.max_in_flight,
             ack_wait=s.ack_wait, backoff=s.backoff,
             key_of=key_function(s.key, self.config), before_start=lambda: self._fence(gen),
-            log=self._log, stats=self.stats)
+            on_settled=lambda: self._refill(gen), log=self._log, stats=self.stats)
         gen.dispatcher.start()
         return gen
 
@@ -705,11 +705,17 @@ class Member:
             if deliver and gen.dispatcher is not None:
                 gen.dispatcher.submit(msg)
 
+        dispatcher = gen.dispatcher
+        capacity = None
+        if deliver and dispatcher is not None:
+            def capacity() -> int:
+                return s.max_in_flight - dispatcher.holding
+
         puller = await self.js.puller(
             self._consume_stream, consumer,
             PullOptions(batch=batch, expires=s.pull_expires, heartbeat=s.heartbeat,
                         group=group),
-            on_message)
+            on_message, capacity)
 
         def ended(fut: asyncio.Future[tuple[PullEnd, str]]) -> None:
             why, detail = fut.result()
@@ -856,6 +862,12 @@ class Member:
             if now - before > fence:
                 gen.suspect = True
             self._last_tick = now
+
+    async def _refill(self, gen: Generation) -> None:
+        """A handler slot freed up: let the data pullers ask for more."""
+        for puller in gen.pullers:
+            if puller.consumer in gen.data:
+                await puller.refill()
 
     async def _fence(self, gen: Generation) -> bool:
         """Before a handler starts: if we were not running for a while, another instance

@@ -73,8 +73,10 @@ class Puller:
         options: PullOptions,
         on_message: Callable[[Msg], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        capacity: Callable[[], int] | None = None,
     ) -> None:
         self._nc = nc
+        self._capacity = capacity
         self._stream = stream
         self._consumer = consumer
         self._opts = options
@@ -152,20 +154,36 @@ class Puller:
             self.ended.set_result((why, description))
         self._wake.set()
 
+    def _wanted(self) -> int:
+        """Messages to ask for now: refill once half the batch is used up. With a
+        ``capacity`` (free handler slots), ask only for what can be taken at once: the
+        server serves a request that arrives after an ack faster than one that waited
+        for the ack."""
+        room = self._opts.batch if self._capacity is None else self._capacity()
+        want = room - self._pending
+        return want if want > 0 and want >= (self._opts.batch + 1) // 2 else 0
+
+    async def refill(self) -> None:
+        """Ask for more if there is room (the dispatcher calls this as messages settle)."""
+        if self._task is not None and not self._retiring:
+            want = self._wanted()
+            if want:
+                await self._pull(want)
+
     async def _run(self) -> None:
-        """Pull whenever pending falls to the refill threshold, when the newest request is
-        half-way to expiry, or when the server went quiet."""
+        """Pull whenever there is room, when the newest request is half-way to expiry,
+        or when the server went quiet."""
         opts = self._opts
-        threshold = opts.batch // 2
         quiet_limit = opts.heartbeat * 3
         while not self.ended.done():
-            if self._pending <= threshold:
-                await self._pull(opts.batch - self._pending)
+            want = self._wanted()
+            if want:
+                await self._pull(want)
             elif self._clock() - self._pulled_at >= opts.expires / 2:
                 # Overlap requests so one with interest is always waiting: the server keeps
                 # a consumer with a waiting request alive, so a stall shorter than half the
                 # expiry plus the inactive threshold never costs us our consumers.
-                await self._pull(opts.batch)
+                await self._pull(1)
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=opts.heartbeat)
@@ -204,8 +222,7 @@ class Puller:
                     self.pin_id = pin
             if self._on_message is not None:
                 self._on_message(msg)
-            if self._pending <= self._opts.batch // 2:
-                self._wake.set()
+            await self.refill()
             return
         self._status(status, (msg.headers or {}).get(DESCRIPTION, ""), msg)
 
