@@ -166,3 +166,40 @@ def percentile(values: list[float], q: float) -> float:
 
 def emit(result: dict[str, Any]) -> None:
     print(json.dumps(result, indent=2, sort_keys=True))
+
+
+def metric(members: Members, proc: subprocess.Popen[bytes], name: str) -> float | None:
+    """Value of one unlabelled-by-us metric of a member process (first sample)."""
+    try:
+        with urllib.request.urlopen(
+                f"http://127.0.0.1:{members.ports[proc.pid]}/metrics", timeout=1) as resp:
+            for line in resp.read().decode().splitlines():
+                if line.startswith(name + "{") or line.startswith(name + " "):
+                    return float(line.rsplit(" ", 1)[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """Lines written by ``bench.handlers:record`` (a line cut by SIGKILL is skipped)."""
+    out = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(line))
+    return out
+
+
+async def steady_traffic(js: JetStream, rate: float, stop: asyncio.Event, keys: int = 64,
+                         stream: str = "BENCH") -> int:
+    """Publish at ``rate`` msg/s until ``stop``; the number published."""
+    n = 0
+    start = time.monotonic()
+    while not stop.is_set():
+        await js.js.publish(f"{stream.lower()}.k{n % keys}", json.dumps({"n": n}).encode())
+        n += 1
+        delay = start + n / rate - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+    return n

@@ -69,6 +69,7 @@ class Dispatcher:
     ) -> None:
         self._nc = nc
         self._handler = handler
+        self._handler_is_async = _is_async(handler)
         self._ordering = ordering
         self._key_of = key_of
         self._backoff = backoff
@@ -195,7 +196,7 @@ class Dispatcher:
                 self._closing.set()
                 return False
             try:
-                if _is_async(self._handler):
+                if self._handler_is_async:
                     await self._handler(message)  # type: ignore[misc]
                 else:
                     result = await asyncio.to_thread(self._handler, message)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+import nats.errors
 import structlog
 from nats.aio.msg import Msg
 
@@ -47,7 +48,6 @@ from cgroupd.dispatch import Dispatcher, Handler
 from cgroupd.errors import ApiError, CgroupdError, ConfigError, GroupNotFound
 from cgroupd.jetstream import JetStream, Record
 from cgroupd.partitions import (
-    SYNC_PREFIX,
     key_function,
     member_partitions,
     partition_filters,
@@ -97,6 +97,11 @@ class StepDown(Enum):
     INVALID_CONFIG = "invalid-config"
     STOPPING = "stopping"
     ERROR = "error"
+
+
+def presence_subject(key: str, instance: str) -> str:
+    """Where an instance answers "I am alive" (its absence is the server's word)."""
+    return f"_CGROUPD.presence.{key}.{instance}"
 
 
 def new_instance_id() -> str:
@@ -194,6 +199,7 @@ class Member:
         self._supervisor: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._advisories: Any = None
+        self._presence_sub: Any = None
         self._gen: Generation | None = None
         self._first_config = asyncio.get_running_loop().create_future()
         self._last_tick = clock()
@@ -234,6 +240,8 @@ class Member:
             self._advisories = await self.js.nc.subscribe(
                 f"$JS.EVENT.ADVISORY.CONSUMER.DELETED.{self._consume_stream}.*",
                 cb=self._on_consumer_deleted)
+        self._presence_sub = await self.js.nc.subscribe(
+            presence_subject(self._key, self.instance_id), cb=self._answer_presence)
         self._transition(MemberState.STANDBY)
         self._supervisor = asyncio.create_task(self._supervise(), name="cgroupd-member")
 
@@ -346,10 +354,11 @@ class Member:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
         self._watcher = None
-        if self._advisories is not None:
-            with contextlib.suppress(Exception):
-                await self._advisories.unsubscribe()
-            self._advisories = None
+        for sub in (self._advisories, self._presence_sub):
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+        self._advisories = self._presence_sub = None
 
     async def _on_consumer_deleted(self, msg: Msg) -> None:
         """A consumer of our stream went away: a standby may win right now."""
@@ -590,44 +599,53 @@ class Member:
         await self.js.create_consumer(self._consume_stream, name, config, action="update")
 
     async def _reclaim_abandoned(self, gen: Generation) -> bool:
-        """Delete data consumers of this member that nobody pulls from any more.
+        """Delete data consumers of this member whose instance is gone.
 
         The server keeps a consumer holding unacknowledged messages until their ack wait
-        runs out, so a crashed owner would block its successor for ``ack_wait``. We hold
-        the member's sync consumer, so the previous owner stopped pulling on it for the
-        inactive threshold; if its data consumer also has no waiting pull in two looks a
-        heartbeat apart, its owner is gone (a live owner draining after a step-down keeps
-        pulling) and its unacked messages are released to us by deleting it.
+        runs out, so a crashed owner would block its successor for ``ack_wait``. Every
+        instance answers on its presence subject; the server itself says "no responders"
+        when the instance's connection is gone, and its consumer is deleted (its unacked
+        messages go to us). One that does not answer in time and has no pull waiting is
+        suspended or cut off and is treated the same. A live owner draining after a
+        step-down answers, and is left alone.
         """
         mine = set(gen.data) | {self.sync_consumer}
-
-        async def abandoned() -> dict[str, int]:
-            out = {}
-            for info in await self.js.list_consumers(self._consume_stream):
-                cfg = info.get("config") or {}
-                meta = cfg.get("metadata") or {}
-                name = info.get("name", "")
-                if meta.get(MEMBER_KEY) == self.member and INSTANCE_KEY in meta \
-                        and name not in mine and not (cfg.get("filter_subjects") or [""])[0] \
-                        .startswith(f"{SYNC_PREFIX}."):
-                    out[name] = int(info.get("num_waiting", 0))
-            return out
-
+        reclaimed = False
         try:
-            first = await abandoned()
-            if not any(waiting == 0 for waiting in first.values()):
-                return False
-            await self._sleep(self.settings.heartbeat)
-            second = await abandoned()
-            reclaimed = False
-            for name, waiting in second.items():
-                if waiting == 0 and first.get(name) == 0 and not gen.ended.done():
-                    self._log.warning("reclaiming abandoned data consumer", consumer=name)
+            for info in await self.js.list_consumers(self._consume_stream):
+                meta = (info.get("config") or {}).get("metadata") or {}
+                name, owner = info.get("name", ""), meta.get(INSTANCE_KEY)
+                if name in mine or meta.get(MEMBER_KEY) != self.member or not owner \
+                        or name == self.sync_consumer:
+                    continue
+                alive = await self._presence(owner)
+                # Gone for the server, or neither answering nor pulling (suspended, cut
+                # off): its consumer would otherwise hold our messages for the ack wait.
+                silent = alive is None and int(info.get("num_waiting", 0)) == 0
+                if (alive is False or silent) and not gen.ended.done():
+                    self._log.warning("reclaiming abandoned data consumer", consumer=name,
+                                      instance=owner)
                     reclaimed |= await self.js.delete_consumer(self._consume_stream, name)
-            return reclaimed
         except CgroupdError as exc:
             self._log.warning("could not inspect previous owner's consumer", error=str(exc))
+        return reclaimed
+
+    async def _presence(self, instance: str) -> bool | None:
+        """True if ``instance`` answers, False if the server knows it is gone, None if
+        it did not answer in time (suspended, partitioned: alive as far as we know)."""
+        try:
+            await self.js.nc.request(presence_subject(self._key, instance), b"",
+                                     timeout=self.settings.heartbeat)
+        except nats.errors.NoRespondersError:
             return False
+        except (nats.errors.TimeoutError, nats.errors.Error):
+            return None
+        return True
+
+    async def _answer_presence(self, msg: Msg) -> None:
+        if msg.reply:
+            with contextlib.suppress(Exception):
+                await self.js.nc.publish(msg.reply, self.instance_id.encode())
 
     async def _acquire_pinned(self, partitions: tuple[int, ...]) -> Generation | None:
         """Pinned mode: ensure the shared member consumer exists, pull until pinned."""
@@ -866,7 +884,7 @@ class Member:
     async def _refill(self, gen: Generation) -> None:
         """A handler slot freed up: let the data pullers ask for more."""
         for puller in gen.pullers:
-            if puller.consumer in gen.data:
+            if puller.delivers:
                 await puller.refill()
 
     async def _fence(self, gen: Generation) -> bool:

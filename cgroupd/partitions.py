@@ -8,6 +8,7 @@ assignment: de-duplicate, sort, cap at ``max_members``, contiguous blocks of
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
 
 from cgroupd.config import GroupConfig, PartitioningFilter
@@ -140,7 +141,8 @@ def key_function(spec: str, config: GroupConfig | None) -> Callable[[str, Mappin
                          "tokens:1,2 or header:NAME")
     filters = getattr(config, "partitioning_filters", ()) or ()
 
-    def auto(subject: str, headers: Mapping[str, str], partition: int | None) -> str:
+    @functools.lru_cache(maxsize=65536)
+    def of_subject(subject: str) -> str:
         for pf in filters:
             if subject_matches(pf.filter, subject):
                 if not pf.partitioning_wildcards:
@@ -149,5 +151,8 @@ def key_function(spec: str, config: GroupConfig | None) -> Callable[[str, Mappin
                 stars = [i for i, t in enumerate(pf.filter.split(".")) if t == "*"]
                 return ".".join(toks[stars[w - 1]] for w in pf.partitioning_wildcards)
         return subject
+
+    def auto(subject: str, headers: Mapping[str, str], partition: int | None) -> str:
+        return of_subject(subject)
 
     return auto

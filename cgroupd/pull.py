@@ -100,6 +100,11 @@ class Puller:
     def consumer(self) -> str:
         return self._consumer
 
+    @property
+    def delivers(self) -> bool:
+        """Whether messages from this consumer are handled (it has a capacity)."""
+        return self._capacity is not None
+
     async def start(self) -> None:
         """Subscribe the inbox and begin pulling."""
         self._inbox = self._nc.new_inbox()
