@@ -577,16 +577,20 @@ class Member:
             gen.partitions = target
         return True
 
-    async def _acks_applied(self, name: str) -> bool:
-        """Wait (bounded) until the server has applied our acks on consumer ``name``, so
-        deleting it cannot hand an already-processed message to the next owner."""
-        deadline = self._clock() + self.settings.drain_timeout
-        while self._clock() < deadline:
+    async def _acks_applied(self, name: str, unsettled: int = 0,
+                            timeout: float | None = None) -> bool:
+        """Wait (bounded) until the server has applied our acks on consumer ``name`` (at
+        most ``unsettled`` messages left unacknowledged), so deleting it cannot hand an
+        already-processed message to the next owner."""
+        deadline = self._clock() + (self.settings.drain_timeout if timeout is None
+                                    else timeout)
+        while True:
             info = await self.js.consumer_info(self._consume_stream, name)
-            if info is None or int(info.get("num_ack_pending", 0)) == 0:
+            if info is None or int(info.get("num_ack_pending", 0)) <= unsettled:
                 return True
-            await self._sleep(0.01)
-        return False
+            if self._clock() > deadline:
+                return False
+            await self._sleep(0.005)
 
     async def _update_filters(self, name: str, filters: list[str]) -> None:
         """Change the filters of one of our consumers in place (consumer update)."""
@@ -801,9 +805,13 @@ class Member:
                     await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
             return
         # Data consumer first: its unacked messages become available to the next owner,
-        # who can only create its data consumer once ours is gone.
+        # who can only create its data consumer once ours is gone. Acks are applied by
+        # the server asynchronously: wait for ours, or the next owner would get (and
+        # process again) messages we finished.
+        unsettled = gen.dispatcher.holding if gen.dispatcher is not None else 0
         for name in gen.data:
             with contextlib.suppress(CgroupdError):
+                await self._acks_applied(name, unsettled, timeout=1.0)
                 await self.js.delete_consumer(self._consume_stream, name)
         if await self._sync_is_ours():
             with contextlib.suppress(CgroupdError):

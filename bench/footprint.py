@@ -1,0 +1,69 @@
+"""Footprint of an idle member: RSS of the active instance and of a standby, and the CPU
+an idle active instance burns (pulling, heartbeats, self-checks).
+Run: ``python -m bench.footprint [--seconds 10]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from typing import Any
+
+from bench.common import Members, connected, emit, machine, metric, origin_stream, server, wait_for
+from cgroupd import admin
+from cgroupd.config import ElasticGroupConfig, PartitioningFilter
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+async def main(seconds: float) -> dict[str, Any]:
+    result: dict[str, Any] = {"benchmark": "footprint", "seconds": seconds,
+                              "machine": machine()}
+    with server() as srv:
+        async with connected(srv.url) as js:
+            await origin_stream(js)
+            await admin.create_elastic_group(js, "BENCH", "g", ElasticGroupConfig(
+                max_members=8, members=("m1",),
+                partitioning_filters=(PartitioningFilter("bench.*", (1,)),)))
+            with Members(srv.url, "BENCH", "g") as procs:
+                procs.start("m1")
+                procs.start("m1")
+                await wait_for(lambda: asyncio.to_thread(procs.ready), 60, 0.05, "ready")
+                active = await wait_for(lambda: next(
+                    (p for _, p in procs.procs
+                     if metric(procs, p, "cgroupd_member_active") == 1), None), 30, 0.05)
+                standby = next(p for _, p in procs.procs if p is not active)
+                await asyncio.sleep(2)
+                before = {p.pid: cpu_seconds(p.pid) for p in (active, standby)}
+                await asyncio.sleep(seconds)
+                result["active"] = {
+                    "rss_mb": round(rss_mb(active.pid), 1),
+                    "cpu_percent": round(100 * (cpu_seconds(active.pid) - before[active.pid])
+                                         / seconds, 2)}
+                result["standby"] = {
+                    "rss_mb": round(rss_mb(standby.pid), 1),
+                    "cpu_percent": round(100 * (cpu_seconds(standby.pid)
+                                                - before[standby.pid]) / seconds, 2)}
+    result["targets"] = {"idle member RSS <= 60 MB": result["active"]["rss_mb"] <= 60}
+    return result
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=10)
+    emit(asyncio.run(main(parser.parse_args().seconds)))
