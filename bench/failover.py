@@ -39,14 +39,16 @@ async def trials(url: str, js: Any, record: Path, count: int, sig: signal.Signal
     for _ in range(count):
         alive = [p for _, p in procs.procs if p.poll() is None]
         active = await wait_for(
-            lambda: next((p for p in alive if metric(procs, p, "cgroupd_member_active") == 1),
-                         None), 30, 0.05, "an active instance")
+            lambda alive=alive: next(  # type: ignore[misc]
+                (p for p in alive if metric(procs, p, "cgroupd_member_active") == 1), None),
+            30, 0.05, "an active instance")
         standby = next(p for p in alive if p is not active)
-        await wait_for(lambda: procs.probe(standby), 30, 0.05, "standby ready")
-        await wait_for(lambda: any(r["pid"] == active.pid for r in read_records(record)
-                                   if r["t"] > time.time() - 0.5), 30, 0.05, "traffic")
+        await wait_for(lambda s=standby: procs.probe(s), 30, 0.05, "standby ready")
+        await wait_for(lambda a=active: any(r["pid"] == a.pid for r in read_records(record)
+                                            if r["t"] > time.time() - 0.5),
+                       30, 0.05, "traffic")
         active.send_signal(sig)
-        await wait_for(lambda: any(r["pid"] == standby.pid for r in read_records(record)),
+        await wait_for(lambda s=standby: any(r["pid"] == s.pid for r in read_records(record)),
                        30, 0.02, "the standby to deliver")
         await asyncio.to_thread(active.wait)
         records = read_records(record)

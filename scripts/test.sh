@@ -7,6 +7,6 @@ VENV=${CGROUPD_VENV:-.venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[dev]'
 export PATH="$PWD/$VENV/bin:$PATH"
-"$VENV/bin/python" -m ruff check cgroupd tests
+"$VENV/bin/python" -m ruff check cgroupd tests bench
 "$VENV/bin/python" -m mypy
 "$VENV/bin/python" -m pytest "$@"
