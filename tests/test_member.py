@@ -356,3 +356,37 @@ async def test_start_on_a_missing_group_fails_fast(jetstream: JetStream, nc: Cli
         await asyncio.wait_for(member.start(), 5)
     await member.stop()
     assert member.state is MemberState.STOPPED
+
+
+async def test_static_group_members_consume_their_partitions(
+        fleet: Fleet, jetstream: JetStream, nc: Client) -> None:
+    """A static group on a stream whose subjects already carry the partition: each member
+    (pinned mode, durable <group>-<member>) gets only its partitions; a standby takes
+    over when the pinned instance stops."""
+    from nats.js import api
+
+    from cgroupd.config import StaticGroupConfig
+
+    await jetstream.add_stream(api.StreamConfig(
+        name="ORDERS", subjects=[f"{p}.orders.>" for p in range(4)]))
+    await admin.create_static_group(jetstream, "ORDERS", "g", StaticGroupConfig(
+        max_members=4, members=("m1", "m2")))
+    a = await fleet.add("m1", static=True)
+    b = await fleet.add("m1", static=True)
+    c = await fleet.add("m2", static=True)
+    for i in range(40):
+        await jetstream.js.publish(f"{i % 4}.orders.k{i % 8}", json.dumps({"n": i}).encode())
+    want = set(range(40))
+    await eventually(lambda: want <= {e["n"] for e in fleet.record.ends()}, 20)
+    by_member: dict[str, set[int]] = {}
+    for e in fleet.record.ends():
+        by_member.setdefault(fleet.by_member(e), set()).add(e["partition"])
+    assert by_member == {"m1": {0, 1}, "m2": {2, 3}}
+    assert {i.get("name") for i in await jetstream.list_consumers("ORDERS")} == {"g-m1", "g-m2"}
+    active = a if a.active else b
+    other = b if active is a else a
+    await active.stop()
+    for i in range(40, 48):
+        await jetstream.js.publish(f"{i % 2}.orders.k{i % 8}", json.dumps({"n": i}).encode())
+    await eventually(lambda: set(range(48)) <= {e["n"] for e in fleet.record.ends()}, 20)
+    assert other.active and c.active
