@@ -427,7 +427,7 @@ def _settings(**given: Any) -> MemberSettings:
         usage(str(exc))
 
 
-@app.command(no_args_is_help=True)
+@app.command()
 def join(
     ctx: typer.Context,
     stream: Annotated[str, typer.Option(
