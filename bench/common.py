@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import nats
 from nats.js import api
 
 from cgroupd.jetstream import JetStream
+from tests.groups import eventually
 from tests.natsserver import NatsServer, client_options, find_free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,18 +85,8 @@ async def stream_messages(js: JetStream, name: str) -> int:
     return int(info.state.messages) if info else -1
 
 
-async def wait_for(check: Callable[[], Any], timeout: float, interval: float = 0.01,
-                   what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"benchmark gave up waiting for {what}")
-        await asyncio.sleep(interval)
+#: Poll until truthy, with a deadline (the tests' helper; it raises AssertionError).
+wait_for = eventually
 
 
 class Members:
