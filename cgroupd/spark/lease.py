@@ -1,0 +1,338 @@
+"""Exclusive use of a group's partitions by one Spark query: a lease on its members.
+
+Why: the source reads the group's work-queue stream with direct get and purges what Spark
+has committed. A daemon instance consuming the same partitions would ack (and so delete)
+messages of a range Spark has not committed yet, and a replay after a failure would no
+longer be identical; two queries would each see every message. So while a query reads a
+partition nobody else may consume it.
+
+How: exactly what a member instance does to become active (ADR "Implementation design",
+:meth:`cgroupd.member.Member._acquire`). For each member owning partitions the query
+reads, the driver creates that member's *synchronization consumer*: named after the
+member, filters ``sync.<p>.>``, ``action: create``, the query's lease id in its metadata
+(``cgroupd_instance``), and a short inactive threshold; then keeps it alive by pulling on
+it. While it exists no instance of the member can win the election (create fails with
+10148) and no other member can take those partitions (the ``sync.<p>.>`` filters overlap:
+10100). Partitions no member owns are claimed the same way under the consumer name
+:data:`UNOWNED_CONSUMER`, so adding members later does not let daemons in either.
+
+When the query's driver dies, or Spark stops the query, nobody pulls any more and the
+server deletes the consumers after ``inactive_threshold``: the lease ends by itself.
+
+A lease is *lost* when one of its consumers disappears or changes hands (an operator's
+``cgroupd step-down``, a server restart that dropped it) or when a consumer appears that
+consumes one of its partitions (a pinned-mode member after a membership change: pinned
+consumers carry the real ``<p>.>`` filters, which do not overlap ``sync.<p>.>``). The next
+driver call then fails the query: reading on could lose or duplicate messages silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from cgroupd import jsapi
+from cgroupd.config import GroupConfig
+from cgroupd.errors import ApiError, CgroupdError
+from cgroupd.jetstream import JetStream
+from cgroupd.member import INSTANCE_KEY, MEMBER_KEY
+from cgroupd.partitions import SYNC_PREFIX, owners, sync_filters
+from cgroupd.pull import Puller, PullOptions
+from cgroupd.settings import PRIORITY_GROUP
+
+log = structlog.get_logger("cgroupd.spark.lease")
+
+#: Consumer name of the claim on partitions that no member owns.
+UNOWNED_CONSUMER = "cgroupd-spark-unowned"
+#: Metadata key marking a synchronization consumer held by a Spark query.
+HOLDER_KEY = "cgroupd_holder"
+HOLDER_SPARK = "spark"
+#: Ack wait recorded in the consumer config (the sync consumer never delivers).
+_ACK_WAIT = 30.0
+
+
+class LeaseUnavailable(CgroupdError):
+    """Another holder (a daemon instance or another query) has a member the query needs."""
+
+    retriable = True
+
+
+class LeaseLost(CgroupdError):
+    """The query no longer holds a member it is reading: the query must stop."""
+
+
+def new_lease_id() -> str:
+    """A lease id: shown as the member's instance id by ``cgroupd status``."""
+    return f"spark-{secrets.token_hex(6)}"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One synchronization consumer of the lease: a member and all its partitions."""
+
+    consumer: str
+    member: str | None
+    partitions: tuple[int, ...]
+
+
+def claims_for(config: GroupConfig, partitions: Iterable[int]) -> list[Claim]:
+    """The claims that cover ``partitions``: one per owning member, with *all* of that
+    member's partitions (its election consumer always names all of them), and one for
+    the partitions no member owns."""
+    wanted = set(partitions)
+    owner = owners(config)
+    by_member: dict[str, list[int]] = {}
+    for p, member in sorted(owner.items()):
+        by_member.setdefault(member, []).append(p)
+    claims = [Claim(m, m, tuple(ps)) for m, ps in sorted(by_member.items())
+              if wanted & set(ps)]
+    unowned = tuple(sorted(p for p in wanted if p not in owner))
+    if unowned:
+        claims.append(Claim(UNOWNED_CONSUMER, None, unowned))
+    return claims
+
+
+def _filters(info: dict[str, Any]) -> list[str]:
+    config = info.get("config") or {}
+    return list(config.get("filter_subjects") or (
+        [config["filter_subject"]] if config.get("filter_subject") else []))
+
+
+def _consumes(info: dict[str, Any], partitions: set[int]) -> list[int]:
+    """Partitions among ``partitions`` whose messages consumer ``info`` can receive."""
+    hit = set()
+    for f in _filters(info):
+        head = f.split(".", 1)[0]
+        if head in (">", "*"):
+            return sorted(partitions)
+        if head.isascii() and head.isdigit() and int(head) in partitions:
+            hit.add(int(head))
+    return sorted(hit)
+
+
+def describe_holder(info: dict[str, Any] | None) -> str:
+    """Who holds a consumer, for an error message."""
+    if info is None:
+        return "an instance that has just let go"
+    config = info.get("config") or {}
+    meta = config.get("metadata") or {}
+    instance = meta.get(INSTANCE_KEY)
+    name = info.get("name", "?")
+    if meta.get(HOLDER_KEY) == HOLDER_SPARK:
+        return f"another Spark query (lease {instance}, consumer {name!r})"
+    if PRIORITY_GROUP in (config.get("priority_groups") or []):
+        pinned = next((g.get("pinned_client_id") for g in info.get("priority_groups") or []
+                       if g.get("group") == PRIORITY_GROUP), None)
+        return (f"pinned-mode member instances (consumer {name!r}, pinned client "
+                f"{pinned or 'none yet'})")
+    if instance:
+        return f"daemon instance {instance} (consumer {name!r})"
+    return f"consumer {name!r}"
+
+
+class Lease:
+    """The synchronization consumers of a set of claims, held by one query.
+
+    Asynchronous; the Spark source runs it on the event loop of a driver thread.
+    """
+
+    def __init__(
+        self,
+        js: JetStream,
+        stream: str,
+        claims: list[Claim],
+        *,
+        lease_id: str | None = None,
+        label: str = "",
+        inactive_threshold: float = 2.0,
+        wait: float = 10.0,
+        check_interval: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        if inactive_threshold <= 0 or wait < 0 or check_interval <= 0:
+            raise ValueError("lease timings must be positive")
+        self.js = js
+        self.stream = stream
+        self.claims = list(claims)
+        self.lease_id = lease_id or new_lease_id()
+        self.label = label or stream
+        self.inactive_threshold = inactive_threshold
+        self.wait = wait
+        self.check_interval = check_interval
+        self._clock = clock
+        self._sleep = sleep
+        self._held: list[Claim] = []
+        self._pullers: dict[str, Puller] = {}
+        self._watch: asyncio.Task[None] | None = None
+        self._lost: str | None = None
+        self._log = log.bind(stream=stream, lease=self.lease_id)
+
+    @property
+    def partitions(self) -> set[int]:
+        return {p for c in self.claims for p in c.partitions}
+
+    @property
+    def held(self) -> bool:
+        return bool(self._held) and len(self._held) == len(self.claims) and self._lost is None
+
+    def _config(self, claim: Claim) -> dict[str, Any]:
+        # The same shape as Member._acquire's sync consumer, so the daemon and `cgroupd
+        # status` read it as the member's election consumer held by instance lease_id.
+        meta = {INSTANCE_KEY: self.lease_id, HOLDER_KEY: HOLDER_SPARK}
+        if claim.member is not None:
+            meta[MEMBER_KEY] = claim.member
+        return {
+            "ack_policy": "explicit",
+            "deliver_policy": "all",
+            "filter_subjects": sync_filters(claim.partitions),
+            "ack_wait": int(_ACK_WAIT * 1e9),
+            "max_ack_pending": 1,
+            "max_waiting": 512,
+            "inactive_threshold": int(self.inactive_threshold * 1e9),
+            "metadata": meta,
+        }
+
+    # -- acquiring ------------------------------------------------------------------
+    async def acquire(self) -> None:
+        """Take every claim, or none: LeaseUnavailable names who is in the way."""
+        deadline = self._clock() + self.wait
+        try:
+            for claim in self.claims:
+                await self._take(claim, deadline)
+            await self._await_foreign_consumers(deadline)
+        except BaseException:
+            await self.release()
+            raise
+        self._watch = asyncio.create_task(self._watch_loop(), name="cgroupd-spark-lease")
+        self._log.info("lease acquired", claims=[c.consumer for c in self.claims])
+
+    async def _take(self, claim: Claim, deadline: float) -> None:
+        config = self._config(claim)
+        while True:
+            try:
+                await self.js.create_consumer(self.stream, claim.consumer, config)
+                break
+            except ApiError as exc:
+                if exc.err_code not in (jsapi.ERR_CONSUMER_EXISTS, jsapi.ERR_WQ_NOT_UNIQUE):
+                    raise
+                if self._clock() >= deadline:
+                    raise LeaseUnavailable(await self._refusal(claim, exc)) from exc
+            await self._sleep(min(0.1, self.inactive_threshold / 4))
+        self._held.append(claim)
+        puller = await self.js.puller(self.stream, claim.consumer,
+                                      PullOptions(batch=1, expires=1.0, heartbeat=0.25))
+        self._pullers[claim.consumer] = puller
+
+    async def _refusal(self, claim: Claim, exc: ApiError) -> str:
+        what = (f"member {claim.member!r}" if claim.member is not None
+                else f"unowned partitions {list(claim.partitions)}")
+        holder = "another holder"
+        with contextlib.suppress(CgroupdError):
+            if exc.err_code == jsapi.ERR_CONSUMER_EXISTS:
+                holder = describe_holder(await self.js.consumer_info(self.stream,
+                                                                     claim.consumer))
+            else:
+                wanted = {f"{SYNC_PREFIX}.{p}" for p in claim.partitions}
+                for info in await self.js.list_consumers(self.stream):
+                    if any(".".join(f.split(".")[:2]) in wanted for f in _filters(info)):
+                        holder = describe_holder(info)
+                        break
+        return (f"cannot read {what} of group {self.label} (partitions "
+                f"{list(claim.partitions)}): it is held by {holder}. Stop that instance or "
+                f"query, or drop the member from the daemon, then retry (waited "
+                f"{self.wait:g}s).")
+
+    async def _foreign(self) -> list[dict[str, Any]]:
+        """Consumers, not ours, that can receive messages of our partitions."""
+        ours = {c.consumer for c in self.claims}
+        mine = self.partitions
+        return [info for info in await self.js.list_consumers(self.stream)
+                if info.get("name") not in ours and _consumes(info, mine)]
+
+    async def _await_foreign_consumers(self, deadline: float) -> None:
+        """Wait for a previous owner's data consumer to go; delete an abandoned one.
+
+        Holding the election consumers means every previous holder stopped pulling on
+        them; its data consumer may linger (the server keeps a consumer with unacked
+        messages until their ack wait). One nobody pulls on in two looks is abandoned,
+        as :meth:`cgroupd.member.Member._reclaim_abandoned` decides too.
+        """
+        idle: set[str] = set()
+        while True:
+            foreign = await self._foreign()
+            if not foreign:
+                return
+            now_idle = {i["name"] for i in foreign if int(i.get("num_waiting", 0)) == 0}
+            for name in now_idle & idle:
+                self._log.warning("deleting abandoned consumer", consumer=name)
+                await self.js.delete_consumer(self.stream, name)
+            idle = now_idle
+            if self._clock() >= deadline:
+                info = foreign[0]
+                raise LeaseUnavailable(
+                    f"cannot read partitions {_consumes(info, self.partitions)} of group "
+                    f"{self.label}: they are being consumed by {describe_holder(info)}. "
+                    f"Stop it, then retry (waited {self.wait:g}s).")
+            await self._sleep(0.25)
+
+    # -- holding --------------------------------------------------------------------
+    def check(self) -> None:
+        """Raise LeaseLost if any claim was lost since acquiring."""
+        for name, puller in self._pullers.items():
+            if puller.ended.done() and self._lost is None:
+                _, detail = puller.ended.result()
+                self._lost = f"synchronization consumer {name!r} ended: {detail}"
+        if self._lost is not None:
+            raise LeaseLost(f"the query lost its lease on group {self.label}: {self._lost}. "
+                            "Another instance may be consuming these partitions; the query "
+                            "stops rather than read them concurrently.")
+
+    async def verify(self) -> None:
+        """One look at the server: our consumers still ours, nobody else on our partitions."""
+        for claim in self.claims:
+            info = await self.js.consumer_info(self.stream, claim.consumer)
+            meta = ((info or {}).get("config") or {}).get("metadata") or {}
+            if info is None or meta.get(INSTANCE_KEY) != self.lease_id:
+                self._lost = (f"synchronization consumer {claim.consumer!r} was deleted or "
+                              f"taken over ({describe_holder(info) if info else 'gone'})")
+                return
+        foreign = await self._foreign()
+        if foreign:
+            info = foreign[0]
+            self._lost = (f"{describe_holder(info)} consumes partitions "
+                          f"{_consumes(info, self.partitions)}")
+
+    async def _watch_loop(self) -> None:
+        while self._lost is None:
+            await self._sleep(self.check_interval)
+            try:
+                await self.verify()
+            except CgroupdError as exc:  # unknown for now: the pullers decide
+                self._log.warning("lease check could not reach the server", error=str(exc))
+        self._log.error("lease lost", reason=self._lost)
+
+    async def release(self) -> None:
+        """Stop pulling and delete the consumers that are still ours; idempotent."""
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._watch
+            self._watch = None
+        for puller in self._pullers.values():
+            await puller.stop()
+        self._pullers.clear()
+        for claim in self._held:
+            with contextlib.suppress(CgroupdError):
+                info = await self.js.consumer_info(self.stream, claim.consumer)
+                meta = ((info or {}).get("config") or {}).get("metadata") or {}
+                if info is not None and meta.get(INSTANCE_KEY) == self.lease_id:
+                    await self.js.delete_consumer(self.stream, claim.consumer)
+        self._held.clear()
