@@ -24,7 +24,7 @@ import random
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -94,7 +94,6 @@ class StepDown(Enum):
     PIN_LOST = "pin-lost"
     STALLED = "stalled"
     GROUP_DELETED = "group-deleted"
-    INVALID_CONFIG = "invalid-config"
     STOPPING = "stopping"
     ERROR = "error"
 
@@ -116,7 +115,8 @@ async def _maybe_await(value: Awaitable[None] | None) -> None:
 
 @dataclass
 class Generation:
-    """One period of activity: fixed partitions, this instance's consumers, its tasks."""
+    """One period of activity: its partitions, this instance's consumers, its tasks. It
+    ends once (``ended``); an incremental rebalance changes its partitions in place."""
 
     partitions: tuple[int, ...]
     #: This instance's data consumers and the partitions each serves. One at first; an
@@ -149,9 +149,10 @@ class Generation:
 class Member:
     """One running instance of ``member`` in ``group`` on ``stream``.
 
-    ``handler`` gets each :class:`Message`; returning acks it (unless it acked, naked or
-    termed it itself), raising naks it with a backoff delay. Sync handlers run in a thread
-    so they never stall the pulls that keep this instance's consumers alive.
+    ``handler`` gets each :class:`Message`; returning acks it (unless it settled it
+    itself), raising retries it with backoff (in place for the ordered modes, see
+    :mod:`cgroupd.dispatch`). Sync handlers run in a thread so they never stall the pulls
+    that keep this instance's consumers alive.
     """
 
     def __init__(
@@ -179,7 +180,7 @@ class Member:
         self.settings = settings or MemberSettings()
         self.static = static
         if static and self.settings.exclusivity is not Exclusivity.PINNED:
-            self.settings = _replace(self.settings, exclusivity=Exclusivity.PINNED)
+            self.settings = replace(self.settings, exclusivity=Exclusivity.PINNED)
         self.instance_id = instance_id or new_instance_id()
         self.on_active = on_active
         self.on_standby = on_standby
@@ -756,10 +757,9 @@ class Member:
         if self.on_active is not None:
             await self._callback(self.on_active, gen.partitions)
         if self.settings.exclusivity is Exclusivity.SYNC:
-            gen.tasks.add(asyncio.create_task(self._rebalance_loop(gen), name="cgroupd-rebalance"))
             self._last_tick = self._clock()
-            gen.tasks.add(asyncio.create_task(self._verify_loop(gen), name="cgroupd-verify"))
-            gen.tasks.add(asyncio.create_task(self._watch_clock(gen), name="cgroupd-clock"))
+            for work in (self._rebalance_loop, self._verify_loop, self._watch_clock):
+                self._spawn(gen, work(gen), work.__name__)
         if self._stopping or self._deleted:
             gen.end(StepDown.STOPPING if self._stopping else StepDown.GROUP_DELETED)
         why, detail = await gen.ended
@@ -774,6 +774,19 @@ class Member:
         if self.on_standby is not None:
             await self._callback(self.on_standby, why.value)
         return why
+
+    def _spawn(self, gen: Generation, coro: Awaitable[None], name: str) -> None:
+        """A generation's background task; if it dies of a bug, the generation ends."""
+        task = asyncio.ensure_future(coro)
+        task.set_name(f"cgroupd{name}")
+        gen.tasks.add(task)
+
+        def done(t: asyncio.Future[None]) -> None:
+            if not t.cancelled() and t.exception() is not None:
+                self._log.error("background task failed", task=name, error=repr(t.exception()))
+                gen.end(StepDown.ERROR, f"{name} failed: {t.exception()!r}")
+
+        task.add_done_callback(done)
 
     async def _release(self, gen: Generation) -> None:
         """Stop taking messages, let running handlers finish (bounded), drop consumers."""
@@ -912,7 +925,3 @@ class Member:
         except Exception as exc:  # noqa: BLE001
             self._log.warning("callback failed", error=repr(exc))
 
-
-def _replace(settings: MemberSettings, **changes: Any) -> MemberSettings:
-    from dataclasses import replace
-    return replace(settings, **changes)
