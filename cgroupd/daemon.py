@@ -26,8 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-import nats.errors
-import nats.js.errors
 import structlog
 from aiohttp import web
 from nats.aio.client import Client
@@ -89,21 +87,11 @@ class JoinOptions:
             raise ConfigError(problems)
 
 
-def jetstream_publisher(nc: Client, timeout: float = DEAD_LETTER_TIMEOUT) -> Publish:
+def jetstream_publisher(js: JetStream, timeout: float = DEAD_LETTER_TIMEOUT) -> Publish:
     """A confirmed (PubAck) publish, for dead letters; raises when not stored."""
-    # TODO(library): move into the JetStream adapter (JetStream.publish) so this edge
-    # does not call nats-py directly.
-    js = nc.jetstream(timeout=timeout)
 
     async def publish(subject: str, data: bytes, headers: dict[str, str]) -> None:
-        try:
-            await js.publish(subject, data, headers=headers)
-        except nats.errors.NoRespondersError as exc:
-            raise RuntimeError(f"no stream captures subject {subject!r}") from exc
-        except (nats.errors.TimeoutError, TimeoutError) as exc:
-            raise RuntimeError(f"no PubAck for {subject!r} within {timeout:g}s") from exc
-        except nats.js.errors.APIError as exc:
-            raise RuntimeError(f"stream refused {subject!r}: {exc.description}") from exc
+        await js.publish(subject, data, headers=headers, timeout=timeout)
 
     return publish
 
@@ -172,7 +160,7 @@ class Daemon:
         if self.handler_options.webhook is not None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=max(10, 2 * self.settings.max_in_flight)))
-        publish = (jetstream_publisher(self.nc)
+        publish = (jetstream_publisher(js)
                    if self.handler_options.dead_letter.subject is not None else None)
         handler = build_handler(self.handler_options, session=self._session,
                                 publish=publish, metrics=self.metrics,

@@ -48,6 +48,11 @@ def translated(what: str) -> Iterator[None]:
     except (CgroupdError, nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError,
             nats.js.errors.NoKeysError):
         raise  # already ours, or absence that the caller turns into a value
+    except nats.js.errors.NoStreamResponseError as exc:
+        # A JetStream publish that no stream stored (or none answered yet: a stream in
+        # a cluster still placing itself). Worth retrying; wrong config if it persists.
+        raise ApiError(503, 0, f"{what}: no stream stored it (does a stream capture "
+                               "this subject?)") from exc
     except nats.js.errors.BucketNotFoundError as exc:
         raise BucketNotFound(f"{what}: the consumer group KV bucket does not exist") from exc
     except nats.js.errors.KeyWrongLastSequenceError as exc:

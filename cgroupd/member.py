@@ -128,8 +128,9 @@ class Generation:
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     #: Set when the process may have been suspended; cleared by a successful self-check.
     suspect: bool = False
-    #: The data consumer's info at the last self-check.
+    #: The data consumers' info at the last self-check, and deliveries received so far.
     data_info: dict[str, Any] | None = None
+    received: int = 0
     #: Partitions the latest config gives us; differs from ``partitions`` while an
     #: incremental rebalance moves some of them.
     target: tuple[int, ...] = ()
@@ -726,6 +727,7 @@ class Member:
             if pinned is not None and not pinned.done():
                 pinned.set_result(None)
             if deliver and gen.dispatcher is not None:
+                gen.received += 1
                 gen.dispatcher.submit(msg)
 
         dispatcher = gen.dispatcher
@@ -737,12 +739,14 @@ class Member:
         puller = await self.js.puller(
             self._consume_stream, consumer,
             PullOptions(batch=batch, expires=s.pull_expires, heartbeat=s.heartbeat,
-                        group=group),
+                        group=group, check_gaps=deliver and pinned is None),
             on_message, capacity)
 
         def ended(fut: asyncio.Future[tuple[PullEnd, str]]) -> None:
             why, detail = fut.result()
-            if why is not PullEnd.STOPPED:
+            if why is PullEnd.DELIVERY_LOST:
+                gen.end(StepDown.STALLED, f"{consumer}: {detail}")
+            elif why is not PullEnd.STOPPED:
                 gen.end(lost, f"{consumer}: {detail}")
 
         puller.ended.add_done_callback(ended)
@@ -849,25 +853,33 @@ class Member:
     async def _verify_loop(self, gen: Generation) -> None:
         """ADR: the active instance checks its consumers still exist and name it.
 
-        It also notices a data consumer that starves us: at three checks in a row the
-        server holds messages for it, none is unacknowledged and we hold none. A
+        It also notices a data consumer that starves us, at three checks in a row: the
+        server holds messages for it, none is unacknowledged and we hold none (a
         nats-server killed with SIGKILL can come back with consumer state that no longer
-        matches its stream and then delivers only when a new pull arrives; a new data
-        consumer starts cleanly from what the work-queue stream still holds.
+        matches its stream), or the server counts more unacknowledged deliveries than we
+        hold (a delivery lost in a reconnect). A new data consumer starts cleanly from
+        what the work-queue stream still holds.
         """
-        starved = 0
+        starved = received = 0
         while not gen.ended.done():
             await self._sleep(self.settings.retry_interval)
             gen.data_info = None
             if not await self._verify(gen) or gen.data_info is None:
                 continue
             info = gen.data_info
-            holding = gen.dispatcher is not None and gen.dispatcher.holding > 0
-            if int(info.get("num_pending", 0)) > 0 and int(info.get("num_ack_pending", 0)) == 0 \
-                    and not holding:
+            holding = gen.dispatcher.holding if gen.dispatcher is not None else 0
+            unacked = int(info.get("num_ack_pending", 0))
+            waiting = int(info.get("num_pending", 0)) > 0
+            quiet = gen.received == received and holding == 0
+            # Starved: messages wait for us and nothing is unacknowledged, yet nothing
+            # comes; or, with nothing arriving and nothing held, the server still counts
+            # deliveries unacknowledged (lost in a reconnect): they would sit out their
+            # ack wait.
+            if (waiting and unacked == 0 and holding == 0) or (quiet and unacked > 0):
                 starved += 1
             else:
                 starved = 0
+            received = gen.received
             if starved >= 3:
                 gen.end(StepDown.STALLED, "data consumer stopped delivering pending messages")
 

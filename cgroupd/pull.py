@@ -37,6 +37,7 @@ class PullEnd(Enum):
 
     CONSUMER_GONE = "consumer-gone"  # deleted, or no longer exists (409 / 503)
     PIN_LOST = "pin-lost"  # 423: another client is pinned now
+    DELIVERY_LOST = "delivery-lost"  # a delivery went missing: replace the consumer
     STOPPED = "stopped"  # stop() was called
     FAILED = "failed"  # a status that no re-pull can fix (400, bad config)
 
@@ -50,6 +51,9 @@ class PullOptions:
     heartbeat: float = 0.25
     #: Priority group to pull in (pinned mode), and whether a pin id is tracked.
     group: str | None = None
+    #: This client is the consumer's only reader and the consumer is fresh: every
+    #: delivery number must arrive, in order (not for consumers shared with others).
+    check_gaps: bool = False
 
     def __post_init__(self) -> None:
         if self.batch < 1:
@@ -88,6 +92,8 @@ class Puller:
         self._pending = 0
         self._pulled_at = 0.0
         self._retiring = False
+        self._quiet_until = 0.0
+        self._last_delivery = 0
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self.pin_id: str | None = None
@@ -201,7 +207,7 @@ class Puller:
                 self.last_seen = self._clock()
 
     async def _pull(self, batch: int) -> None:
-        if batch <= 0 or not self._nc.is_connected:
+        if batch <= 0 or not self._nc.is_connected or self._clock() < self._quiet_until:
             return
         body = jsapi.pull_body(batch, self._opts.expires, self._opts.heartbeat,
                                self._opts.group, self.pin_id)
@@ -217,6 +223,8 @@ class Puller:
         status = msg.headers.get(STATUS) if msg.headers else None
         if not status:
             self._pending = max(0, self._pending - 1)
+            if self._opts.check_gaps and not self._retiring and self._lost_delivery(msg):
+                return
             if self._retiring:
                 with contextlib.suppress(Exception):
                     await self._nc.publish(msg.reply, b"-NAK")
@@ -230,6 +238,22 @@ class Puller:
             await self.refill()
             return
         self._status(status, (msg.headers or {}).get(DESCRIPTION, ""), msg)
+
+    def _lost_delivery(self, msg: Msg) -> bool:
+        """Deliveries are numbered: a gap means one never reached us (a reconnect, a
+        server restart). Its message stays unacknowledged on the server, and handling
+        later ones first could break per-key order, so this consumer must be replaced."""
+        try:
+            delivery = msg.metadata.sequence.consumer
+        except Exception:  # noqa: BLE001 - not a JetStream delivery: the dispatcher says so
+            return False
+        expected = self._last_delivery + 1
+        self._last_delivery = delivery
+        if delivery != expected:
+            self._end(PullEnd.DELIVERY_LOST,
+                      f"delivery {expected} never arrived (got {delivery})")
+            return True
+        return False
 
     def _status(self, status: str, description: str, msg: Msg) -> None:
         headers = msg.headers or {}
@@ -257,6 +281,10 @@ class Puller:
             self.pin_id = None
             self._end(PullEnd.PIN_LOST, f"pin lost ({description})")
         elif status == "503":
-            self._end(PullEnd.CONSUMER_GONE, "consumer does not exist (no responders)")
+            # No responder for the pull: the consumer is gone, or (in a cluster) it is
+            # electing a new leader. Not ours to decide: ask again a little later; the
+            # member's self-check asks the server whether the consumer still exists.
+            self._pending = 0
+            self._quiet_until = self._clock() + self._opts.heartbeat
         else:
             self._end(PullEnd.FAILED, f"pull failed: status {status} {description}")

@@ -1,0 +1,111 @@
+"""The active instance of a member dies, freezes, or is asked to leave, under traffic.
+
+Setup of each: group of 4 partitions, members m1 (partitions 0, 1; an active instance and
+a standby) and m2 (partitions 2, 3; one instance), ``cgroupd join`` processes with the
+exactly-once recording handler, 200 msg/s over 32 keys. One message of m1 is *held* (its
+first handler sleeps), so the fault provably hits m1's active instance inside a handler.
+
+Overlaps are judged on committed work: an instance frozen inside a handler and resumed
+finishes that handler while its successor runs, which is concurrency by definition; the
+promise is that such work never commits (its ``double_ack`` fails and it rolls back). The
+raw processing overlaps are reported next to it.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from cgroupd.settings import MemberSettings
+from tests.faults.runner import JoinProc
+from tests.faults.scenario import Scenario
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+
+COUNT = 1400
+RATE = 200.0
+#: MemberSettings.inactive_threshold, which the join processes keep at its default.
+INACTIVE_THRESHOLD = MemberSettings().inactive_threshold
+
+
+async def _setup(sc: Scenario) -> tuple[JoinProc, JoinProc, int]:
+    """m1 active + standby, m2; traffic running; returns (active, standby, held n)."""
+    await sc.make_group(partitions=4, members=("m1", "m2"))
+    first = sc.start("m1")
+    sc.start("m2")
+    await sc.wait_active("m1")
+    standby = sc.start("m1")
+    await sc.wait_joined([standby])
+    await sc.wait_active("m2")
+    pub = sc.traffic(COUNT, rate=RATE)
+    held = pub.first_of_key(sc.keys_of([0, 1])[0], after=COUNT // 4)
+    pub.holds[held] = 3.0
+    pub.start()
+    return first, standby, held
+
+
+async def test_kill_9_active(single: Scenario) -> None:
+    """SIGKILL m1's active instance inside a handler: the standby takes over (reclaiming
+    the dead instance's data consumer), nothing is lost or committed twice, order holds."""
+    sc = single
+    active, standby, held = await _setup(sc)
+    row = await sc.wait_started(held)
+    assert row.instance == active.instance
+    active.kill()
+    sc.note(f"SIGKILL {active.instance} while it held #{held}")
+    assert await sc.wait_active("m1", exclude=[active]) is standby
+    sc.note(f"{standby.instance} active")
+    verdict = await sc.finish()
+    verdict.assert_ok()
+    assert [(m, new) for m, _, new, _ in verdict.handovers] == [("m1", standby.instance)]
+    assert verdict.failover_gap is not None and verdict.failover_gap < 10
+
+
+async def test_sigstop_past_inactive_threshold_then_sigcont(single: Scenario) -> None:
+    """SIGSTOP m1's active instance inside a handler until the standby has taken over and
+    committed work, then SIGCONT: the resumed handler's double_ack fails and rolls back,
+    the old instance steps down, and no committed work overlaps or repeats."""
+    sc = single
+    active, standby, held = await _setup(sc)
+    row = await sc.wait_started(held)
+    assert row.instance == active.instance
+    active.signal(signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    sc.note(f"SIGSTOP {active.instance} while it held #{held}")
+    assert await sc.wait_active("m1", exclude=[active]) is standby
+    await sc.wait_progress(50, by=standby)
+    active.signal(signal.SIGCONT)
+    suspended = time.monotonic() - stopped_at
+    sc.note(f"SIGCONT {active.instance} after {suspended:.2f}s, once {standby.instance} "
+            "had committed 50")
+    assert suspended > INACTIVE_THRESHOLD
+    await sc.wait_for(lambda: active.count("stepped down") >= 1, 20,
+                      "the resumed instance to step down")
+    verdict = await sc.finish()
+    verdict.assert_ok()
+    assert verdict.aborted >= 1, "the resumed handler's double_ack must fail"
+    assert verdict.raw_overlaps, "the resumed handler ran alongside its successor"
+    assert verdict.failover_gap is not None and verdict.failover_gap < 15
+
+
+async def test_sigterm_active_hands_over_gracefully(single: Scenario) -> None:
+    """SIGTERM m1's active instance inside a handler: it finishes and commits that
+    message, releases its consumers and exits 0; the standby carries on at once with
+    nothing rolled back or processed twice."""
+    sc = single
+    active, standby, held = await _setup(sc)
+    row = await sc.wait_started(held)
+    assert row.instance == active.instance
+    active.signal(signal.SIGTERM)
+    sc.note(f"SIGTERM {active.instance} while it held #{held}")
+    assert await sc.wait_active("m1", exclude=[active]) is standby
+    await sc.wait_for(lambda: active.returncode is not None, 20, "the old instance to exit")
+    assert active.returncode == 0, active.tail()
+    verdict = await sc.finish()
+    verdict.assert_ok()
+    assert verdict.aborted == 0 and verdict.duplicates == 0 and not verdict.raw_overlaps
+    held_by = {r.instance for r in sc.rows() if r.n == held and r.status == "committed"}
+    assert held_by == {active.instance}, "the in-flight message is finished, not handed over"
+    assert verdict.failover_gap is not None and verdict.failover_gap < 3 + 3.0
