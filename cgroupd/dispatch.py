@@ -35,7 +35,7 @@ Handler = Callable[[Message], Awaitable[None] | None]
 KeyOf = Callable[[str, Mapping[str, str], int | None], str]
 
 
-def _is_async(handler: Handler) -> bool:
+def is_async(handler: Any) -> bool:
     """An ``async def`` function, or an object whose ``__call__`` is one."""
     return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
         type(handler).__call__)
@@ -69,7 +69,7 @@ class Dispatcher:
     ) -> None:
         self._nc = nc
         self._handler = handler
-        self._handler_is_async = _is_async(handler)
+        self._handler_is_async = is_async(handler)
         self._ordering = ordering
         self._key_of = key_of
         self._backoff = backoff

@@ -30,6 +30,7 @@ from typing import Any
 import aiohttp
 import structlog
 
+from cgroupd.dispatch import is_async
 from cgroupd.message import Message
 from cgroupd.metrics import Metrics
 
@@ -172,15 +173,11 @@ def load_handler(reference: str) -> Handler:
     return obj  # type: ignore[no-any-return]
 
 
-def _is_async(fn: Any) -> bool:
-    """An ``async def`` function, or an object whose ``__call__`` is one."""
-    call = fn.__call__ if not inspect.isroutine(fn) else None
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
-
-
-async def call_handler(fn: Handler, message: Message) -> None:
+async def call_handler(fn: Handler, message: Message, asynchronous: bool | None = None) -> None:
     """Run a sync (in a thread, so pulls keep flowing) or async handler to completion."""
-    result = fn(message) if _is_async(fn) else await asyncio.to_thread(fn, message)
+    if asynchronous is None:
+        asynchronous = is_async(fn)
+    result = fn(message) if asynchronous else await asyncio.to_thread(fn, message)
     if inspect.isawaitable(result):
         await result
 
@@ -275,6 +272,7 @@ class HandlerWrapper:
         if dead_letter.subject is not None and publish is None:
             raise ValueError("a dead-letter subject needs a publish function")
         self.handler = handler
+        self._handler_is_async = is_async(handler)
         self.dead_letter = dead_letter
         self.publish = publish
         self.metrics = metrics
@@ -294,7 +292,7 @@ class HandlerWrapper:
         outcome = "nak"
         try:
             try:
-                await call_handler(self.handler, message)
+                await call_handler(self.handler, message, self._handler_is_async)
             except NonRetryable as exc:
                 outcome = await self._give_up(message, exc, "not retryable")
             except Exception as exc:

@@ -208,6 +208,7 @@ class Member:
         #: Partitions under the latest config, and when competing may resume after a change.
         self._last_partitions: tuple[int, ...] = ()
         self._not_before = 0.0
+        self._changed_at = -1e9
         self.stats = {"delivered": 0, "acked": 0, "naked": 0, "termed": 0, "retries": 0,
                       "duplicates": 0, "step_downs": 0, "rebalances": 0}
         self._log = log.bind(stream=stream, group=group, member=member,
@@ -338,14 +339,19 @@ class Member:
             gen.retarget.set()
         elif not first and new != current:
             # ADR Transitioning: everyone drops its consumers, then waits before competing
-            # again; the active instance a fixed delay, standbys a little longer.
+            # again; the active instance a fixed delay, standbys a little longer (so the
+            # active one tends to win again). A member that had no partitions has nobody
+            # to defer to: it competes at once.
             s = self.settings
-            delay = s.transition_delay
-            if not self.active:
-                delay += random.uniform(0, s.transition_jitter)
-            self._not_before = self._clock() + delay
+            if current:
+                delay = s.transition_delay
+                if not self.active:
+                    delay += random.uniform(0, s.transition_jitter)
+                self._not_before = self._clock() + delay
             if gen is not None:
                 gen.end(StepDown.CONFIG_CHANGED, f"partitions {gen.partitions} -> {new}")
+        if new != current:
+            self._changed_at = self._clock()
         self._last_partitions = new
         self._wake.set()
 
@@ -390,7 +396,7 @@ class Member:
                 if gen is None:
                     # Right after a membership change the partitions we want are being
                     # released by their previous owners: look again soon.
-                    soon = self._clock() < self._not_before + 5.0
+                    soon = self._clock() < self._changed_at + 5.0
                     await self._wait_wake(0.1 if soon else self.settings.retry_interval)
                     delay = 0.0
                     continue

@@ -87,9 +87,11 @@ class Metrics:
         for child in (self._active, self._owned, self._in_flight, self._connected,
                       self._unowned):
             child.labels(**self._labels).set(0)
-        for outcome in OUTCOMES:
-            self._processed.labels(**self._labels, outcome=outcome)
-        self._duration.labels(**self._labels)
+        # Per-message series are bound once: ``labels()`` costs more than the update.
+        self._processed_by = {outcome: self._processed.labels(**self._labels, outcome=outcome)
+                              for outcome in OUTCOMES}
+        self._duration_child = self._duration.labels(**self._labels)
+        self._in_flight_child = self._in_flight.labels(**self._labels)
         self._rebalances.labels(**self._labels)
         self._rebalance_seconds.labels(**self._labels)
         self._status_errors.labels(**self._labels)
@@ -126,14 +128,15 @@ class Metrics:
 
     # -- messages -----------------------------------------------------------------------
     def message_started(self) -> None:
-        self._in_flight.labels(**self._labels).inc()
+        self._in_flight_child.inc()
 
     def message_finished(self, outcome: str, seconds: float) -> None:
-        if outcome not in OUTCOMES:
+        counter = self._processed_by.get(outcome)
+        if counter is None:
             raise ValueError(f"unknown outcome {outcome!r}")
-        self._in_flight.labels(**self._labels).dec()
-        self._processed.labels(**self._labels, outcome=outcome).inc()
-        self._duration.labels(**self._labels).observe(seconds)
+        self._in_flight_child.dec()
+        counter.inc()
+        self._duration_child.observe(seconds)
         self._last_message = self._clock()
 
     def seconds_since_last_message(self) -> float:
