@@ -163,12 +163,14 @@ async def create_elastic_group(js: JetStream, stream: str, group: str,
     await _check_other_kind(js, stream, group, ELASTIC_BUCKET)
     await _create_record(js, ELASTIC_BUCKET, stream, group, config, origin)
     wq = work_queue_stream(stream, group)
-    if await js.stream_info(wq) is None:
-        transforms = [
-            api.SubjectTransform(src=pf.filter,
-                                 dest=transform_destination(pf, config.max_members))
-            for pf in config.partitioning_filters
-        ]
+    transforms = [
+        api.SubjectTransform(src=pf.filter, dest=transform_destination(pf, config.max_members))
+        for pf in config.partitioning_filters
+    ]
+    existing = await js.stream_info(wq)
+    if existing is not None:
+        _check_work_queue_stream(existing, stream, transforms)
+    else:
         await js.add_stream(api.StreamConfig(
             name=wq,
             retention=api.RetentionPolicy.WORK_QUEUE,
@@ -181,6 +183,23 @@ async def create_elastic_group(js: JetStream, stream: str, group: str,
             sources=[api.StreamSource(name=stream, subject_transforms=transforms)],
         ))
     return config
+
+
+def _check_work_queue_stream(info: api.StreamInfo, origin: str,
+                             transforms: list[api.SubjectTransform]) -> None:
+    """An existing ``<stream>-<group>`` is reused only if it is this group's stream: a
+    work queue sourcing the origin with the group's partitioning transforms."""
+    cfg = info.config
+    sources = cfg.sources or []
+    want = sorted((t.src, t.dest) for t in transforms)
+    ok = (cfg.retention == api.RetentionPolicy.WORK_QUEUE and len(sources) == 1
+          and sources[0].name == origin
+          and sorted((t.src, t.dest) for t in (sources[0].subject_transforms or [])) == want)
+    if not ok:
+        raise GroupExists(
+            f"stream {cfg.name!r} exists but is not this group's work-queue stream (it must "
+            f"be a work queue sourcing {origin!r} with the group's partitioning); delete "
+            "it or choose another group name")
 
 
 async def create_static_group(js: JetStream, stream: str, group: str,

@@ -716,3 +716,13 @@ async def test_r3_group_on_cluster(nats_cluster: NatsCluster) -> None:
         assert await admin.partition_pending(js, ORDERS, "g") == {0: 1, 1: 1, 2: 0, 3: 1}
     finally:
         await client.close()
+
+
+async def test_a_foreign_stream_named_like_the_work_queue_is_refused(
+        jetstream: JetStream) -> None:
+    """create refuses to adopt an unrelated stream that happens to be called
+    <stream>-<group> instead of silently consuming from it."""
+    await origin(jetstream)
+    await jetstream.add_stream(api.StreamConfig(name=f"{ORDERS}-g", subjects=["other.>"]))
+    with pytest.raises(GroupExists, match="not this group's work-queue stream"):
+        await admin.create_elastic_group(jetstream, ORDERS, "g", elastic())
