@@ -11,7 +11,9 @@
     ├── ServerUnreachable             no server answered (retriable)
     ├── ConflictError                 a CAS update lost too many races (retriable)
     ├── ApiError                      any other ``$JS.API`` error: status code and err_code
-    └── AckNotConfirmed               ``double_ack`` was not confirmed by the server
+    ├── AckNotConfirmed               ``double_ack`` was not confirmed by the server
+    ├── LeaseUnavailable              a Spark query cannot hold a member another holder has
+    └── LeaseLost                     a running Spark query lost a member it reads
 
 Lower-level errors (nats-py exceptions) are translated at the JetStream adapter boundary
 with ``raise ... from``; nothing above the adapter sees a nats-py exception.
@@ -87,3 +89,13 @@ class ApiError(CgroupdError):
 
 class AckNotConfirmed(CgroupdError):
     """The server did not confirm an ack: this instance may no longer own the message."""
+
+
+class LeaseUnavailable(CgroupdError):
+    """Another holder (a daemon instance or another query) has a member the query needs."""
+
+    retriable = True
+
+
+class LeaseLost(CgroupdError):
+    """The query no longer holds a member it is reading: the query must stop."""

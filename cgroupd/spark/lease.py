@@ -40,7 +40,7 @@ import structlog
 
 from cgroupd import jsapi
 from cgroupd.config import GroupConfig
-from cgroupd.errors import ApiError, CgroupdError
+from cgroupd.errors import ApiError, CgroupdError, LeaseLost, LeaseUnavailable
 from cgroupd.jetstream import JetStream
 from cgroupd.member import INSTANCE_KEY, MEMBER_KEY
 from cgroupd.partitions import SYNC_PREFIX, owners, sync_filters
@@ -56,16 +56,6 @@ HOLDER_KEY = "cgroupd_holder"
 HOLDER_SPARK = "spark"
 #: Ack wait recorded in the consumer config (the sync consumer never delivers).
 _ACK_WAIT = 30.0
-
-
-class LeaseUnavailable(CgroupdError):
-    """Another holder (a daemon instance or another query) has a member the query needs."""
-
-    retriable = True
-
-
-class LeaseLost(CgroupdError):
-    """The query no longer holds a member it is reading: the query must stop."""
 
 
 def new_lease_id() -> str:
