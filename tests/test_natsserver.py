@@ -243,7 +243,16 @@ async def test_cluster_failover_and_rejoin(nats_cluster: NatsCluster) -> None:
         assert [(s["name"], s["state"]["messages"]) for s in streams] == [("HA", 4)]
         # The restarted ex-leader does not win back (or falsely claim) leadership.
         assert nats_cluster.stream_leader("HA") == new_leader
-        assert (await js.publish("ha.x", b"after-rejoin", timeout=5)).seq == 5
+        # The client may still be settling onto the new topology (a publish right after
+        # the rejoin can find no responder): retry, de-duplicated by message id.
+        rejoin_ack = await eventually(
+            lambda: js.publish("ha.x", b"after-rejoin", timeout=2,
+                               headers={"Nats-Msg-Id": "after-rejoin"}),
+            timeout=30,
+            interval=0.1,
+            what="publish after rejoin",
+        )
+        assert rejoin_ack.seq == 5
     finally:
         await client.close()
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.fixtures_cli.support import child_env
+from tests.procs import live_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -149,16 +150,5 @@ class JoinProc:
 
 def own_children() -> list[int]:
     """Pids of live (non-zombie) processes whose parent is this test process."""
-    me = os.getpid()
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[1]) == me and fields[0] != "Z":
-            out.append(int(entry.name))
-    return out
+    me = str(os.getpid())
+    return live_processes(lambda fields: fields[1] == me)

@@ -22,7 +22,9 @@ import structlog
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.groups import eventually
 from tests.natsserver import find_free_port
+from tests.procs import live_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -196,28 +198,9 @@ class WebhookServer:
 async def poll(check: Callable[[], Awaitable[Any]], timeout: float, what: str,
                interval: float = 0.02) -> Any:
     """Await ``check()`` until truthy; fail naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(interval)
+    return await eventually(check, timeout, interval, what)
 
 
 def session_processes(sid: int) -> list[int]:
     """Pids of live processes in session ``sid`` (zombies excluded)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        state, session = fields[0], int(fields[3])
-        if session == sid and state != "Z":
-            out.append(int(entry.name))
-    return out
+    return live_processes(lambda fields: fields[3] == str(sid))
