@@ -20,6 +20,8 @@ from typing import Any
 import nats
 from nats.js import api
 
+from cgroupd import admin
+from cgroupd.config import ElasticGroupConfig, PartitioningFilter
 from cgroupd.jetstream import JetStream
 from tests.groups import eventually
 from tests.natsserver import NatsServer, client_options, find_free_port
@@ -64,6 +66,14 @@ async def connected(url: str) -> AsyncIterator[JetStream]:
 
 async def origin_stream(js: JetStream, name: str = "BENCH") -> None:
     await js.add_stream(api.StreamConfig(name=name, subjects=[f"{name.lower()}.>"]))
+
+
+async def keyed_group(js: JetStream, name: str, partitions: int,
+                      members: tuple[str, ...] = ()) -> None:
+    """An elastic group on the origin stream ``BENCH``, keyed on ``bench.<key>``."""
+    await admin.create_elastic_group(js, "BENCH", name, ElasticGroupConfig(
+        max_members=partitions, members=members,
+        partitioning_filters=(PartitioningFilter("bench.*", (1,)),)))
 
 
 async def publish(js: JetStream, count: int, keys: int = 64, stream: str = "BENCH",

@@ -20,6 +20,7 @@ from bench.common import (
     Members,
     connected,
     emit,
+    keyed_group,
     machine,
     metric,
     origin_stream,
@@ -29,8 +30,6 @@ from bench.common import (
     steady_traffic,
     wait_for,
 )
-from cgroupd import admin
-from cgroupd.config import ElasticGroupConfig, PartitioningFilter
 
 
 async def trials(url: str, js: Any, record: Path, count: int, sig: signal.Signals,
@@ -66,9 +65,7 @@ async def main(count: int, rate: float) -> dict[str, Any]:
         record = Path(tmp) / "record.jsonl"
         async with connected(srv.url) as js:
             await origin_stream(js)
-            await admin.create_elastic_group(js, "BENCH", "g", ElasticGroupConfig(
-                max_members=4, members=("m1",),
-                partitioning_filters=(PartitioningFilter("bench.*", (1,)),)))
+            await keyed_group(js, "g", 4, ("m1",))
             stop = asyncio.Event()
             publisher = asyncio.create_task(steady_traffic(js, rate, stop))
             with Members(srv.url, "BENCH", "g", handler="bench.handlers:record",

@@ -10,9 +10,17 @@ import asyncio
 import os
 from typing import Any
 
-from bench.common import Members, connected, emit, machine, metric, origin_stream, server, wait_for
-from cgroupd import admin
-from cgroupd.config import ElasticGroupConfig, PartitioningFilter
+from bench.common import (
+    Members,
+    connected,
+    emit,
+    keyed_group,
+    machine,
+    metric,
+    origin_stream,
+    server,
+    wait_for,
+)
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -37,9 +45,7 @@ async def main(seconds: float) -> dict[str, Any]:
     with server() as srv:
         async with connected(srv.url) as js:
             await origin_stream(js)
-            await admin.create_elastic_group(js, "BENCH", "g", ElasticGroupConfig(
-                max_members=8, members=("m1",),
-                partitioning_filters=(PartitioningFilter("bench.*", (1,)),)))
+            await keyed_group(js, "g", 8, ("m1",))
             with Members(srv.url, "BENCH", "g") as procs:
                 procs.start("m1")
                 procs.start("m1")

@@ -20,6 +20,7 @@ from bench.common import (
     Members,
     connected,
     emit,
+    keyed_group,
     machine,
     origin_stream,
     read_records,
@@ -28,7 +29,6 @@ from bench.common import (
     wait_for,
 )
 from cgroupd import admin
-from cgroupd.config import ElasticGroupConfig, PartitioningFilter
 from cgroupd.partitions import moved_partitions
 
 PARTITIONS = 20
@@ -64,9 +64,7 @@ async def main(rate: float) -> dict[str, Any]:
         record = Path(tmp) / "record.jsonl"
         async with connected(srv.url) as js:
             await origin_stream(js)
-            await admin.create_elastic_group(js, "BENCH", "g", ElasticGroupConfig(
-                max_members=PARTITIONS, members=("m1", "m2", "m3", "m4"),
-                partitioning_filters=(PartitioningFilter("bench.*", (1,)),)))
+            await keyed_group(js, "g", PARTITIONS, ("m1", "m2", "m3", "m4"))
             with Members(srv.url, "BENCH", "g", handler="bench.handlers:record",
                          record=record) as procs:
                 for name in ("m1", "m2", "m3", "m4", "m5"):

@@ -13,6 +13,7 @@ from typing import Any
 from bench.common import (
     connected,
     emit,
+    keyed_group,
     machine,
     origin_stream,
     publish,
@@ -20,8 +21,6 @@ from bench.common import (
     stream_messages,
     wait_for,
 )
-from cgroupd import admin
-from cgroupd.config import ElasticGroupConfig, PartitioningFilter
 
 
 async def main(messages: int) -> dict[str, Any]:
@@ -30,9 +29,7 @@ async def main(messages: int) -> dict[str, Any]:
     with server() as srv:
         async with connected(srv.url) as js:
             await origin_stream(js)
-            await admin.create_elastic_group(js, "BENCH", "g", ElasticGroupConfig(
-                max_members=16, members=("m1",),
-                partitioning_filters=(PartitioningFilter("bench.*", (1,)),)))
+            await keyed_group(js, "g", 16, ("m1",))
             t0 = time.perf_counter()
             await publish(js, messages)
             published = time.perf_counter() - t0

@@ -27,6 +27,7 @@ from bench.common import (
     Members,
     connected,
     emit,
+    keyed_group,
     machine,
     origin_stream,
     publish,
@@ -35,7 +36,6 @@ from bench.common import (
     wait_for,
 )
 from cgroupd import admin
-from cgroupd.config import ElasticGroupConfig, PartitioningFilter
 
 PARTITIONS = 8
 
@@ -44,10 +44,7 @@ async def group_case(url: str, js: Any, name: str, members: int, messages: int,
                      extra: tuple[str, ...]) -> tuple[float, float]:
     """msgs/s of ``members`` processes draining a fresh group of ``messages``: from the
     first message consumed, and from the membership write (including the election)."""
-    config = ElasticGroupConfig(
-        max_members=PARTITIONS,
-        partitioning_filters=(PartitioningFilter("bench.*", (1,)),))
-    await admin.create_elastic_group(js, "BENCH", name, config)
+    await keyed_group(js, name, PARTITIONS)
     wq = f"BENCH-{name}"
     await wait_for(lambda: _count_is(js, wq, messages), 120, 0.05, "sourcing")
     names = [f"m{i}" for i in range(members)]
