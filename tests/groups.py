@@ -1,7 +1,7 @@
 """Helpers shared by member tests: keyed traffic, member processes, and the checkers.
 
-The checkers state the promises: nothing published is missing, per key the first
-completions follow publish order, and two instances of one member never hold messages at
+The checkers state the promises: nothing published is missing, per key every completion
+follows publish order (see :func:`check`), and two instances of one member never hold messages at
 the same time (their processing intervals do not overlap).
 """
 
@@ -123,26 +123,38 @@ class Verdict:
 
 
 def check(record: Record, sent: list[tuple[str, int]],
-          member_of: Callable[[dict[str, Any]], str] | None = None) -> Verdict:
-    """Lost messages, per-key order of first completions, overlaps of same-member instances.
+          member_of: Callable[[dict[str, Any]], str] | None = None, *,
+          rewinds: bool = False) -> Verdict:
+    """Lost messages, per-key order of every completion, overlaps of same-member instances.
 
+    Order: per key, completions follow publish order. A message's first completion never
+    comes after a later message's, and, unless ``rewinds`` is set, no completion at all
+    (a rerun included) comes after a later message of its key was completed: nothing runs
+    again behind work already done. ``rewinds`` is for scenarios where a crash loses
+    acknowledgements (SIGKILL of an owner loses its unflushed acks, SIGKILL of a server
+    its unsynced ack state): the tail of the work is then redone, which is at-least-once.
     ``member_of`` maps an event to its member name; overlaps are checked only when given.
     """
     first_done: dict[int, dict[str, Any]] = {}
     completions = 0
-    for e in record.ends():
-        n = e["n"]
-        completions += 1
-        first_done.setdefault(n, e)
-    lost = sorted(n for _, n in sent if n not in first_done)
     violations = []
-    last: dict[str, tuple[int, float]] = {}
-    for n, e in sorted(first_done.items(), key=lambda kv: (kv[1]["t"], kv[0])):
-        key = e["subject"]
-        prev = last.get(key)
-        if prev is not None and prev[0] > n:
-            violations.append(f"{key}: #{n} completed after #{prev[0]}")
-        last[key] = (max(n, prev[0]) if prev else n, e["t"])
+    #: Per key: the highest message completed so far, and who completed it.
+    high: dict[str, tuple[int, str]] = {}
+    for e in sorted(record.ends(), key=lambda e: e["t"]):
+        n, key, inst = e["n"], e["subject"], e["instance"]
+        completions += 1
+        first = n not in first_done
+        first_done.setdefault(n, e)
+        top = high.get(key)
+        if top is not None and top[0] > n:
+            if first:
+                violations.append(f"{key}: #{n} completed after #{top[0]}")
+            elif not rewinds:
+                violations.append(f"{key}: {inst} completed #{n} again after {top[1]} "
+                                  f"completed #{top[0]}")
+        if top is None or n > top[0]:
+            high[key] = (n, inst)
+    lost = sorted(n for _, n in sent if n not in first_done)
     overlaps: list[str] = []
     if member_of is not None:
         overlaps = _overlaps(record, member_of)

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import nats
+import nats.errors
+import nats.js.errors
 import pytest
 from nats.aio.client import Client
 from nats.js import api
@@ -75,10 +78,20 @@ async def wq_subjects(js: JetStream, stream: str, count: int) -> list[str]:
     return out
 
 
-async def publish(nc: Client, subjects: Iterable[str]) -> None:
+async def publish(nc: Client, subjects: Iterable[str], retry_for: float = 15.0) -> None:
+    """Publish each subject, retrying while no stream answers yet: a replicated stream
+    just created may still be electing its leader (NoStreamResponseError)."""
     js = nc.jetstream()
     for subject in subjects:
-        await js.publish(subject, subject.encode())
+        deadline = time.monotonic() + retry_for
+        while True:
+            try:
+                await js.publish(subject, subject.encode())
+                break
+            except (nats.js.errors.NoStreamResponseError, nats.errors.TimeoutError):
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
 
 
 def consumer_config(filters: list[str], metadata: dict[str, str], **extra: Any) -> dict[str, Any]:

@@ -110,7 +110,7 @@ async def test_unordered_mode_processes_everything(fleet: Fleet, jetstream: JetS
 async def test_key_mode_crash_mid_flight_keeps_per_key_order(
         nats_server: NatsServer, jetstream: JetStream, tmp_path: Path) -> None:
     """SIGKILL a key-ordered instance with many messages in flight: the standby gets the
-    unacknowledged ones in stream order and per-key order of first completions holds."""
+    unacknowledged ones in stream order and per-key order holds."""
     await make_group(jetstream, partitions=2, members=("m1",))
     procs = [MemberProcess(nats_server.url, tmp_path / f"p{i}.jsonl", "ORDERS", "g", "m1",
                            "--ordering", "key", "--max-in-flight", "32",
@@ -126,7 +126,8 @@ async def test_key_mode_crash_mid_flight_keeps_per_key_order(
         print(f"key-mode crash failover: {time.monotonic() - t0:.3f}s")
         await eventually(lambda: {n for _, n in sent} <= {
             e["n"] for e in Record.load(p.record for p in procs).ends()}, 30)
-        verdict = check(Record.load(p.record for p in procs), sent)
+        # SIGKILL loses the killed instance's unflushed acks: its successor may redo them.
+        verdict = check(Record.load(p.record for p in procs), sent, rewinds=True)
         verdict.assert_ok()
         print(f"redelivered after crash: {verdict.duplicates}")
     finally:

@@ -261,7 +261,8 @@ async def test_sigkill_of_the_active_process_fails_over_without_loss(
         await eventually(lambda: {n for _, n in sent} <= {
             e["n"] for e in Record.load(p.record for p in procs).ends()}, 20)
         record = Record.load(p.record for p in procs)
-        check(record, sent).assert_ok()
+        # SIGKILL loses the killed instance's unflushed acks: its successor may redo them.
+        check(record, sent, rewinds=True).assert_ok()
         assert time.monotonic() - t0 < 20
     finally:
         for p in procs:
@@ -333,7 +334,8 @@ async def test_server_restart_under_traffic_resumes_without_loss(
     more = await eventually(lambda: _publish_when_ready(jetstream, 200), 15,
                             what="publishing after restart")
     await all_done(fleet, sent + more, timeout=45)
-    check(fleet.record, sent + more, fleet.by_member).assert_ok()
+    # A server killed with SIGKILL may lose acks it had not synced: they are redone.
+    check(fleet.record, sent + more, fleet.by_member, rewinds=True).assert_ok()
     await eventually(lambda: len(fleet.active()) == 2, what="both members active again")
 
 

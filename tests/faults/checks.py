@@ -7,7 +7,9 @@ The promises (the issue's checkers), evaluated on a *view* of the recorded work:
 - two instances of the same member never process at the same time (``overlaps``); and,
   stricter, two instances never process the same key at the same time (``key overlaps``:
   this is what a membership change must not break);
-- exactly-once variant: each message is committed once (``committed twice``).
+- exactly-once variant: each message is committed once (``committed twice``);
+- an instance that another replaced on a partition starts nothing there again
+  (``starts after replaced``, judged on every recorded start, finished or not).
 
 Views:
 
@@ -130,6 +132,41 @@ def to_record(spans: Iterable[Span]) -> Record:
     return Record(events)
 
 
+def start_violations(rows: Iterable[Row], *, returns: bool = False) -> list[str]:
+    """Handler starts by an instance that another instance had already replaced.
+
+    Per member and partition, every handler start (finished or not: the recorder writes
+    the row before any work) in time order. Once another instance has started work on a
+    partition, the one it replaced must not start anything there again: a stalled,
+    suspended or cut-off owner may finish the handler it was running, but starts nothing
+    new. With ``returns`` (scenarios whose full rejoins may hand a member back to an
+    instance it had before), a return is allowed once nothing of the current owner is
+    running on that partition any more.
+    """
+    by_partition: dict[tuple[str, int | None], list[Row]] = defaultdict(list)
+    for r in rows:
+        by_partition[(r.member, r.partition)].append(r)
+    out = []
+    for (member, partition), items in sorted(by_partition.items(), key=lambda kv: str(kv[0])):
+        items.sort(key=lambda r: r.t_start)
+        owner: str | None = None
+        replaced: dict[str, float] = {}
+        for r in items:
+            if r.instance == owner:
+                continue
+            busy = owner is not None and any(
+                o.instance == owner and o.t_start < r.t_start
+                and (o.t_done or o.t_end or float("inf")) > r.t_start for o in items)
+            if r.instance in replaced and (busy or not returns):
+                out.append(f"{member} partition {partition}: {r.instance} started #{r.n} at "
+                           f"{r.t_start:.3f}, after being replaced at "
+                           f"{replaced[r.instance]:.3f}")
+            if owner is not None:
+                replaced[owner] = r.t_start
+            owner = r.instance
+    return out
+
+
 def switches(spans: Iterable[Span]) -> list[tuple[str, str, str, float]]:
     """Per member, each hand-over between instances: (member, old, new, gap seconds).
 
@@ -183,6 +220,8 @@ class FaultVerdict:
     aborted: int = 0
     raw_overlaps: list[str] = field(default_factory=list)
     key_overlaps: list[str] = field(default_factory=list)
+    #: Starts by an instance after another replaced it (see :func:`start_violations`).
+    late_starts: list[str] = field(default_factory=list)
     handovers: list[tuple[str, str, str, float]] = field(default_factory=list)
     stall: float = 0.0
     notes: list[str] = field(default_factory=list)
@@ -208,6 +247,7 @@ class FaultVerdict:
                      ("in doubt (resolved)", self.in_doubt),
                      ("raw overlaps (uncommitted)", len(self.raw_overlaps))]
         rows += [("key overlaps", len(self.key_overlaps)),
+                 ("starts after replaced", len(self.late_starts)),
                  ("max stall", f"{self.stall:.2f}s")]
         if gaps:
             rows.append(("hand-overs", gaps))
@@ -228,28 +268,37 @@ class FaultVerdict:
             problems.append(f"key overlaps: {self.key_overlaps[:5]}")
         if self.committed_twice:
             problems.append(f"committed twice: {self.committed_twice[:5]}")
+        if self.late_starts:
+            problems.append(f"starts after being replaced: {self.late_starts[:5]}")
         assert not problems, f"{self.scenario}: " + "; ".join(problems) + "\n" + self.table()
 
 
 def judge(scenario: str, variant: str, rows: Sequence[Row], sent: Sequence[tuple[str, int]],
-          *, window: tuple[float, float] | None = None) -> FaultVerdict:
-    """Apply every checker to ``rows`` for the messages ``sent`` ((subject, n) pairs)."""
+          *, window: tuple[float, float] | None = None, rewinds: bool = False,
+          returns: bool = False) -> FaultVerdict:
+    """Apply every checker to ``rows`` for the messages ``sent`` ((subject, n) pairs).
+
+    ``rewinds``: a crash (SIGKILL of a member or a server) may have lost acks, so redoing
+    the tail of the work is allowed (see :func:`tests.groups.check`). ``returns``: an
+    instance may win back partitions it lost (see :func:`start_violations`).
+    """
     raw = processed(rows)
     raw_record = to_record(raw)
-    raw_verdict = check(raw_record, list(sent), lambda e: e["member"])
+    raw_verdict = check(raw_record, list(sent), lambda e: e["member"], rewinds=rewinds)
     if variant == "exactly_once":
         view, in_doubt = committed(rows)
     else:
         view, in_doubt = raw, 0
     record = to_record(view)
-    verdict = check(record, list(sent), lambda e: e["member"])
+    verdict = check(record, list(sent), lambda e: e["member"], rewinds=rewinds)
     by_key = check(record, list(sent), lambda e: e["subject"])
     counts = Counter(s.row.n for s in view)
     out = FaultVerdict(
         scenario=scenario, variant=variant, messages=len(sent), lost=verdict.lost,
         order_violations=verdict.order_violations,
         overlaps=verdict.overlaps, duplicates=raw_verdict.duplicates,
-        key_overlaps=by_key.overlaps, handovers=switches(view), in_doubt=in_doubt)
+        key_overlaps=by_key.overlaps, handovers=switches(view), in_doubt=in_doubt,
+        late_starts=start_violations(rows, returns=returns))
     if variant == "exactly_once":
         out.committed_twice = sorted(n for n, c in counts.items() if c > 1)
         out.aborted = sum(r.status == "aborted" for r in rows)

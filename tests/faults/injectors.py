@@ -93,6 +93,7 @@ class VethNamespace:
         self.subnet = pick_subnet()
         host, peer = list(self.subnet.hosts())
         self.host_addr, self.ns_addr = str(host), str(peer)
+        MADE.update((self.name, self.host_if))
         _ip("netns", "add", self.name)
         self._created_ns = True
         _ip("link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if)
@@ -148,12 +149,17 @@ class VethNamespace:
         self.close()
 
 
+#: Names of the namespaces and host links this process made, so the leak check sees only
+#: its own (another test run on the same machine may hold namespaces of its own).
+MADE: set[str] = set()
+
+
 def leftovers() -> list[str]:
-    """Namespaces and links made by this module that still exist."""
+    """Namespaces and links made by this process that still exist."""
     out = [line.split()[0] for line in _ip("netns", "list", check=False).stdout.splitlines()
-           if line.startswith(NAME_PREFIX)]
+           if line.split() and line.split()[0] in MADE]
     for link in json.loads(_ip("-j", "link", check=False).stdout or "[]"):
-        if str(link.get("ifname", "")).startswith(NAME_PREFIX):
+        if str(link.get("ifname", "")) in MADE:
             out.append(link["ifname"])
     return out
 

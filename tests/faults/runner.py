@@ -70,6 +70,8 @@ class JoinProc:
                                      stderr=subprocess.STDOUT, start_new_session=True)
         LIVE.add(self.proc)
         self.suspended = False
+        #: Whether it was sent SIGKILL (it lost whatever it had not flushed).
+        self.killed = False
 
     def __repr__(self) -> str:
         return f"<JoinProc {self.instance} pid={self.proc.pid} rc={self.proc.poll()}>"
@@ -132,6 +134,7 @@ class JoinProc:
                 self.suspended = True
             elif sig in (signal.SIGCONT, signal.SIGKILL):
                 self.suspended = False
+            self.killed |= sig == signal.SIGKILL
 
     def kill(self) -> None:
         self.signal(signal.SIGKILL)

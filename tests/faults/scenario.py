@@ -54,6 +54,11 @@ class Scenario:
         self.publisher: KeyedPublisher | None = None
         self.partitions = 0
         self.notes: list[str] = []
+        #: Set by a test that crashes a server (SIGKILL): acks it had not synced are lost.
+        self.crash = False
+        #: Set by a test whose full rejoins may give a member back to an instance that
+        #: had it before (see :func:`tests.faults.checks.start_violations`).
+        self.returns = False
         self.began = time.monotonic()
         self._excluded: set[int] = set()
         self._settled_at = 0.0
@@ -230,7 +235,9 @@ class Scenario:
         sent = [(s, n) for s, n in pub.sent if n not in self._excluded]
         # Stalls count from the first publish until the last message was finished.
         window = (pub.started_at or 0.0, self._settled_at)
-        verdict = judge(self.name, self.variant, self.rows(), sent, window=window)
+        rewinds = self.crash or any(p.killed for p in self.procs)
+        verdict = judge(self.name, self.variant, self.rows(), sent, window=window,
+                        rewinds=rewinds, returns=self.returns)
         self.note(f"publisher: {pub.retries} publish retries, longest publish "
                   f"{pub.longest_publish:.2f}s")
         if self._excluded:

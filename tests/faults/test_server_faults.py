@@ -51,6 +51,7 @@ async def test_server_restart_under_load(single: Scenario, server: NatsServer,
     pub = sc.traffic(1400, rate=200)
     pub.start()
     await sc.wait_progress(300)
+    sc.crash = how == "sigkill"
     outage = await injectors.restart_server(server, graceful=how == "sigterm", down_for=1.0)
     sc.note(f"nats-server {how} + restart: {outage:.2f}s without a server")
     verdict = await sc.finish()
@@ -68,6 +69,7 @@ async def test_cluster_kill_stream_leader(cluster: NatsCluster, tmp_path: Path) 
         await sc.wait_progress(250)
         leader = await injectors.stream_leader(cluster, "ORDERS-g")
         origin = await injectors.stream_leader(cluster, "ORDERS")
+        sc.crash = True
         await injectors.kill_node(cluster, leader)
         sc.note(f"SIGKILL n{leader} (leader of ORDERS-g; ORDERS led by n{origin})")
         await sc.wait_progress(len(sc.finished()) + 250, timeout=60)
@@ -90,6 +92,7 @@ async def test_cluster_kill_random_node(cluster: NatsCluster, tmp_path: Path) ->
         pub = sc.traffic(1600, rate=150)
         pub.start()
         await sc.wait_progress(250)
+        sc.crash = True
         await injectors.kill_node(cluster, victim)
         sc.note(f"SIGKILL n{victim} (seed {seed})")
         await sc.wait_progress(len(sc.finished()) + 250, timeout=60)
