@@ -31,6 +31,9 @@ from cgroupd.errors import (
 )
 from cgroupd.pull import Puller, PullOptions
 
+#: Header of a KV delete or purge marker.
+KV_OPERATION = "KV-Operation"
+
 
 @dataclass(frozen=True)
 class Record:
@@ -178,14 +181,30 @@ class JetStream:
         return kv
 
     async def get_record(self, bucket: str, key: str) -> Record | None:
-        """Current value of a record; None when absent or deleted."""
-        kv = await self.bucket(bucket)
+        """Current value of a record; None when absent or deleted.
+
+        Read with the stream's message-get API, whose JSON answer carries the record's
+        headers apart from any status, rather than nats-py's ``kv.get``: on a bucket with
+        direct get (the reference creates them so) that takes a record's own header
+        ``Status: 503`` for "no responders" and ``Status: 100`` crashes it.
+        """
+        await self.bucket(bucket)
         try:
             with self._translated(f"reading {bucket}/{key}"):
-                entry = await kv.get(key)
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+                try:
+                    msg = await self.jsm.get_msg(f"KV_{bucket}",
+                                                 subject=f"$KV.{bucket}.{key}")
+                except nats.js.errors.NotFoundError as exc:
+                    if exc.err_code == jsapi.ERR_STREAM_NOT_FOUND:
+                        raise
+                    return None  # no message for the key
+        except StreamNotFound as exc:
+            raise BucketNotFound(f"reading {bucket}/{key}: the consumer group KV bucket "
+                                 "does not exist") from exc
+        operation = (msg.headers or {}).get(KV_OPERATION, "")
+        if operation.upper() in ("DEL", "PURGE"):
             return None
-        return Record(entry.value, entry.revision or 0)
+        return Record(msg.data or b"", int(msg.seq or 0))
 
     async def create_record(self, bucket: str, key: str, value: bytes) -> int:
         """Create a record that must not exist yet; ConflictError if it does."""

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import nats.errors
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 
 from cgroupd.errors import (
     ApiError,
@@ -37,6 +40,38 @@ ERR_JS_NOT_ENABLED = 10039
 
 #: Default time to wait for an API answer, seconds.
 API_TIMEOUT = 2.0
+
+STATUS = "Status"
+DESCRIPTION = "Description"
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    """A status the server sent instead of a message (a pull's heartbeat, timeout, end)."""
+
+    code: str
+    description: str
+    #: The status message's headers (the server's own, e.g. ``Nats-Pending-Messages``).
+    headers: Mapping[str, str]
+
+
+def server_status(msg: Msg) -> ServerStatus | None:
+    """The server's status carried by ``msg``; None when ``msg`` is a message.
+
+    nats-py merges a status line and a message's own headers into one dict, so a
+    publisher's header ``Status: 404`` reads like the server's. Decide by what only the
+    server sends (checked against nats-server 2.15): a status (100 heartbeat, 404, 408,
+    409, 423, 503 on a pull; the answer to an ack request) has an empty body and no
+    reply subject, while every JetStream delivery carries its ``$JS.ACK.`` reply subject,
+    whatever headers and body its publisher gave it.
+    """
+    headers = msg.headers
+    if not headers or msg.data or msg.reply:
+        return None
+    code = headers.get(STATUS)
+    if not code or len(code) != 3 or not code.isascii() or not code.isdigit():
+        return None
+    return ServerStatus(code, headers.get(DESCRIPTION, "") or "", headers)
 
 
 async def request(

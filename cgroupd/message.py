@@ -17,6 +17,7 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from cgroupd import jsapi
 from cgroupd.errors import AckNotConfirmed
 from cgroupd.partitions import strip_partition
 
@@ -91,9 +92,10 @@ class Message:
         except (nats.errors.ConnectionClosedError,
                 nats.errors.ConnectionReconnectingError) as exc:
             raise AckNotConfirmed(f"not connected, ack not confirmed: {exc!r}") from exc
-        status = (reply.headers or {}).get("Status")
-        if status and status != "200":
-            raise AckNotConfirmed(f"server refused the ack: status {status}")
+        status = jsapi.server_status(reply)
+        if status is not None and status.code != "200":
+            raise AckNotConfirmed(f"server refused the ack: status {status.code} "
+                                  f"{status.description}".rstrip())
         self.outcome = Outcome.ACK
 
     async def nak(self, delay: float | None = None) -> None:

@@ -26,8 +26,6 @@ from cgroupd import jsapi
 
 log = structlog.get_logger("cgroupd.pull")
 
-STATUS = "Status"
-DESCRIPTION = "Description"
 PENDING_MSGS = "Nats-Pending-Messages"
 PIN_ID = "Nats-Pin-Id"
 
@@ -220,8 +218,8 @@ class Puller:
 
     async def _receive(self, msg: Msg) -> None:
         self.last_seen = self._clock()
-        status = msg.headers.get(STATUS) if msg.headers else None
-        if not status:
+        status = jsapi.server_status(msg)
+        if status is None:
             self._pending = max(0, self._pending - 1)
             if self._opts.check_gaps and not self._retiring and self._lost_delivery(msg):
                 return
@@ -237,7 +235,7 @@ class Puller:
                 self._on_message(msg)
             await self.refill()
             return
-        self._status(status, (msg.headers or {}).get(DESCRIPTION, ""), msg)
+        self._status(status.code, status.description, msg)
 
     def _lost_delivery(self, msg: Msg) -> bool:
         """Deliveries are numbered: a gap means one never reached us (a reconnect, a
