@@ -39,6 +39,7 @@ from typer.core import TyperCommand, TyperGroup
 import cgroupd
 from cgroupd import admin, logs
 from cgroupd.config import (
+    MAX_PARTITIONS,
     ElasticGroupConfig,
     GroupConfig,
     MemberMapping,
@@ -109,6 +110,7 @@ def member_from_hostname(hostname: str, members: int, prefix: str = "m") -> str:
 def parse_partitions(text: str) -> tuple[int, ...]:
     """``"0,1,4-6"`` → ``(0, 1, 4, 5, 6)``; ValueError on anything else."""
     out: list[int] = []
+    seen: set[int] = set()
     for item in text.split(","):
         item = item.strip()
         lo, dash, hi = item.partition("-")
@@ -117,9 +119,13 @@ def parse_partitions(text: str) -> tuple[int, ...]:
         first, last = int(lo), int(hi) if dash else int(lo)
         if last < first:
             raise ValueError(f"range {item!r} runs backwards")
+        if last >= MAX_PARTITIONS:
+            raise ValueError(f"partition {last} is beyond the most a group may have "
+                             f"({MAX_PARTITIONS})")
         for p in range(first, last + 1):
-            if p in out:
+            if p in seen:
                 raise ValueError(f"partition {p} is listed twice")
+            seen.add(p)
             out.append(p)
     return tuple(out)
 

@@ -5,12 +5,20 @@ reference (orbit.go ``pcgroups``) uses, so a group created by either is usable b
 older shapes are read too: the Go reference's single-``filter`` record and the ADR's
 revision-1 record (``partitioning-wildcards``, ``msg-buffer-size``, ``member-mappings``).
 Fields this version does not know are kept in ``extra`` and written back unchanged.
+
+Reading is as tolerant as the reference (natsio-pcgroups, orbit.go): ``-1``, ``0``,
+``null`` or an absent buffering limit all mean "no limit" and are written back as they
+were; a member list may repeat names or name members cgroupd would not create. Writing
+(the CLI, the admin API) keeps cgroupd's stricter rules. Validation is linear in the
+record's size, and a record is bounded: at most :data:`MAX_PARTITIONS` partitions and
+:data:`MAX_LISTED_MEMBERS` listed members.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Self, TypeAlias
@@ -26,6 +34,19 @@ MAX_NAME_LENGTH = 100
 #: Characters valid in a KV key token, so ``<stream>.<group>`` is always a valid key.
 _NAME_RE = re.compile(r"^[A-Za-z0-9_\-=]+$")
 _FORBIDDEN_IN_NAME = (".", "*", ">", "/", "\\")
+
+#: Most partitions (``max_members``) a group may have. Each member's consumers filter one
+#: subject per partition they hold, and nats-server checks every filter of a work-queue
+#: consumer against every other consumer's: creating one with 1,024 filters takes ~0.1 s,
+#: with 4,096 1-2 s (past the API timeout), with 10,000 5-11 s (nats-server 2.15,
+#: measured). The server itself accepts up to 2**31-1 partitions in a transform, and
+#: the reference sets no bound.
+MAX_PARTITIONS = 1024
+#: Most member names a record may list. The ADR caps the list at ``max_members`` when it
+#: assigns partitions (extra names own nothing), so longer lists only slow every reader.
+MAX_LISTED_MEMBERS = 10_000
+#: Error messages list at most this many offending items.
+_SHOWN = 10
 
 
 def validate_name(kind: str, name: object) -> str:
@@ -54,6 +75,28 @@ def name_problems(kind: str, name: object) -> list[str]:
     if len(name) > MAX_NAME_LENGTH:
         problems.append(f"{kind} name is {len(name)} characters long; at most {MAX_NAME_LENGTH}")
     return problems
+
+
+def consumer_name_problems(kind: str, name: object) -> list[str]:
+    """What nats-server refuses in a consumer name: the rules a member name written by
+    another implementation must meet for that member to consume at all."""
+    if not isinstance(name, str) or name == "":
+        return [f"{kind} name must be a non-empty string"]
+    if any(ch.isspace() or not ch.isprintable() for ch in name) or any(
+            c in name for c in _FORBIDDEN_IN_NAME):
+        return [f"{kind} name {name!r} is not a valid consumer name"]
+    return []
+
+
+def _shown(items: Iterable[object], sep: str = ", ") -> str:
+    listed = [str(i) for i in items]
+    more = len(listed) - _SHOWN
+    return sep.join(listed[:_SHOWN]) + (f" and {more} more" if more > 0 else "")
+
+
+def _repeated(items: Iterable[object]) -> list[object]:
+    """Items present more than once, in first-seen order (linear)."""
+    return [item for item, n in Counter(items).items() if n > 1]
 
 
 @dataclass(frozen=True)
@@ -130,6 +173,9 @@ class _GroupBase:
     member_mappings: tuple[MemberMapping, ...] = ()
     #: Unknown record fields, written back unchanged.
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    #: Read from a stored record: accept what the reference accepts (repeated member
+    #: names, names cgroupd would not create, a mapping to no partitions).
+    lenient: bool = field(default=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # Accept lists from callers; store tuples so configs compare and hash by value.
@@ -137,6 +183,9 @@ class _GroupBase:
             value = getattr(self, name, None)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
+        for name in ("max_buffered_msgs", "max_buffered_bytes"):
+            if type(getattr(self, name, None)) is int and getattr(self, name) == -1:
+                object.__setattr__(self, name, 0)  # JetStream's "no limit", as is 0
         problems = self.problems()
         if problems:
             raise ConfigError(problems)
@@ -152,27 +201,42 @@ class _GroupBase:
             return [f"max_members must be an integer, not {self.max_members!r}"]
         if self.max_members < 1:
             out.append(f"max_members must be at least 1, not {self.max_members}")
+        if self.max_members > MAX_PARTITIONS:
+            return [f"max_members is {self.max_members}; cgroupd supports at most "
+                    f"{MAX_PARTITIONS} partitions (a member's consumer filters one subject "
+                    "per partition, and nats-server takes seconds to create a work-queue "
+                    "consumer with thousands of filters)"]
+        if len(self.members) > MAX_LISTED_MEMBERS:
+            return [f"the group lists {len(self.members)} members; at most "
+                    f"{MAX_LISTED_MEMBERS} (only the first max_members of them, sorted, "
+                    "would own partitions)"]
         if self.members and self.member_mappings:
             out.append("give either members or member_mappings, not both")
-        for m in self.members:
-            out.extend(name_problems("member", m))
-        dupes = sorted({m for m in self.members if self.members.count(m) > 1})
-        if dupes:
-            out.append(f"member names must be unique; repeated: {', '.join(map(str, dupes))}")
+        check = consumer_name_problems if self.lenient else name_problems
+        bad = [p for m in self.members for p in check("member", m)]
+        out.extend(bad[:_SHOWN])
+        if len(bad) > _SHOWN:
+            out.append(f"and {len(bad) - _SHOWN} more bad member names")
+        dupes = _repeated(self.members)
+        if dupes and not self.lenient:
+            out.append(f"member names must be unique; repeated: {_shown(sorted(map(str, dupes)))}")
         if self.member_mappings:
-            out.extend(_mapping_problems(self.member_mappings, self.max_members))
+            out.extend(_mapping_problems(self.member_mappings, self.max_members,
+                                         self.lenient))
         return out
 
     def problems(self) -> list[str]:
         return self._membership_problems()
 
     def with_members(self, members: Iterable[str]) -> Self:
-        """A copy with this member list (and no mappings)."""
+        """A copy with this member list (and no mappings). A record's leniency is kept
+        (its names were there before); callers check the names they add."""
         return replace(self, members=tuple(members), member_mappings=())
 
     def with_mappings(self, mappings: Iterable[MemberMapping]) -> Self:
-        """A copy with these mappings (and no member list)."""
-        return replace(self, members=(), member_mappings=tuple(mappings))
+        """A copy with these mappings (and no member list), held to cgroupd's own rules:
+        the mappings are all the caller's."""
+        return replace(self, members=(), member_mappings=tuple(mappings), lenient=False)
 
     @property
     def member_names(self) -> tuple[str, ...]:
@@ -193,25 +257,33 @@ class _GroupBase:
         raise NotImplementedError
 
 
-def _mapping_problems(mappings: tuple[MemberMapping, ...], n: int) -> list[str]:
+def _mapping_problems(mappings: tuple[MemberMapping, ...], n: int,
+                      lenient: bool = False) -> list[str]:
+    """Every partition 0..n-1 mapped exactly once, each member once. Linear in the
+    number of mappings and listed partitions; never enumerates 0..n-1."""
     out: list[str] = []
+    if len(mappings) > n:
+        return [f"{len(mappings)} member mappings for {n} partitions; at most one per "
+                "partition"]
     owners: dict[int, list[str]] = {}
-    names = [m.member for m in mappings]
+    check = consumer_name_problems if lenient else name_problems
     for mapping in mappings:
-        out.extend(name_problems("member", mapping.member))
-        if not mapping.partitions:
+        out.extend(check("member", mapping.member))
+        if not mapping.partitions and not lenient:
             out.append(f"member {mapping.member!r} is mapped to no partitions")
         for p in mapping.partitions:
             if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < n:
                 out.append(f"member {mapping.member!r}: partition {p!r} is outside 0..{n - 1}")
             else:
                 owners.setdefault(p, []).append(mapping.member)
-    dupes = sorted({m for m in names if names.count(m) > 1})
+    dupes = _repeated(m.member for m in mappings)
     if dupes:
-        out.append(f"each member may be mapped once; repeated: {', '.join(map(str, dupes))}")
-    for p, who in sorted(owners.items()):
-        if len(who) > 1:
-            out.append(f"partition {p} is mapped more than once ({', '.join(who)})")
+        out.append(f"each member may be mapped once; repeated: {_shown(sorted(map(str, dupes)))}")
+    twice = [f"partition {p} is mapped more than once ({_shown(who)})"
+             for p, who in sorted(owners.items()) if len(who) > 1]
+    out.extend(twice[:_SHOWN])
+    if len(twice) > _SHOWN:
+        out.append(f"and {len(twice) - _SHOWN} more partitions mapped more than once")
     # Gaps between mapped partitions, without enumerating 0..n-1 (n comes from the record).
     gaps: list[str] = []
     prev = -1
@@ -220,7 +292,7 @@ def _mapping_problems(mappings: tuple[MemberMapping, ...], n: int) -> list[str]:
             gaps.append(str(prev + 1) if p == prev + 2 else f"{prev + 1}-{p - 1}")
         prev = p
     if gaps:
-        out.append(f"partitions not mapped to any member: {','.join(gaps)}")
+        out.append(f"partitions not mapped to any member: {_shown(gaps, ',')}")
     return out
 
 
@@ -230,7 +302,8 @@ class ElasticGroupConfig(_GroupBase):
     the origin stream. Only the membership may change after creation."""
 
     partitioning_filters: tuple[PartitioningFilter, ...] = ()
-    #: Limits of the group's work-queue stream (0: unlimited); full stream discards new.
+    #: Limits of the group's work-queue stream (0 or -1: unlimited); full stream
+    #: discards new.
     max_buffered_msgs: int = 0
     max_buffered_bytes: int = 0
 
@@ -240,14 +313,15 @@ class ElasticGroupConfig(_GroupBase):
             out.append("an elastic group needs at least one partitioning filter")
         for pf in self.partitioning_filters:
             out.extend(pf.problems())
-        filters = [pf.filter for pf in self.partitioning_filters]
-        dupes = sorted({f for f in filters if filters.count(f) > 1})
+        dupes = _repeated(pf.filter for pf in self.partitioning_filters)
         if dupes:
-            out.append(f"partitioning filters must be unique; repeated: {', '.join(dupes)}")
+            out.append(f"partitioning filters must be unique; repeated: "
+                       f"{_shown(sorted(map(str, dupes)))}")
         for name in ("max_buffered_msgs", "max_buffered_bytes"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                out.append(f"{name} must be a non-negative integer, not {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+                out.append(f"{name} must be a non-negative integer or -1 (no limit), "
+                           f"not {value!r}")
         return out
 
     def same_shape(self, other: ElasticGroupConfig) -> bool:
@@ -373,16 +447,29 @@ def elastic_from_json(data: bytes | str) -> ElasticGroupConfig:
     else:
         raise ConfigError("group record has no partitioning_filters (nor a 'filter')")
     max_msgs = obj.get("max_buffered_msg", obj.get("max_buffered_msgs",
-                                                   obj.get("msg-buffer-size", 0)))
+                                                   obj.get("msg-buffer-size")))
+    max_bytes = obj.get("max_buffered_bytes")
+    extra = {k: v for k, v in obj.items() if k not in _ELASTIC_KNOWN}
+    # "No limit" is written as -1 (natsio-pcgroups), 0 or null, or left out (orbit.go):
+    # write back exactly what was there, or the reference's members see a change of
+    # the group's fixed settings and stop.
+    for name in ("max_buffered_msg", "max_buffered_bytes"):
+        if name in obj and _no_limit(obj[name]):
+            extra[name] = obj[name]
     return ElasticGroupConfig(
         max_members=obj.get("max_members"),  # type: ignore[arg-type]  # checked in post_init
         partitioning_filters=tuple(filters),
-        max_buffered_msgs=max_msgs if max_msgs is not None else 0,
-        max_buffered_bytes=obj.get("max_buffered_bytes") or 0,
+        max_buffered_msgs=0 if _no_limit(max_msgs) else max_msgs,  # type: ignore[arg-type]
+        max_buffered_bytes=0 if _no_limit(max_bytes) else max_bytes,  # type: ignore[arg-type]
         members=_str_list(obj.get("members"), "members"),
         member_mappings=_mappings(obj.get("member_mappings", obj.get("member-mappings"))),
-        extra={k: v for k, v in obj.items() if k not in _ELASTIC_KNOWN},
+        extra=extra,
+        lenient=True,
     )
+
+
+def _no_limit(value: object) -> bool:
+    return value is None or (type(value) is int and value in (0, -1))
 
 
 def static_from_json(data: bytes | str) -> StaticGroupConfig:
@@ -397,6 +484,7 @@ def static_from_json(data: bytes | str) -> StaticGroupConfig:
         members=_str_list(obj.get("members"), "members"),
         member_mappings=_mappings(obj.get("member_mappings", obj.get("member-mappings"))),
         extra={k: v for k, v in obj.items() if k not in _STATIC_KNOWN},
+        lenient=True,
     )
 
 

@@ -29,10 +29,23 @@ class CgroupdError(Exception):
 
 
 class ConfigError(CgroupdError, ValueError):
-    """A group config, KV record or name breaks a rule; ``problems`` lists every rule broken."""
+    """A group config, KV record or name breaks a rule; ``problems`` lists the rules broken.
+
+    A hostile record can break thousands of rules with megabyte-long values: at most
+    ``MAX_PROBLEMS`` problems of at most ``MAX_PROBLEM_LENGTH`` characters are kept, so
+    the message stays readable and a log line stays small.
+    """
+
+    MAX_PROBLEMS = 20
+    MAX_PROBLEM_LENGTH = 300
 
     def __init__(self, problems: list[str] | str) -> None:
-        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        given = [problems] if isinstance(problems, str) else list(problems)
+        cut = self.MAX_PROBLEM_LENGTH
+        kept = [p if len(p) <= cut else p[:cut - 1] + "…" for p in given[:self.MAX_PROBLEMS]]
+        if len(given) > self.MAX_PROBLEMS:
+            kept.append(f"and {len(given) - self.MAX_PROBLEMS} more problems")
+        self.problems = kept
         super().__init__("; ".join(self.problems))
 
 

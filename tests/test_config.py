@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 
 from cgroupd.config import (
     ELASTIC_BUCKET,
+    MAX_LISTED_MEMBERS,
     MAX_NAME_LENGTH,
+    MAX_PARTITIONS,
     STATIC_BUCKET,
     ElasticGroupConfig,
     MemberMapping,
@@ -29,6 +31,7 @@ from cgroupd.config import (
     work_queue_stream,
 )
 from cgroupd.errors import CgroupdError, ConfigError
+from cgroupd.partitions import assignment
 
 ORDERS = PartitioningFilter("orders.*", (1,))
 
@@ -227,8 +230,8 @@ ELASTIC_RULES = [
         id="filter-twice",
     ),
     pytest.param(
-        {"max_buffered_msgs": -1},
-        "max_buffered_msgs must be a non-negative integer",
+        {"max_buffered_msgs": -2},
+        "max_buffered_msgs must be a non-negative integer or -1 (no limit)",
         id="msgs-negative",
     ),
     pytest.param(
@@ -242,8 +245,8 @@ ELASTIC_RULES = [
         id="msgs-bool",
     ),
     pytest.param(
-        {"max_buffered_bytes": -1},
-        "max_buffered_bytes must be a non-negative integer",
+        {"max_buffered_bytes": -2},
+        "max_buffered_bytes must be a non-negative integer or -1 (no limit)",
         id="bytes-negative",
     ),
     pytest.param(
@@ -293,7 +296,7 @@ def test_config_error_is_a_value_error_and_joins_problems() -> None:
     """ConfigError belongs to the cgroupd tree and to ValueError, and its text lists every
     problem, so a caller catching either sees the whole story."""
     with pytest.raises(ConfigError) as info:
-        elastic(max_members=0, max_buffered_bytes=-1)
+        elastic(max_members=0, max_buffered_bytes=-2)
     err = info.value
     assert isinstance(err, CgroupdError) and isinstance(err, ValueError)
     assert not err.retriable
@@ -308,8 +311,8 @@ def test_several_broken_rules_give_several_problems() -> None:
         max_members=0,
         members=["a.b", "c", "c"],
         partitioning_filters=[PartitioningFilter("orders.new")],
-        max_buffered_msgs=-1,
-        max_buffered_bytes=-1,
+        max_buffered_msgs=-2,
+        max_buffered_bytes=-7,
     )
     expected = [
         "max_members must be at least 1",
@@ -372,9 +375,12 @@ def test_mappings_covering_every_partition_once_are_valid() -> None:
 @pytest.mark.timeout(10)
 def test_huge_max_members_with_mappings_is_rejected_quickly() -> None:
     """Validating mappings does not enumerate every partition: a record claiming 10**12
-    partitions is rejected at once, naming the unmapped range."""
+    partitions is rejected at once, naming the bound; within the bound, an unmapped
+    range is named as a range."""
     problems = problems_of(static, max_members=10**12, member_mappings=mappings(("a", [0])))
-    assert problems == ["partitions not mapped to any member: 1-999999999999"]
+    assert len(problems) == 1 and "at most 1024 partitions" in problems[0], problems
+    problems = problems_of(static, max_members=1024, member_mappings=mappings(("a", [0])))
+    assert problems == ["partitions not mapped to any member: 1-1023"]
 
 
 # --------------------------------------------------------------------------------------
@@ -1023,3 +1029,145 @@ def test_configs_are_immutable() -> None:
     config = elastic(members=["a"])
     with pytest.raises(AttributeError):
         config.members = ("b",)  # type: ignore[misc]
+
+
+# -- records written by the reference (natsio-pcgroups / orbit.go) ------------------------
+REFERENCE_ELASTIC = (
+    b'{"max_members":4,"partitioning_filters":[{"filter":"orders.*",'
+    b'"partitioning_wildcards":[1]}],"max_buffered_msg":-1,"max_buffered_bytes":-1,'
+    b'"members":["a","b"]}'
+)
+
+
+@pytest.mark.parametrize("raw", [-1, 0, None, "absent"], ids=str)
+def test_reference_no_limit_is_read_and_written_back_as_it_was(raw: Any) -> None:
+    """natsio-pcgroups writes ``-1``, orbit.go leaves the limits out, either may write 0
+    or null: all mean "no limit", and a membership change writes them back unchanged
+    (the reference's members stop when they see its fixed settings change)."""
+    record: dict[str, Any] = json.loads(REFERENCE_ELASTIC)
+    for name in ("max_buffered_msg", "max_buffered_bytes"):
+        if raw == "absent":
+            del record[name]
+        else:
+            record[name] = raw
+    config = elastic_from_json(json.dumps(record))
+    assert config.max_buffered_msgs == 0 and config.max_buffered_bytes == 0
+    rewritten = json.loads(config.with_members(["a", "b", "c"]).to_json())
+    assert rewritten["members"] == ["a", "b", "c"]
+    for name in ("max_buffered_msg", "max_buffered_bytes"):
+        assert (name in rewritten) == (raw != "absent")
+        if raw != "absent":
+            assert rewritten[name] == raw and type(rewritten[name]) is type(raw)
+    assert config.with_members(["a", "b", "c"]) == elastic_from_json(json.dumps(rewritten))
+    assert config.same_shape(elastic(members=["a", "b"]))
+
+
+def test_minus_one_is_no_limit_for_library_callers_too() -> None:
+    """``-1`` (JetStream's spelling of "no limit") is accepted and means 0; other
+    negative limits are refused."""
+    config = elastic(max_buffered_msgs=-1, max_buffered_bytes=-1)
+    assert (config.max_buffered_msgs, config.max_buffered_bytes) == (0, 0)
+    assert "max_buffered_msg" not in json.loads(config.to_json())
+    with pytest.raises(ConfigError, match="non-negative integer or -1"):
+        elastic(max_buffered_msgs=-2)
+
+
+def test_records_are_read_as_leniently_as_the_reference_reads_them() -> None:
+    """The reference accepts repeated member names (it de-duplicates when it assigns
+    partitions), names cgroupd would not create (any valid consumer name) and a mapping
+    to no partitions; such records are readable. cgroupd's own configs keep the strict
+    rules."""
+    config = elastic_from_json(
+        b'{"max_members":4,"partitioning_filters":[{"filter":"o.*","partitioning_wildcards"'
+        b':[1]}],"members":["b","a","b","worker@host-1","\xc3\xa4"]}')
+    assert config.members == ("b", "a", "b", "worker@host-1", "ä")
+    assert assignment(config) == {"a": (0,), "b": (1,), "worker@host-1": (2,), "ä": (3,)}
+    mapped = static_from_json(
+        b'{"max_members":2,"member_mappings":[{"member":"a","partitions":[0,1]},'
+        b'{"member":"idle","partitions":[]}]}')
+    assert assignment(mapped) == {"a": (0, 1), "idle": ()}
+    with pytest.raises(ConfigError, match="unique"):
+        elastic(members=["b", "a", "b"])
+    with pytest.raises(ConfigError, match="may only use"):
+        elastic(members=["worker@host-1"])
+    # Still refused when read: what the server would refuse as a consumer name.
+    with pytest.raises(ConfigError, match="not a valid consumer name"):
+        elastic_from_json(b'{"max_members":2,"partitioning_filters":[{"filter":"o.*"}],'
+                          b'"members":["a.b"]}')
+
+
+def test_partition_count_and_member_list_are_bounded_with_clear_errors() -> None:
+    """At most MAX_PARTITIONS partitions (the server takes seconds to create a
+    work-queue consumer with thousands of filters) and MAX_LISTED_MEMBERS listed
+    members; the error says so, whoever wrote the record."""
+    assert elastic(max_members=MAX_PARTITIONS).partitions == MAX_PARTITIONS
+    for data in (
+        b'{"max_members":2147483647,"partitioning_filters":[{"filter":"o.*"}]}',
+        b'{"max_members":1025,"filters":["o.>"]}',
+    ):
+        decode = static_from_json if b'"filters"' in data else elastic_from_json
+        with pytest.raises(ConfigError, match=f"at most {MAX_PARTITIONS} partitions"):
+            decode(data)
+    names = [f"m{i}" for i in range(MAX_LISTED_MEMBERS + 1)]
+    with pytest.raises(ConfigError, match=f"at most {MAX_LISTED_MEMBERS}"):
+        elastic_from_json(json.dumps({"max_members": 8, "members": names,
+                                      "partitioning_filters": [{"filter": "o.*"}]}))
+
+
+class CountingName(str):
+    """A member name that counts how often names are compared or hashed."""
+
+    calls = 0
+
+    def __eq__(self, other: object) -> bool:
+        CountingName.calls += 1
+        return str.__eq__(self, other)
+
+    def __lt__(self, other: str) -> bool:
+        CountingName.calls += 1
+        return str.__lt__(self, other)
+
+    def __hash__(self) -> int:
+        CountingName.calls += 1
+        return str.__hash__(self)
+
+
+@pytest.mark.parametrize("lenient", [False, True])
+@pytest.mark.parametrize("duplicates", [False, True])
+def test_member_validation_is_linear(lenient: bool, duplicates: bool) -> None:
+    """Validating (and assigning) a member list compares names O(n log n) times, not
+    O(n**2) (``list.count`` per name made 4,000 names take 0.2 s): counted, not timed."""
+    n = MAX_LISTED_MEMBERS
+    names = [CountingName(f"m{i % (n // 2) if duplicates else i}") for i in range(n)]
+    CountingName.calls = 0
+    try:
+        config = ElasticGroupConfig(max_members=MAX_PARTITIONS, members=tuple(names),
+                                    partitioning_filters=(ORDERS,), lenient=lenient)
+    except ConfigError as exc:
+        assert duplicates and not lenient and "unique" in str(exc)
+    else:
+        assignment(config)
+    assert CountingName.calls < 40 * n, CountingName.calls  # n log2 n is ~14 n here
+
+
+def test_mapping_validation_is_linear_and_its_errors_bounded() -> None:
+    """A record mapping every partition to many members, each listed twice, is judged
+    in one pass, and its error stays short."""
+    maps = [MemberMapping(CountingName(f"m{i}"), (0,)) for i in range(MAX_PARTITIONS - 1)]
+    CountingName.calls = 0
+    with pytest.raises(ConfigError) as info:
+        ElasticGroupConfig(max_members=MAX_PARTITIONS, member_mappings=tuple(maps + maps[:1]),
+                           partitioning_filters=(ORDERS,))
+    assert CountingName.calls < 20 * MAX_PARTITIONS, CountingName.calls
+    assert len(str(info.value)) < 3000, len(str(info.value))
+
+
+def test_huge_values_give_a_short_error() -> None:
+    """A record with megabyte-long names and thousands of bad filters gives an error of
+    bounded size (it ends up in logs and terminals)."""
+    record = {"max_members": 4, "members": ["x" * 1_000_000 + "."],
+              "partitioning_filters": [{"filter": f"bad{i}"} for i in range(5000)]}
+    with pytest.raises(ConfigError) as info:
+        elastic_from_json(json.dumps(record))
+    assert len(str(info.value)) < 10_000
+    assert "more problems" in str(info.value)

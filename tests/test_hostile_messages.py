@@ -301,7 +301,7 @@ def _outgoing(draw: Any) -> Outgoing:
     return Outgoing(draw(_KEYS), rest, None if headers is None else draw(_PAYLOAD), headers)
 
 
-@settings(max_examples=60, deadline=None, derandomize=True,
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture,
                                  HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(batch=st.lists(_outgoing(), min_size=1, max_size=12))
