@@ -251,6 +251,24 @@ async def test_last_delivery_failure_is_dead_lettered_then_termed() -> None:
     assert sample(metrics, "cgroupd_messages_processed_total", outcome="dead_letter") == 1
 
 
+async def test_dead_letter_is_counted_after_its_publish_once_handling_is_over() -> None:
+    """The cause of a flaky daemon test: a dead letter is counted when the message's
+    handling is over (published, then termed), so a reader that saw the dead letter
+    arrive may still read the old count. Counted exactly once, right after."""
+    metrics = Metrics("ORDERS", "g", "m1")
+    seen_at_publish: list[float | None] = []
+
+    class Watching(Publisher):
+        async def __call__(self, subject: str, data: bytes, headers: dict[str, str]) -> None:
+            seen_at_publish.append(sample(metrics, "cgroupd_messages_processed_total",
+                                          outcome="dead_letter"))
+            await super().__call__(subject, data, headers)
+
+    await wrapper(failing, publish=Watching(), metrics=metrics)(message(deliveries=3))
+    assert seen_at_publish == [0.0]
+    assert sample(metrics, "cgroupd_messages_processed_total", outcome="dead_letter") == 1
+
+
 async def test_dead_letter_publish_failure_never_terms() -> None:
     """If the dead letter is not stored, the message must come back: raise, no term."""
     metrics = Metrics("ORDERS", "g", "m1")
