@@ -7,6 +7,7 @@ there first, so two operators adding members at once both succeed.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -191,15 +192,22 @@ def _check_work_queue_stream(info: api.StreamInfo, origin: str,
     work queue sourcing the origin with the group's partitioning transforms."""
     cfg = info.config
     sources = cfg.sources or []
-    want = sorted((t.src, t.dest) for t in transforms)
+    want = sorted((t.src, _transform_key(t.dest)) for t in transforms)
+    have = sorted((t.src, _transform_key(t.dest)) for t in (sources[0].subject_transforms
+                                                            if sources else None) or [])
     ok = (cfg.retention == api.RetentionPolicy.WORK_QUEUE and len(sources) == 1
-          and sources[0].name == origin
-          and sorted((t.src, t.dest) for t in (sources[0].subject_transforms or [])) == want)
+          and sources[0].name == origin and have == want)
     if not ok:
         raise GroupExists(
             f"stream {cfg.name!r} exists but is not this group's work-queue stream (it must "
             f"be a work queue sourcing {origin!r} with the group's partitioning); delete "
             "it or choose another group name")
+
+
+def _transform_key(dest: str | None) -> str:
+    """A transform destination as the server reads it: function names in any case and
+    spaces inside ``{{ }}`` (the reference writes ``{{Partition(4,1)}}``) do not matter."""
+    return re.sub(r"\{\{[^}]*\}\}", lambda m: m.group(0).replace(" ", "").lower(), dest or "")
 
 
 async def create_static_group(js: JetStream, stream: str, group: str,

@@ -49,6 +49,7 @@ from cgroupd.errors import ApiError, CgroupdError, ConfigError, GroupNotFound
 from cgroupd.jetstream import JetStream, Record
 from cgroupd.partitions import (
     key_function,
+    member_filters,
     member_partitions,
     partition_filters,
     sync_filters,
@@ -672,14 +673,18 @@ class Member:
             extra["durable_name"] = name
         else:
             extra["inactive_threshold"] = int(max(s.ack_wait, s.inactive_threshold) * 1e9)
-        cfg = self._consumer_config(partition_filters(partitions), **extra)
+        # The reference's filters for this member: its instances share this consumer,
+        # and each side replaces a consumer whose filters differ from its own.
+        assert self.config is not None
+        wanted = member_filters(self.config, self.member)
+        cfg = self._consumer_config(wanted, **extra)
         try:
             await self.js.create_consumer(self._consume_stream, name, cfg)
         except ApiError as exc:
             if exc.err_code != jsapi.ERR_CONSUMER_EXISTS:
                 self._log.warning("member consumer create failed", error=str(exc))
                 return None
-            # It exists (made by another instance, maybe the Go reference's): share it,
+            # It exists (made by another instance, maybe the reference's): share it,
             # moving its filters to the partitions the current config gives this member.
             info = await self.js.consumer_info(self._consume_stream, name)
             existing = (info or {}).get("config", {})
@@ -688,11 +693,11 @@ class Member:
                                   consumer=name)
                 return None
             filters = existing.get("filter_subjects") or [existing.get("filter_subject")]
-            if sorted(filters) != sorted(partition_filters(partitions)):
+            if sorted(filters) != sorted(wanted):
                 try:
                     await self.js.create_consumer(
                         self._consume_stream, name,
-                        {**existing, "filter_subjects": partition_filters(partitions),
+                        {**existing, "filter_subjects": wanted,
                          "filter_subject": None}, action="update")
                 except CgroupdError as exc2:
                     self._log.info("member consumer filters not updated yet", error=str(exc2))

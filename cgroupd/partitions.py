@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Mapping
 
-from cgroupd.config import GroupConfig, PartitioningFilter
+from cgroupd.config import ElasticGroupConfig, GroupConfig, PartitioningFilter
 
 #: Token put in front of the synchronization consumer's filters. It is not a number, so
 #: the filters match no message, yet two such consumers for one partition still overlap.
@@ -53,6 +53,59 @@ def partition_filters(partitions: Iterable[int]) -> list[str]:
     return [f"{p}.>" for p in partitions]
 
 
+def member_filters(config: GroupConfig, member: str) -> list[str]:
+    """The filters the reference gives ``member``'s consumer, which pinned mode shares
+    with it (same name, same filters, so neither side rewrites the other's consumer).
+
+    With a member list: ``<partition>.<filter>`` for each of the group's filters (the
+    partitioning filters of an elastic group; a static group's ``filters``, or ``>``),
+    filter by filter, partitions ascending. With mappings: ``<partition>.>`` in the
+    mapping's order. Repeats are dropped (the server refuses overlapping filters).
+    """
+    if config.member_mappings:
+        # As listed in the mapping (the reference compares filter lists in order).
+        listed = [p for m in config.member_mappings if m.member == member
+                  for p in m.partitions]
+        return list(dict.fromkeys(f"{p}.>" for p in listed))
+    parts = member_partitions(config, member)
+    if isinstance(config, ElasticGroupConfig):
+        subjects = [pf.filter for pf in config.partitioning_filters] or [">"]
+    else:
+        subjects = list(config.filters) or [">"]
+    return list(dict.fromkeys(f"{p}.{subject}" for subject in subjects for p in parts))
+
+
+def fnv1a_32(data: bytes) -> int:
+    """32-bit FNV-1a, the hash nats-server's ``partition()`` transform uses."""
+    h = 0x811C9DC5
+    for byte in data:
+        h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return h
+
+
+def partition_of(subject: str, filters: Iterable[PartitioningFilter],
+                 partitions: int) -> int | None:
+    """The partition an elastic group's transform (:func:`transform_destination`) puts
+    ``subject`` in, computed as nats-server does; None when no filter matches.
+
+    The key is the selected wildcard tokens' bytes concatenated with no separator, in the
+    order the filter lists them (so ``a.bc`` and ``ab.c`` share a key), or the whole
+    subject when the filter selects none; the partition is its FNV-1a hash modulo
+    ``partitions``. The first matching filter decides (the server refuses overlapping
+    ones). Pinned by test vectors and checked against the server and the reference.
+    """
+    for pf in filters:
+        if not subject_matches(pf.filter, subject):
+            continue
+        if not pf.partitioning_wildcards:
+            return fnv1a_32(subject.encode()) % partitions
+        tokens = subject.split(".")
+        stars = [i for i, t in enumerate(pf.filter.split(".")) if t == "*"]
+        key = b"".join(tokens[stars[w - 1]].encode() for w in pf.partitioning_wildcards)
+        return fnv1a_32(key) % partitions
+    return None
+
+
 def sync_filters(partitions: Iterable[int]) -> list[str]:
     """Synchronization consumer filters: overlap like the data filters, match nothing."""
     return [f"{SYNC_PREFIX}.{p}.>" for p in partitions]
@@ -62,8 +115,9 @@ def transform_destination(pf: PartitioningFilter, partitions: int) -> str:
     """Subject transform that prefixes the partition number to a matching subject.
 
     ``foo.*.*`` with wildcards ``[2]`` and 8 partitions gives
-    ``{{partition(8,2)}}.foo.{{wildcard(1)}}.{{wildcard(2)}}``; with no wildcards the whole
-    subject is hashed (``{{partition(8)}}``).
+    ``{{Partition(8,2)}}.foo.{{Wildcard(1)}}.{{Wildcard(2)}}``; with no wildcards the whole
+    subject is hashed (``{{Partition(8)}}``). Spelled as the reference spells it, so
+    either side re-creating the other's group finds an identical stream.
     """
     args = ",".join(str(i) for i in (partitions, *pf.partitioning_wildcards))
     tokens = []
@@ -71,10 +125,10 @@ def transform_destination(pf: PartitioningFilter, partitions: int) -> str:
     for token in pf.filter.split("."):
         if token == "*":
             star += 1
-            tokens.append(f"{{{{wildcard({star})}}}}")
+            tokens.append(f"{{{{Wildcard({star})}}}}")
         else:
             tokens.append(token)
-    return f"{{{{partition({args})}}}}." + ".".join(tokens)
+    return f"{{{{Partition({args})}}}}." + ".".join(tokens)
 
 
 def strip_partition(subject: str) -> tuple[int | None, str]:

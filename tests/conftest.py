@@ -12,6 +12,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from cgroupd.jetstream import JetStream
+from tests import peer
 from tests.groups import Fleet
 from tests.natsserver import (
     DockerNatsServer,
@@ -28,6 +29,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "slow: takes seconds (failover, timeouts); deselect with -m 'not slow'"
     )
+    config.addinivalue_line(
+        "markers", "interop: runs the reference implementation (natsio-pcgroups, in a "
+                   "cached venv of a Python >= 3.12) next to cgroupd; see tests/peer.py"
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -35,6 +40,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "nats_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(scope="session")
+def peer_python() -> str:
+    """Python of the peer's venv (tests/peer.py); skips only where no Python >= 3.12
+    exists (a failed install fails the test)."""
+    python = peer.peer_python()
+    if python is None:
+        pytest.skip(peer.why())
+    return python
 
 
 @pytest.fixture

@@ -42,6 +42,7 @@ from cgroupd.errors import (
 )
 from cgroupd.jetstream import JetStream, Record
 from cgroupd.member import INSTANCE_KEY, MEMBER_KEY
+from cgroupd.partitions import partition_of
 from cgroupd.settings import PRIORITY_GROUP
 from tests.groups import eventually, make_group
 from tests.natsserver import NatsCluster, NatsServer, client_options
@@ -155,7 +156,7 @@ async def test_create_elastic_group_builds_work_queue_stream(jetstream: JetStrea
     source = c.sources[0]
     assert source.name == ORDERS
     assert [(t.src, t.dest) for t in source.subject_transforms or []] == [
-        ("orders.*", "{{partition(4,1)}}.orders.{{wildcard(1)}}")]
+        ("orders.*", "{{Partition(4,1)}}.orders.{{Wildcard(1)}}")]
 
 
 async def test_unlimited_buffers_by_default(jetstream: JetStream) -> None:
@@ -218,6 +219,24 @@ async def test_partitioned_subjects_land_in_the_expected_partition(
     assert got == [f"{p}.orders.{k}" for k, p in KNOWN_4.items()]
 
 
+async def test_partition_of_predicts_where_the_server_puts_every_subject(
+        nc: Client, jetstream: JetStream) -> None:
+    """partition_of computes the partition nats-server's transform chooses, for keys of
+    every shape (unicode, number-like, long, two wildcards in reverse order, the whole
+    subject): 300 subjects over 13 partitions."""
+    await origin(jetstream, subjects=["orders.>", "multi.>", "whole.>"])
+    filters = (BY_KEY, PartitioningFilter("multi.*.*", (2, 1)), PartitioningFilter("whole.>"))
+    await admin.create_elastic_group(jetstream, ORDERS, "g", elastic(n=13, filters=filters))
+    keys = ["", "0", "007", "٣", "ключ", "🙂", "a" * 200, "-1", "1e3", "x y"]
+    subjects = [f"orders.{k or 'empty'}{i}" for i, k in enumerate(keys * 10)]
+    subjects += [f"multi.{i}.{k or i}" for i, k in enumerate(keys * 10)]
+    subjects += [f"whole.{k or 'z'}.{i}" for i, k in enumerate(keys * 10)]
+    subjects = [s.replace(" ", "_") for s in subjects]
+    await publish(nc, subjects)
+    got = await wq_subjects(jetstream, WQ, len(subjects))
+    assert sorted(got) == sorted(f"{partition_of(s, filters, 13)}.{s}" for s in subjects)
+
+
 async def test_two_partitioning_filters(nc: Client, jetstream: JetStream) -> None:
     """Each partitioning filter becomes its own transform; a filter keyed on its second
     wildcard hashes only that token, so events.<x>.17 lands where orders.17 does."""
@@ -227,8 +246,8 @@ async def test_two_partitioning_filters(nc: Client, jetstream: JetStream) -> Non
     info = await jetstream.stream_info(WQ)
     assert info is not None and info.config.sources
     assert [(t.src, t.dest) for t in info.config.sources[0].subject_transforms or []] == [
-        ("orders.*", "{{partition(4,1)}}.orders.{{wildcard(1)}}"),
-        ("events.*.*", "{{partition(4,2)}}.events.{{wildcard(1)}}.{{wildcard(2)}}"),
+        ("orders.*", "{{Partition(4,1)}}.orders.{{Wildcard(1)}}"),
+        ("events.*.*", "{{Partition(4,2)}}.events.{{Wildcard(1)}}.{{Wildcard(2)}}"),
     ]
     await publish(nc, ["orders.17", "events.a.17", "events.b.0", "events.c.1", "orders.0"])
     got = await wq_subjects(jetstream, WQ, 5)
@@ -237,7 +256,7 @@ async def test_two_partitioning_filters(nc: Client, jetstream: JetStream) -> Non
 
 
 async def test_whole_subject_hashing(nc: Client, jetstream: JetStream) -> None:
-    """With no wildcard indexes the whole subject is the key ({{partition(N)}}): the server
+    """With no wildcard indexes the whole subject is the key ({{Partition(N)}}): the server
     accepts the transform (also after a '>' filter), every message lands in some <p>.
     subject with p < N, one subject always in the same partition, and keys spread out."""
     await origin(jetstream, subjects=["orders.>", "events.>"])
@@ -246,7 +265,7 @@ async def test_whole_subject_hashing(nc: Client, jetstream: JetStream) -> None:
     info = await jetstream.stream_info(WQ)
     assert info is not None and info.config.sources
     assert [t.dest for t in info.config.sources[0].subject_transforms or []] == [
-        "{{partition(4)}}.orders.{{wildcard(1)}}", "{{partition(4)}}.events.>"]
+        "{{Partition(4)}}.orders.{{Wildcard(1)}}", "{{Partition(4)}}.events.>"]
     sent = [f"orders.{i}" for i in range(30)] + [f"events.x.{i}.y" for i in range(10)]
     await publish(nc, sent + sent[:5])
     got = await wq_subjects(jetstream, WQ, len(sent) + 5)

@@ -23,10 +23,13 @@ from cgroupd.config import (
 from cgroupd.partitions import (
     SYNC_PREFIX,
     assignment,
+    fnv1a_32,
+    member_filters,
     member_partitions,
     moved_partitions,
     owners,
     partition_filters,
+    partition_of,
     strip_partition,
     sync_filters,
     transform_destination,
@@ -366,38 +369,38 @@ TRANSFORMS = [
     pytest.param(
         PartitioningFilter("orders.*", (1,)),
         8,
-        "{{partition(8,1)}}.orders.{{wildcard(1)}}",
+        "{{Partition(8,1)}}.orders.{{Wildcard(1)}}",
         id="one-wildcard",
     ),
     pytest.param(
         PartitioningFilter("foo.*.*", (2,)),
         8,
-        "{{partition(8,2)}}.foo.{{wildcard(1)}}.{{wildcard(2)}}",
+        "{{Partition(8,2)}}.foo.{{Wildcard(1)}}.{{Wildcard(2)}}",
         id="subset-2",
     ),
     pytest.param(
         PartitioningFilter("foo.*.*", (1, 2)),
         4,
-        "{{partition(4,1,2)}}.foo.{{wildcard(1)}}.{{wildcard(2)}}",
+        "{{Partition(4,1,2)}}.foo.{{Wildcard(1)}}.{{Wildcard(2)}}",
         id="both",
     ),
     pytest.param(
         PartitioningFilter("foo.*.*", (2, 1)),
         4,
-        "{{partition(4,2,1)}}.foo.{{wildcard(1)}}.{{wildcard(2)}}",
+        "{{Partition(4,2,1)}}.foo.{{Wildcard(1)}}.{{Wildcard(2)}}",
         id="index-order-kept",
     ),
     pytest.param(
         PartitioningFilter("foo.*", ()),
         8,
-        "{{partition(8)}}.foo.{{wildcard(1)}}",
+        "{{Partition(8)}}.foo.{{Wildcard(1)}}",
         id="no-indexes-whole-subject",
     ),
-    pytest.param(PartitioningFilter("foo.>"), 8, "{{partition(8)}}.foo.>", id="trailing-gt"),
+    pytest.param(PartitioningFilter("foo.>"), 8, "{{Partition(8)}}.foo.>", id="trailing-gt"),
     pytest.param(
         PartitioningFilter("*.bar.*.>", (2,)),
         16,
-        "{{partition(16,2)}}.{{wildcard(1)}}.bar.{{wildcard(2)}}.>",
+        "{{Partition(16,2)}}.{{Wildcard(1)}}.bar.{{Wildcard(2)}}.>",
         id="stars-and-gt",
     ),
 ]
@@ -405,8 +408,8 @@ TRANSFORMS = [
 
 @pytest.mark.parametrize(("pf", "n", "expected"), TRANSFORMS)
 def test_transform_destination(pf: PartitioningFilter, n: int, expected: str) -> None:
-    """The stream-source transform prefixes ``{{partition(N,indexes...)}}`` and keeps the
-    rest of the subject, each ``*`` as its ``{{wildcard(i)}}``; no indexes hashes the whole
+    """The stream-source transform prefixes ``{{Partition(N,indexes...)}}`` and keeps the
+    rest of the subject, each ``*`` as its ``{{Wildcard(i)}}``; no indexes hashes the whole
     subject."""
     assert pf.problems() == []
     assert transform_destination(pf, n) == expected
@@ -452,3 +455,67 @@ def test_strip_partition_never_raises(subject: str) -> None:
     else:
         assert subject == f"{subject.partition('.')[0]}.{rest}"
         assert int(subject.partition(".")[0]) == p
+
+
+# -- the server's partition hash -----------------------------------------------------------
+def test_fnv1a_32_reference_vectors() -> None:
+    """FNV-1a 32-bit, as published (the offset basis for the empty input)."""
+    assert fnv1a_32(b"") == 0x811C9DC5
+    assert fnv1a_32(b"a") == 0xE40C292C
+    assert fnv1a_32(b"foobar") == 0xBF9CF968
+
+
+#: (subject, filter, wildcards, partitions, partition nats-server 2.15 put it in).
+PARTITION_VECTORS = [
+    ("foo.17", "foo.*", (1,), 4, 1),
+    ("foo.0", "foo.*", (1,), 4, 3),
+    ("foo.1", "foo.*", (1,), 4, 0),
+    ("o.ab.c", "o.*.*", (2, 1), 7, 2),  # key "cab": the tokens in the order listed
+    ("o.a.bc", "o.*.*", (2, 1), 7, 6),
+    ("o.17.x", "o.*.*", (2, 1), 7, 5),
+    ("o.ключ.🙂", "o.*.*", (2, 1), 7, 5),
+    ("o.ab.c", "o.*.*", (), 7, 3),  # no wildcards: the whole subject, dots included
+    ("o.a.bc", "o.*.*", (), 7, 1),
+    ("o.17.x", "o.*.*", (), 7, 6),
+    ("o.ключ.🙂", "o.*.*", (), 7, 3),
+    ("o.x.y.z", "o.>", (), 7, 2),
+]
+
+
+@pytest.mark.parametrize(("subject", "pattern", "wildcards", "n", "expected"),
+                         PARTITION_VECTORS)
+def test_partition_of_matches_the_servers_vectors(subject: str, pattern: str,
+                                                  wildcards: tuple[int, ...], n: int,
+                                                  expected: int) -> None:
+    """The partition nats-server's transform chose for these subjects (observed), which
+    readers that compute partitions themselves (Spark's non-destructive read) rely on."""
+    assert partition_of(subject, [PartitioningFilter(pattern, wildcards)], n) == expected
+
+
+def test_partition_of_concatenates_tokens_and_takes_the_first_matching_filter() -> None:
+    """Selected tokens are joined without a separator (a.bc and ab.c share a key); a
+    subject no filter matches has no partition; the first matching filter decides."""
+    by_both = [PartitioningFilter("o.*.*", (1, 2))]
+    assert partition_of("o.ab.c", by_both, 1000) == partition_of("o.a.bc", by_both, 1000)
+    assert partition_of("x.a", by_both, 4) is None
+    assert partition_of("o.a", by_both, 4) is None
+    two = [PartitioningFilter("o.*", (1,)), PartitioningFilter("p.*", ())]
+    assert partition_of("p.17", two, 7) == fnv1a_32(b"p.17") % 7
+    assert partition_of("o.17", two, 7) == fnv1a_32(b"17") % 7
+
+
+def test_member_filters_are_the_references() -> None:
+    """Pinned mode shares the member's consumer with the reference, so it uses the
+    reference's filters: <p>.<filter> per partitioning filter (or static filter, or >)
+    for a member list, <p>.> in the mapping's order for mappings."""
+    elastic = ElasticGroupConfig(max_members=4, members=("a", "b"), partitioning_filters=(
+        PartitioningFilter("o.*", (1,)), PartitioningFilter("q.*.>", (1,))))
+    assert member_filters(elastic, "b") == ["2.o.*", "3.o.*", "2.q.*.>", "3.q.*.>"]
+    assert member_filters(elastic, "nobody") == []
+    static = StaticGroupConfig(max_members=2, members=("a",), filters=("p.*",))
+    assert member_filters(static, "a") == ["0.p.*", "1.p.*"]
+    assert member_filters(StaticGroupConfig(max_members=2, members=("a",)), "a") == [
+        "0.>", "1.>"]
+    mapped = StaticGroupConfig(max_members=3, filters=("p.*", "r.*"), member_mappings=(
+        MemberMapping("a", (2, 0)), MemberMapping("b", (1,))))
+    assert member_filters(mapped, "a") == ["2.>", "0.>"]

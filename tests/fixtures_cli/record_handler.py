@@ -31,3 +31,21 @@ def handle(message: Message) -> None:
 async def handle_async(message: Message) -> None:
     """An async handler: record, return → ack."""
     _record(message, "async")
+
+
+def _event(event: str, message: Message) -> None:
+    body = json.loads(message.data)
+    line = json.dumps({
+        "event": event, "instance": f"cgroupd-{os.getpid()}", "t": time.time(),
+        "subject": body["key"], "n": body["n"], "seq": message.stream_sequence,
+        "partition": message.partition, "deliveries": message.delivery_count,
+    })
+    with open(os.environ["CGROUPD_TEST_RECORD"], "a") as out:
+        out.write(line + "\n")
+
+
+async def handle_events(message: Message) -> None:
+    """Record ``start`` and ``end`` events (:class:`tests.groups.Record`) of a
+    ``{"key": ..., "n": ...}`` message (the payloads of ``tests.groups.publish_keyed``)."""
+    _event("start", message)
+    _event("end", message)
