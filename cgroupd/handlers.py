@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import inspect
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from typing import Any
 import aiohttp
 import structlog
 
-from cgroupd.dispatch import is_async
+from cgroupd.dispatch import call_in_thread, handler_failure, is_async, settle_result
 from cgroupd.message import Message
 from cgroupd.metrics import Metrics
 
@@ -177,28 +176,72 @@ async def call_handler(fn: Handler, message: Message, asynchronous: bool | None 
     """Run a sync (in a thread, so pulls keep flowing) or async handler to completion."""
     if asynchronous is None:
         asynchronous = is_async(fn)
-    result = fn(message) if asynchronous else await asyncio.to_thread(fn, message)
-    if inspect.isawaitable(result):
-        await result
+    if asynchronous:
+        result = await fn(message)
+    else:
+        result = await asyncio.to_thread(call_in_thread, fn, message)
+    await settle_result(result)
 
 
 # -- webhooks --------------------------------------------------------------------------
+#: At most this many NATS headers are forwarded, each as one line of at most
+#: MAX_WEBHOOK_HEADER_LINE bytes: common web servers refuse more (aiohttp: 128 headers,
+#: 8,190-byte lines; nginx: 8 KiB lines) with a 400, which would give up on the message.
+MAX_WEBHOOK_HEADERS = 64
+MAX_WEBHOOK_HEADER_LINE = 4096
+#: Bytes of a webhook's answer that are read (for the error message); the rest is not.
+MAX_WEBHOOK_ANSWER = 64 * 1024
+#: Characters of an HTTP header name (RFC 9110 token).
+_TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"
+                   "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_CONTROLS = {c: " " for c in [*range(0x00, 0x09), *range(0x0A, 0x20), 0x7F]}
+
+
 def _header_value(value: str) -> str:
-    return " ".join(str(value).splitlines())
+    """HTTP cannot carry line breaks or other control characters in a header: each
+    becomes a space (a tab stays)."""
+    return " ".join(str(value).splitlines()).translate(_CONTROLS)
 
 
 def webhook_headers(message: Message) -> dict[str, str]:
-    """Request headers: where the message came from, and its NATS headers prefixed."""
+    """Request headers: where the message came from, and its NATS headers prefixed.
+
+    A NATS header that HTTP cannot carry as ``Nats-Header-<name>`` (a name that is not an
+    HTTP token, a line longer than MAX_WEBHOOK_HEADER_LINE, more than MAX_WEBHOOK_HEADERS
+    of them) is left out, and ``Cgroupd-Headers-Omitted`` names it: the payload still
+    reaches the webhook instead of a 400 giving up on the message.
+    """
     headers = {
-        "Content-Type": _find(message.headers, "Content-Type") or "application/octet-stream",
-        "Cgroupd-Subject": message.subject,
+        "Content-Type": _header_value(_find(message.headers, "Content-Type")
+                                      or "application/octet-stream"),
+        "Cgroupd-Subject": _header_value(message.subject),
         "Cgroupd-Stream-Sequence": str(message.stream_sequence),
         "Cgroupd-Delivery-Count": str(message.delivery_count),
     }
     if message.partition is not None:
         headers["Cgroupd-Partition"] = str(message.partition)
+    omitted: list[str] = []
+    forwarded = 0
     for name, value in message.headers.items():
-        headers[f"Nats-Header-{name}"] = _header_value(value)
+        line = f"Nats-Header-{name}"
+        text = _header_value(value)
+        if (not name or not set(name) <= _TOKEN or forwarded >= MAX_WEBHOOK_HEADERS
+                or len(line) + 2 + len(text.encode()) > MAX_WEBHOOK_HEADER_LINE):
+            omitted.append(name)
+        else:
+            headers[line] = text
+            forwarded += 1
+    if omitted:
+        listed: list[str] = []
+        room = MAX_WEBHOOK_HEADER_LINE - 64
+        for name in omitted:
+            shown = _header_value(name if name and set(name) <= _TOKEN else repr(name))
+            room -= len(shown.encode()) + 1
+            if room < 0:
+                listed.append(f"+{len(omitted) - len(listed)} more")
+                break
+            listed.append(shown)
+        headers["Cgroupd-Headers-Omitted"] = ",".join(listed)
     return headers
 
 
@@ -218,10 +261,16 @@ class WebhookHandler:
     async def __call__(self, message: Message) -> None:
         url = self.options.url
         try:
+            # No redirects: aiohttp would follow a 301/302/303 with a GET without the
+            # payload, and a 2xx from there would ack a message nobody received.
             async with self.session.post(url, data=message.data,
                                          headers=webhook_headers(message),
-                                         timeout=self._timeout) as resp:
-                body = await resp.read()  # read to the end so the connection is reused
+                                         timeout=self._timeout,
+                                         allow_redirects=False) as resp:
+                # A bounded read: an endless or huge answer must not fill our memory.
+                body = await resp.content.read(MAX_WEBHOOK_ANSWER)
+                if not resp.content.at_eof():
+                    resp.close()  # drop the connection rather than read the rest
                 status = resp.status
         except TimeoutError as exc:
             raise WebhookFailed(f"webhook {url} timed out after "
@@ -232,6 +281,9 @@ class WebhookHandler:
             return
         snippet = body[:200].decode(errors="replace").strip()
         detail = f"webhook {url} answered {status}" + (f": {snippet}" if snippet else "")
+        if 300 <= status < 400:
+            detail += (f" (a redirect to {resp.headers.get('Location', '?')!r}: redirects are "
+                       "not followed, give the final URL)")
         if status in self.options.non_retryable:
             raise NonRetryable(detail)
         raise WebhookFailed(detail)
@@ -295,7 +347,9 @@ class HandlerWrapper:
                 await call_handler(self.handler, message, self._handler_is_async)
             except NonRetryable as exc:
                 outcome = await self._give_up(message, exc, "not retryable")
-            except Exception as exc:
+            except BaseException as exc:  # SystemExit & co. from a handler: its failure
+                if not handler_failure(exc):
+                    raise
                 limit = self.dead_letter.max_deliver
                 if message.acknowledged or not limit or message.delivery_count < limit:
                     raise  # the runtime retries with backoff (and logs it)

@@ -7,6 +7,7 @@ import asyncio
 import random
 from typing import Any
 
+import pytest
 from nats.aio.msg import Msg
 
 from cgroupd.dispatch import Dispatcher, Ordering
@@ -193,3 +194,97 @@ async def test_unordered_failures_are_naked_with_backoff() -> None:
     await d.drain(1)
     naks = [p for s, p in nc.published if p.startswith(b"-NAK")]
     assert naks and b'"delay"' in naks[0]
+
+
+class Boom(BaseException):
+    """Not an Exception: what a handler can raise that ``except Exception`` misses."""
+
+
+BASE_EXCEPTIONS = [SystemExit(3), KeyboardInterrupt(), GeneratorExit(), Boom("boom"),
+                   asyncio.CancelledError()]
+
+
+@pytest.mark.parametrize("ordering", [Ordering.KEY, Ordering.PARTITION, Ordering.NONE])
+@pytest.mark.parametrize("asynchronous", [True, False], ids=["async", "sync"])
+@pytest.mark.parametrize("exc", BASE_EXCEPTIONS, ids=lambda e: type(e).__name__)
+async def test_a_handler_raising_a_base_exception_is_a_failure_not_a_crash(
+        exc: BaseException, asynchronous: bool, ordering: Ordering) -> None:
+    """SystemExit, KeyboardInterrupt, GeneratorExit, a BaseException subclass or a
+    CancelledError of the handler's own, raised once by message 1 (sync handlers run in a
+    thread): the message is retried (in place, before the rest of its key, or nak'ed
+    without order), the dispatcher keeps running and every message completes once."""
+    nc = FakeConnection()
+    done: list[int] = []
+    raised: list[int] = []
+
+    def work(msg: Message) -> None:
+        if msg.stream_sequence == 1 and not raised:
+            raised.append(1)
+            raise exc
+        done.append(msg.stream_sequence)
+
+    async def async_handler(msg: Message) -> None:
+        await asyncio.sleep(0)
+        work(msg)
+
+    d, stats = dispatcher(nc, async_handler if asynchronous else work, ordering=ordering)
+    for seq in (1, 2, 3):
+        d.submit(delivery(nc, seq, "a" if seq < 3 else "b"))
+    if ordering is Ordering.NONE:
+        await eventually(lambda: 2 in done and 3 in done, 5)
+        assert nc.replies(b"-NAK"), "the failed message is nak'ed for redelivery"
+        d.submit(delivery(nc, 1, "a", delivered=2))
+    await eventually(lambda: sorted(done) == [1, 2, 3], 5, what=f"all done, got {done}")
+    if ordering is not Ordering.NONE:
+        assert done.index(1) < done.index(2), "nothing of key a overtakes message 1"
+        assert stats["retries"] == 1
+    await d.drain(1)
+    assert len(nc.replies(b"+ACK")) == 3
+
+
+async def test_cancelling_the_dispatcher_still_cancels_running_handlers() -> None:
+    """Our own cancellation (drain timeout) is not mistaken for a handler failure: a
+    handler still running at the drain timeout is cancelled and its message not acked."""
+    nc = FakeConnection()
+    started = asyncio.Event()
+
+    async def slow(msg: Message) -> None:
+        started.set()
+        await asyncio.sleep(60)
+
+    d, stats = dispatcher(nc, slow)
+    d.submit(delivery(nc, 1, "a"))
+    await started.wait()
+    await asyncio.wait_for(d.drain(0.05), 5)
+    assert not nc.replies(b"+ACK") and stats["retries"] == 0
+
+
+@pytest.mark.parametrize("result", ["generator", "async generator", "coroutine that raises"])
+async def test_odd_return_values_are_failures_not_silent_acks(result: str) -> None:
+    """A handler returning a generator or an async generator (a ``yield`` by mistake: its
+    body never ran) is a failure, not an ack; a returned awaitable is awaited, and its
+    exception is the handler's failure."""
+    nc = FakeConnection()
+    calls: list[int] = []
+
+    def handler(msg: Message) -> Any:
+        calls.append(msg.stream_sequence)
+        if len(calls) > 1:
+            return None
+        if result == "generator":
+            return (x for x in [1])
+        if result == "async generator":
+            async def agen() -> Any:
+                yield 1
+            return agen()
+
+        async def fails() -> None:
+            raise RuntimeError("inside the awaitable")
+        return fails()
+
+    d, stats = dispatcher(nc, handler)
+    d.submit(delivery(nc, 1, "a"))
+    await eventually(lambda: len(calls) == 2, 5, what="a retry")
+    await eventually(lambda: len(nc.replies(b"+ACK")) == 1, 5)
+    await d.drain(1)
+    assert stats["retries"] == 1

@@ -7,9 +7,12 @@ webhook handler talks to a real local aiohttp server.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
 import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +185,109 @@ def test_webhook_headers_keep_content_type_and_flatten_newlines() -> None:
                                                "Multi": "a\r\nb"}))
     assert headers["Content-Type"] == "application/json"
     assert headers["Nats-Header-Multi"] == "a b"
+
+
+@asynccontextmanager
+async def raw_webhook(answer: Callable[[asyncio.StreamWriter], Awaitable[None]]
+                      ) -> AsyncIterator[str]:
+    """A TCP server that reads a request's head and answers whatever ``answer`` writes:
+    what a broken or hostile webhook sends. Yields its URL."""
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            await answer(writer)
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}/hook"
+    finally:
+        server.close()
+
+
+def _status(line: bytes) -> Callable[[asyncio.StreamWriter], Awaitable[None]]:
+    async def write(writer: asyncio.StreamWriter) -> None:
+        writer.write(line)
+    return write
+
+
+@pytest.mark.parametrize(("answer", "raises", "match"), [
+    (b"garbage\r\n\r\n", WebhookFailed, "failed"),
+    (b"", WebhookFailed, "failed"),  # closes without a word
+    # The status is the webhook's answer; a body cut short after it changes nothing.
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", None, ""),
+    (b"HTTP/1.1 299 Odd\r\nContent-Length: 0\r\n\r\n", None, ""),
+    (b"HTTP/1.1 600 Weird\r\nContent-Length: 2\r\n\r\nno", WebhookFailed, "answered 600"),
+    (b"HTTP/1.1 999 Odd\r\nContent-Length: 0\r\n\r\n", WebhookFailed, "answered 999"),
+    (b"HTTP/1.1 303 See Other\r\nLocation: /elsewhere\r\nContent-Length: 0\r\n\r\n",
+     WebhookFailed, "redirects are not followed"),
+    (b"HTTP/1.1 301 Moved\r\nLocation: http://127.0.0.1:1/x\r\nContent-Length: 0\r\n\r\n",
+     WebhookFailed, "answered 301"),
+    (b"HTTP/1.1 200 OK\r\n" + b"X-Big: " + b"x" * 100_000 + b"\r\n\r\n",
+     WebhookFailed, "failed"),
+], ids=["garbage", "silence", "short-body", "299", "600", "999", "303", "301", "huge-head"])
+async def test_webhook_answers_of_any_shape(answer: bytes, raises: type[Exception] | None,
+                                            match: str) -> None:
+    """Garbage, silence, a truncated body, odd statuses, redirects and a huge answer
+    head: only a 2xx acks; redirects are never followed (aiohttp would re-send a 301 or
+    303 as a GET without the payload, and a 2xx there would ack an undelivered message);
+    everything else is a retryable failure with a clear reason."""
+    async with raw_webhook(_status(answer)) as url, aiohttp.ClientSession() as session:
+        hook = WebhookHandler(WebhookOptions(url, timeout=5.0), session)
+        if raises is None:
+            await hook(message())
+        else:
+            with pytest.raises(raises, match=match):
+                await hook(message())
+
+
+async def test_webhook_endless_answer_is_read_only_so_far() -> None:
+    """A 200 whose body never ends (or is gigabytes long) acks at once: the handler reads
+    at most MAX_WEBHOOK_ANSWER bytes and drops the connection, instead of filling memory
+    until the timeout."""
+    sent = {"bytes": 0}
+
+    async def endless(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        chunk = b"x" * 65536
+        while sent["bytes"] < 1 << 30:
+            writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            sent["bytes"] += len(chunk)
+            await writer.drain()
+
+    async with raw_webhook(endless) as url, aiohttp.ClientSession() as session:
+        hook = WebhookHandler(WebhookOptions(url, timeout=30.0), session)
+        await asyncio.wait_for(hook(message()), 10)
+    assert sent["bytes"] < 64 << 20, sent
+
+
+async def test_webhook_forwards_what_http_can_carry_and_names_the_rest() -> None:
+    """NATS headers HTTP cannot carry (control characters, names that are not HTTP
+    tokens, a 60 KB value, a thousand headers) no longer make the request fail or the
+    webhook answer 400 (which gave up on the message): control characters become spaces,
+    unicode passes, and what is left out is named in Cgroupd-Headers-Omitted."""
+    headers = {"Ctl": "a\x00b\x07c\x7fd\te", "U": "ключ ✓ 🙂", "a(b)": "v",
+               "Huge": "x" * 60_000, **{f"H{i:04}": str(i) for i in range(1000)}}
+    server = await WebhookServer().start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            await WebhookHandler(WebhookOptions(server.url), session)(message(headers=headers))
+        [hit] = server.hits
+        assert hit.headers["Nats-Header-Ctl"] == "a b c d\te"
+        assert hit.headers["Nats-Header-U"] == "ключ ✓ 🙂"  # sent as UTF-8
+        *omitted, more = hit.headers["Cgroupd-Headers-Omitted"].split(",")
+        assert "'a(b)'" in omitted and "Huge" in omitted
+        assert more.startswith("+") and more.endswith(" more")
+        forwarded = [k for k in hit.headers if k.startswith("Nats-Header-")]
+        assert len(forwarded) == 64
+        assert len(forwarded) + len(omitted) + int(more[1:-5]) == len(headers)
+    finally:
+        await server.stop()
 
 
 # -- dead letters -----------------------------------------------------------------------
