@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -59,9 +60,10 @@ class ConnectionOptions:
     def __post_init__(self) -> None:
         object.__setattr__(self, "servers", tuple(self.servers))
         problems = []
-        if self.connect_timeout <= 0:
-            problems.append("connect timeout must be positive")
-        if self.reconnect_wait < 0:
+        if not math.isfinite(self.connect_timeout) or self.connect_timeout <= 0:
+            problems.append(f"connect timeout must be a positive number of seconds, "
+                            f"not {self.connect_timeout}")
+        if not math.isfinite(self.reconnect_wait) or self.reconnect_wait < 0:
             problems.append("reconnect wait must not be negative")
         if (self.tls_cert is None) != (self.tls_key is None):
             problems.append("give both a TLS certificate and its key, or neither")

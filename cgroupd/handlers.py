@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -79,8 +80,9 @@ class WebhookOptions:
         problems = []
         if not self.url.startswith(("http://", "https://")):
             problems.append(f"webhook URL {self.url!r} must start with http:// or https://")
-        if self.timeout <= 0:
-            problems.append("webhook timeout must be positive")
+        if not math.isfinite(self.timeout) or self.timeout <= 0:
+            problems.append(f"webhook timeout must be a positive number of seconds, "
+                            f"not {self.timeout}")
         bad = sorted(s for s in self.non_retryable if not 300 <= s <= 599)
         if bad:
             problems.append(f"non-retryable statuses must be within 300..599, not {bad}")

@@ -6,6 +6,7 @@ environment; everything below it receives a :class:`MemberSettings`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import Enum
 
@@ -28,6 +29,10 @@ class Exclusivity(Enum):
 PRIORITY_GROUP = "PCG"
 #: Default max in flight of the concurrent orderings.
 DEFAULT_CONCURRENCY = 256
+#: Most messages in flight: a typo must not ask the server for 10**8 messages at once.
+MAX_IN_FLIGHT = 100_000
+#: Longest duration setting (a week): more is a unit mistake, and overflows timers.
+MAX_SECONDS = 7 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -76,16 +81,26 @@ class MemberSettings:
         if self.max_in_flight == 0:
             default = 1 if self.ordering is Ordering.PARTITION else DEFAULT_CONCURRENCY
             object.__setattr__(self, "max_in_flight", default)
-        if self.max_in_flight < 1:
-            problems.append("max_in_flight must be at least 1")
+        if self.max_in_flight < 1 or self.max_in_flight > MAX_IN_FLIGHT:
+            problems.append(f"max_in_flight must be within 1..{MAX_IN_FLIGHT}, "
+                            f"not {self.max_in_flight}")
+        # NaN passes every comparison and infinity every bound, then breaks the
+        # nanosecond conversions and sleeps at run time: refuse them here.
         for name in ("ack_wait", "retry_interval", "inactive_threshold", "pull_expires",
                      "heartbeat", "pinned_ttl"):
-            if getattr(self, name) <= 0:
-                problems.append(f"{name} must be positive")
+            value = getattr(self, name)
+            if not math.isfinite(value) or value <= 0:
+                problems.append(f"{name} must be a positive number of seconds, not {value}")
+            elif value > MAX_SECONDS:
+                problems.append(f"{name} must be at most {MAX_SECONDS:g} seconds, not {value}")
         for name in ("rejoin_delay", "transition_delay", "transition_jitter",
                      "drain_timeout", "retry_backoff", "retry_backoff_max"):
-            if getattr(self, name) < 0:
-                problems.append(f"{name} must not be negative")
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                problems.append(f"{name} must be a non-negative number of seconds, "
+                                f"not {value}")
+            elif value > MAX_SECONDS:
+                problems.append(f"{name} must be at most {MAX_SECONDS:g} seconds, not {value}")
         if self.heartbeat * 2 > self.pull_expires:
             problems.append("heartbeat must be at most half of pull_expires")
         if problems:

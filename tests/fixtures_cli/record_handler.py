@@ -49,3 +49,49 @@ async def handle_events(message: Message) -> None:
     ``{"key": ..., "n": ...}`` message (the payloads of ``tests.groups.publish_keyed``)."""
     _event("start", message)
     _event("end", message)
+
+
+class Boom(BaseException):
+    """Not an Exception."""
+
+
+def _odd_first(message: Message) -> object:
+    """On a message's first delivery, one of the things a handler should not do (by
+    ``n``): raise SystemExit, KeyboardInterrupt, GeneratorExit, a BaseException, its own
+    CancelledError, or return a generator. Afterwards: succeed."""
+    if message.delivery_count > 1:
+        return None
+    n = json.loads(message.data)["n"]
+    kind = n % 7
+    if kind == 0:
+        raise SystemExit(3)
+    if kind == 1:
+        raise KeyboardInterrupt
+    if kind == 2:
+        raise GeneratorExit
+    if kind == 3:
+        raise Boom("boom")
+    if kind == 4:
+        import asyncio
+        raise asyncio.CancelledError
+    if kind == 5:
+        return (x for x in [n])
+    return None
+
+
+async def misbehave_async(message: Message) -> object:
+    """An async handler misbehaving once per message (see _odd_first), recording events."""
+    _event("start", message)
+    result = _odd_first(message)
+    if result is None:
+        _event("end", message)
+    return result
+
+
+def misbehave_sync(message: Message) -> object:
+    """A sync handler (run in a thread) misbehaving once per message."""
+    _event("start", message)
+    result = _odd_first(message)
+    if result is None:
+        _event("end", message)
+    return result
