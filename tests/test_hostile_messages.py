@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from typing import Any
 
 import nats
 import pytest
+from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nats.aio.msg import Msg
@@ -36,7 +38,7 @@ from cgroupd.jetstream import JetStream
 from tests.fixtures_cli.hostile_handler import N_HEADER, digest, headers_digest
 from tests.fixtures_cli.support import JoinProcess
 from tests.groups import Record, check
-from tests.natsserver import NatsServer, client_options, running_server
+from tests.natsserver import NatsServer, client_options, find_free_port, running_server
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +50,9 @@ GROUPS = {
     "gkey": ("--ordering", "key"),
     "gnone": ("--ordering", "none"),
     "gpin": ("--ordering", "key", "--exclusivity", "pinned"),
+    "ghook": ("--ordering", "key"),  # a --webhook instead of a handler
 }
+WEBHOOK_GROUP = "ghook"
 #: The server reads at most 4096 bytes of a publish's control line ``HPUB <subject>
 #: <reply> <header bytes> <total bytes>``; a JetStream publish's reply inbox and sizes
 #: take about 80, so this is the longest subject a publisher can send (4,010 passes,
@@ -86,6 +90,59 @@ class Sent:
     headers: dict[str, str]
 
 
+class ThreadedWebhook:
+    """A webhook (aiohttp, in a thread of its own: the tests' event loops come and go)
+    recording each request's message index, body digest and forwarded headers."""
+
+    def __init__(self) -> None:
+        self.hits: list[dict[str, Any]] = []
+        self.port = find_free_port()
+        self._loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        n = request.headers.get(f"Nats-Header-{N_HEADER}")
+        self.hits.append({
+            "n": int(n) if n is not None else int(body.decode().removeprefix("n:")),
+            "data": digest(body), "size": len(body),
+            "subject": request.headers.get("Cgroupd-Subject", ""),
+            "omitted": request.headers.get("Cgroupd-Headers-Omitted", ""),
+            "forwarded": sum(k.startswith("Nats-Header-") for k in request.headers)})
+        return web.Response(text="ok")
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+
+        async def start() -> None:
+            app = web.Application(client_max_size=4 << 20)
+            app.router.add_post("/hook", self._handle)
+            self._runner = web.AppRunner(app, access_log=None)
+            await self._runner.setup()
+            await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+            self._started.set()
+
+        self._loop.run_until_complete(start())
+        self._loop.run_forever()
+
+    def start(self) -> None:
+        self._thread.start()
+        assert self._started.wait(10)
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+
 class HostileEnv:
     """The long-lived server, its groups and their ``cgroupd join`` processes."""
 
@@ -95,6 +152,7 @@ class HostileEnv:
         self.procs: dict[str, JoinProcess] = {}
         self.sent: list[Sent] = []
         self.max_payload = 0
+        self.webhook = ThreadedWebhook()
 
     def record(self, group: str) -> Path:
         return self.workdir / f"{group}.jsonl"
@@ -104,11 +162,13 @@ class HostileEnv:
 
     def start(self) -> None:
         asyncio.run(self._setup())
+        self.webhook.start()
         for group, extra in GROUPS.items():
+            how = (("--webhook", self.webhook.url) if group == WEBHOOK_GROUP
+                   else ("--handler", HANDLER))
             self.procs[group] = JoinProcess(
                 self.server.url, self.workdir, group, "--stream", STREAM, "--group", group,
-                "--member", "m", "--handler", HANDLER, *extra, record=self.record(group),
-                metrics=False)
+                "--member", "m", *how, *extra, record=self.record(group), metrics=False)
         deadline = time.monotonic() + 30
         for group, proc in self.procs.items():
             # Pinned mode is active once the server pins it, at its first message.
@@ -134,6 +194,13 @@ class HostileEnv:
     def close(self) -> None:
         for proc in self.procs.values():
             proc.close()
+        self.webhook.stop()
+
+    def ends(self, group: str) -> list[dict[str, Any]]:
+        """Completed messages of a group: its handler's records, or its webhook's hits."""
+        if group == WEBHOOK_GROUP:
+            return list(self.webhook.hits)
+        return self.events(group).ends()
 
     async def publish(self, batch: list[Outgoing]) -> list[Sent]:
         """Publish in order; return what was sent, with each message's index."""
@@ -147,7 +214,8 @@ class HostileEnv:
                     data, headers = f"n:{n}".encode(), {}
                     await js.publish(item.subject(), data)
                 else:
-                    headers = {**item.headers, N_HEADER: str(n)}
+                    # The index first: a webhook gets the first 64 headers only.
+                    headers = {N_HEADER: str(n), **item.headers}
                     data = item.data or b""
                     if item.fill:
                         data = b"\xab" * (self.max_payload - _header_block(headers))
@@ -164,7 +232,7 @@ class HostileEnv:
         deadline = time.monotonic() + timeout
         for group, proc in self.procs.items():
             while True:
-                done = {e["n"] for e in self.events(group).ends()}
+                done = {e["n"] for e in self.ends(group)}
                 if want <= done:
                     break
                 assert proc.proc.poll() is None, f"{group} exited:\n{proc.log_text()[-3000:]}"
@@ -179,6 +247,9 @@ class HostileEnv:
         pairs = [(s.key, s.n) for s in self.sent]
         by_n = {s.n: s for s in self.sent}
         for group, proc in self.procs.items():
+            if group == WEBHOOK_GROUP:
+                self._verify_webhook(by_n)
+                continue
             record = self.events(group)
             verdict = check(record, pairs)
             assert not verdict.lost, (group, verdict.lost[:5])
@@ -195,6 +266,24 @@ class HostileEnv:
                      or e.get("new") == "stepping-down"]
             assert not downs, f"{group} stepped down: {downs[:3]}"
             assert proc.proc.poll() is None, proc.log_text()[-3000:]
+
+    def _verify_webhook(self, by_n: dict[int, Sent]) -> None:
+        """Each message reached the webhook once, payload intact, subject as sent; the
+        headers HTTP cannot carry were named, never a reason to give up."""
+        hits = self.webhook.hits
+        assert sorted(h["n"] for h in hits) == sorted(by_n), "each message exactly once"
+        for hit in hits:
+            s = by_n[hit["n"]]
+            assert hit["size"] == len(s.data) and hit["data"] == digest(s.data), s.n
+            assert hit["forwarded"] <= 64 + 1  # + Nats-Stream-Source from sourcing
+            if len(s.headers) > 64:
+                assert hit["omitted"], s.n
+        proc = self.procs[WEBHOOK_GROUP]
+        events = proc.events()
+        assert not [e for e in events if "giving up" in e.get("event", "")
+                    or "dead-letter" in e.get("event", "")], events[-5:]
+        assert not [e for e in events if e.get("event") == "stepped down"]
+        assert proc.proc.poll() is None, proc.log_text()[-3000:]
 
     def run(self, batch: list[Outgoing]) -> None:
         sent = asyncio.run(self.publish(batch))
@@ -244,6 +333,7 @@ def corpus() -> list[Outgoing]:
         Outgoing("headers", "huge", b"h", {"Huge": "x" * 65_000}),
         Outgoing("headers", "unicode", b"u", {"Unicode": "ключ ✓ 🙂 数据",
                                               "Status": "٤٠٤"}),
+        Outgoing("headers", "controls", b"c", {"Ctl": "bell\x07 tab\t del\x7f nul\x00"}),
         Outgoing("payload", "none", None, None),
         Outgoing("payload", "empty", b"", {}),
         Outgoing("payload", "one", b"\x00", {}),
