@@ -41,7 +41,7 @@ from cgroupd.config import (
 )
 from cgroupd.errors import GroupNotFound
 from cgroupd.jetstream import JetStream
-from cgroupd.partitions import member_filters, partition_of
+from cgroupd.partitions import member_filters, member_partitions, partition_of
 from tests.fixtures_cli.support import JoinProcess
 from tests.groups import Record, check, eventually
 from tests.natsserver import NatsServer
@@ -233,30 +233,39 @@ def done(record: Callable[[], Record], sent: list[tuple[str, int]]) -> Callable[
 
 
 async def test_cgroupd_joins_a_group_the_peer_created(
-        peer: PeerProcess, jetstream: JetStream, nc: Client, nats_server: NatsServer,
-        tmp_path: Path) -> None:
-    """A ``cgroupd join`` instance of each member of a peer-created elastic group (with
-    the reference's -1 limits) processes everything, in order per key."""
+        peer: PeerProcess, peer_python: str, jetstream: JetStream, nc: Client,
+        nats_server: NatsServer, tmp_path: Path) -> None:
+    """A peer-created elastic group (with the reference's -1 limits) whose member ``a``
+    runs as ``cgroupd join`` (sync mode) and member ``b`` as a peer instance: each
+    consumes its own partitions, everything is processed once, in order per key."""
     await orders_stream(jetstream)
     await peer.call("create_elastic", stream="ORDERS", group="g", max_members=4,
                     filters=[["orders.*", [1]]])
     await peer.call("add_members", stream="ORDERS", group="g", members=["a", "b"])
     records = {m: tmp_path / f"{m}.jsonl" for m in ("a", "b")}
-    procs = [JoinProcess(nats_server.url, tmp_path, m, "--stream", "ORDERS", "--group", "g",
-                         "--member", m, "--handler", HANDLER, record=records[m],
-                         metrics=False) for m in ("a", "b")]
+    proc = JoinProcess(nats_server.url, tmp_path, "a", "--stream", "ORDERS", "--group", "g",
+                       "--member", "a", "--handler", HANDLER, record=records["a"],
+                       metrics=False)
+    member_b = await PeerProcess(peer_python, nats_server.url, tmp_path / "b.log").start()
     try:
+        await member_b.call("consume", kind="elastic", stream="ORDERS", group="g",
+                            member="b", record=str(records["b"]), max_ack_pending=1)
+
         def record() -> Record:
             return Record.load(records.values())
 
         sent = await publish(nc, 0, 200)
         await eventually(done(record, sent), 30, what="200 messages processed")
-        check(record(), sent).assert_ok()
-        assert {e["instance"] for e in record().ends()} == {
-            f"cgroupd-{p.proc.pid}" for p in procs}
+        verdict = check(record(), sent)
+        verdict.assert_ok()
+        assert verdict.duplicates == 0
+        config = (await admin.get_group(jetstream, "ORDERS", "g")).config
+        by = {e["partition"]: e["instance"].split("-")[0] for e in record().ends()}
+        assert by == {p: "cgroupd" if p in member_partitions(config, "a") else "peer"
+                      for p in range(4)}
     finally:
-        for p in procs:
-            p.close()
+        proc.close()
+        await member_b.close()
 
 
 async def test_cgroupd_joins_a_static_group_the_peer_created(
