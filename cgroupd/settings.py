@@ -82,7 +82,7 @@ class MemberSettings:
             default = 1 if self.ordering is Ordering.PARTITION else DEFAULT_CONCURRENCY
             object.__setattr__(self, "max_in_flight", default)
         if self.max_in_flight < 1 or self.max_in_flight > MAX_IN_FLIGHT:
-            problems.append(f"max_in_flight must be within 1..{MAX_IN_FLIGHT}, "
+            problems.append(f"max_in_flight must be at least 1 and at most {MAX_IN_FLIGHT}, "
                             f"not {self.max_in_flight}")
         # NaN passes every comparison and infinity every bound, then breaks the
         # nanosecond conversions and sleeps at run time: refuse them here.
@@ -90,14 +90,14 @@ class MemberSettings:
                      "heartbeat", "pinned_ttl"):
             value = getattr(self, name)
             if not math.isfinite(value) or value <= 0:
-                problems.append(f"{name} must be a positive number of seconds, not {value}")
+                problems.append(f"{name} must be positive and finite (seconds), not {value}")
             elif value > MAX_SECONDS:
                 problems.append(f"{name} must be at most {MAX_SECONDS:g} seconds, not {value}")
         for name in ("rejoin_delay", "transition_delay", "transition_jitter",
                      "drain_timeout", "retry_backoff", "retry_backoff_max"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
-                problems.append(f"{name} must be a non-negative number of seconds, "
+                problems.append(f"{name} must not be negative, and finite (seconds), "
                                 f"not {value}")
             elif value > MAX_SECONDS:
                 problems.append(f"{name} must be at most {MAX_SECONDS:g} seconds, not {value}")

@@ -55,8 +55,9 @@ async def test_membership_add_and_drop_under_load(single: Scenario) -> None:
 
 async def test_group_config_garbage_then_fixed(single: Scenario) -> None:
     """Replace the group record with garbage (not JSON, wrong types, a changed partition
-    count, duplicate members) under traffic: members keep consuming with the last good
-    config; a fixed record (with m3 added) is then followed."""
+    count, a member name no consumer may have) under traffic: members keep consuming with
+    the last good config; a fixed record (with m3 added) is then followed. (Repeated
+    member names are not garbage: the reference writes and reads them.)"""
     sc = single
     sc.variant = "at_least_once"
     await sc.make_group(partitions=4, members=("m1", "m2"))
@@ -74,7 +75,7 @@ async def test_group_config_garbage_then_fixed(single: Scenario) -> None:
     as_json = json.loads(good.to_json())
     garbage = [b"not json", b"[1, 2]", b'{"max_members": "four"}',
                json.dumps(as_json | {"max_members": 8}).encode(),
-               json.dumps(as_json | {"members": ["m1", "m1"]}).encode(), b""]
+               json.dumps(as_json | {"members": ["m1", "m.2"]}).encode(), b""]
     for value in garbage:
         record = await js(sc).get_record(ELASTIC_BUCKET, key)
         assert record is not None
