@@ -176,14 +176,18 @@ def pull_body(
     heartbeat: float,
     group: str | None = None,
     pin_id: str | None = None,
+    max_bytes: int = 0,
 ) -> bytes:
     """A pull request body (ADR-13, plus ADR-42 priority-group fields); times in seconds.
-    Cached: a busy member sends the same few bodies thousands of times a second."""
+    ``max_bytes`` (when set) ends the request, with a 409 status, before it would bring
+    more. Cached: a busy member sends the same few bodies thousands of times a second."""
     body: dict[str, Any] = {
         "batch": batch,
         "expires": int(expires * 1e9),
         "idle_heartbeat": int(heartbeat * 1e9),
     }
+    if max_bytes > 0:
+        body["max_bytes"] = max_bytes
     if group:
         body["group"] = group
     if pin_id:

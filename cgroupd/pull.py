@@ -27,6 +27,8 @@ from cgroupd import jsapi
 log = structlog.get_logger("cgroupd.pull")
 
 PENDING_MSGS = "Nats-Pending-Messages"
+#: Least byte budget of one pull request (see Puller._max_bytes).
+PULL_MAX_BYTES = 8 << 20
 PIN_ID = "Nats-Pin-Id"
 
 
@@ -208,7 +210,7 @@ class Puller:
         if batch <= 0 or not self._nc.is_connected or self._clock() < self._quiet_until:
             return
         body = jsapi.pull_body(batch, self._opts.expires, self._opts.heartbeat,
-                               self._opts.group, self.pin_id)
+                               self._opts.group, self.pin_id, self._max_bytes())
         try:
             await self._nc.publish(self._subject, body, reply=self._inbox)
         except Exception:  # noqa: BLE001 - reconnecting/closed: the watchdog retries
@@ -236,6 +238,13 @@ class Puller:
             await self.refill()
             return
         self._status(status.code, status.description, msg)
+
+    def _max_bytes(self) -> int:
+        """Bytes one request may bring: enough for two messages of the largest size, and
+        little enough that our few overlapping requests stay well under what the server
+        lets pile up for one client (64 MiB by default) before it drops the connection as
+        a slow consumer (a burst of 1 MiB messages to 256 slots did)."""
+        return max(PULL_MAX_BYTES, 2 * (self._nc.max_payload or 0))
 
     def _lost_delivery(self, msg: Msg) -> bool:
         """Deliveries are numbered: a gap means one never reached us (a reconnect, a

@@ -16,10 +16,11 @@ what the real server sends for every pull status.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ import pytest
 from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import api
 
@@ -291,6 +293,15 @@ class HostileEnv:
         self.verify()
 
 
+@contextlib.asynccontextmanager
+async def await_connection(url: str) -> AsyncIterator[Client]:
+    nc = await nats.connect(url, **client_options())
+    try:
+        yield nc
+    finally:
+        await nc.close()
+
+
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostileEnv]:
     workdir = tmp_path_factory.mktemp("hostile")
@@ -473,3 +484,41 @@ async def test_server_status_tells_server_statuses_from_messages(
         await next_status("423")
     finally:
         await nc.close()
+
+
+async def test_a_burst_of_maximum_size_messages_is_taken_without_a_stall(
+        nats_server: NatsServer, tmp_path: Path) -> None:
+    """150 messages of the server's maximum size to a key-ordered member (256 in
+    flight): all processed once, with no step-down. nats-py drops what exceeds 128 MiB
+    in a subscription's queue as a slow consumer, which the member took for a lost
+    delivery and stepped down, again and again; its pull inbox now has room for all it
+    asks for."""
+    async with await_connection(nats_server.url) as nc:
+        js = JetStream(nc)
+        await js.add_stream(api.StreamConfig(name="BIG", subjects=["big.>"]))
+        await admin.create_elastic_group(js, "BIG", "g", ElasticGroupConfig(
+            max_members=2, members=("m",),
+            partitioning_filters=(PartitioningFilter("big.*", (1,)),)))
+        record = tmp_path / "big.jsonl"
+        proc = JoinProcess(nats_server.url, tmp_path, "big", "--stream", "BIG", "--group", "g",
+                           "--member", "m", "--ordering", "key", "--handler",
+                           "tests.fixtures_cli.record_handler:handle_events", record=record,
+                           metrics=False)
+        try:
+            sent = []
+            for n in range(150):
+                body = json.dumps({"key": f"k{n % 8}", "n": n}).encode()
+                pad = b" " * (nc.max_payload - len(body) - 64)
+                await nc.jetstream().publish(f"big.k{n % 8}", body + pad)
+                sent.append((f"k{n % 8}", n))
+            deadline = time.monotonic() + 60
+            while {e["n"] for e in Record.load([record]).ends()} != {n for _, n in sent}:
+                assert time.monotonic() < deadline, proc.log_text()[-3000:]
+                await asyncio.sleep(0.05)
+            verdict = check(Record.load([record]), sent)
+            verdict.assert_ok()
+            assert verdict.duplicates == 0
+            downs = [e for e in proc.events() if e.get("event") == "stepped down"]
+            assert not downs, downs
+        finally:
+            proc.close()
