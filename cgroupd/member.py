@@ -45,7 +45,14 @@ from cgroupd.config import (
     work_queue_stream,
 )
 from cgroupd.dispatch import Dispatcher, Handler
-from cgroupd.errors import ApiError, CgroupdError, ConfigError, GroupNotFound
+from cgroupd.errors import (
+    AckNotConfirmed,
+    AckOutcomeUnknown,
+    ApiError,
+    CgroupdError,
+    ConfigError,
+    GroupNotFound,
+)
 from cgroupd.jetstream import JetStream, Record
 from cgroupd.partitions import (
     key_function,
@@ -53,6 +60,7 @@ from cgroupd.partitions import (
     partition_filters,
     sync_filters,
 )
+from cgroupd.pinning import PinLease
 from cgroupd.pull import PullEnd, Puller, PullOptions
 from cgroupd.settings import PRIORITY_GROUP, Exclusivity, MemberSettings
 
@@ -136,6 +144,11 @@ class Generation:
     target: tuple[int, ...] = ()
     retarget: asyncio.Event = field(default_factory=asyncio.Event)
     rebalances: int = 0
+    #: Pinned mode: this instance's lease on the pin (see :mod:`cgroupd.pinning`), when the
+    #: first pinned delivery came, and the renewal in progress (one at a time).
+    lease: PinLease | None = None
+    pinned_at: float = 0.0
+    renewal: asyncio.Future[bool] | None = None
 
     def __post_init__(self) -> None:
         self.target = self.partitions
@@ -145,6 +158,30 @@ class Generation:
     def end(self, why: StepDown, detail: str = "") -> None:
         if not self.ended.done():
             self.ended.set_result((why, detail))
+
+
+class _PinnedAcks:
+    """Acks on a consumer shared by several instances count only while this instance
+    provably holds the pin: the server applies and confirms them from anyone."""
+
+    def __init__(self, member: Member, gen: Generation) -> None:
+        self._member = member
+        self._gen = gen
+
+    async def _ours(self) -> bool:
+        lease = self._gen.lease
+        return lease is not None and (lease.valid or await self._member._renew(self._gen))
+
+    async def before_ack(self) -> None:
+        if not await self._ours():
+            raise AckNotConfirmed("this instance no longer holds the pin: the ack was not "
+                                  "sent, the message goes to the instance holding it now")
+
+    async def after_confirm(self) -> None:
+        if not await self._ours():
+            raise AckOutcomeUnknown(
+                "the ack was confirmed only after this instance lost the pin: it may also "
+                "be delivered to the new holder")
 
 
 class Member:
@@ -567,6 +604,7 @@ class Member:
                 gen.pullers = [p for p in gen.pullers if p.consumer != name]
             await self._update_filters(self.sync_consumer, sync_filters(kept))
             gen.partitions = kept
+            gen.dispatcher.accept = set(kept)
         gained = tuple(p for p in target if p not in gen.partitions)
         if gained:
             deadline = self._clock() + s.drain_timeout + 2 * s.retry_interval
@@ -581,6 +619,8 @@ class Member:
                         raise
                 await self._sleep(0.05)
             gen.rebalances += 1
+            assert gen.dispatcher is not None
+            gen.dispatcher.accept = set(target)
             await self._add_data_consumer(gen, f"{self.data_consumer}-{gen.rebalances}", gained)
             gen.partitions = target
         return True
@@ -660,7 +700,11 @@ class Member:
                 await self.js.nc.publish(msg.reply, self.instance_id.encode())
 
     async def _acquire_pinned(self, partitions: tuple[int, ...]) -> Generation | None:
-        """Pinned mode: ensure the shared member consumer exists, pull until pinned."""
+        """Pinned mode: ensure the shared member consumer exists, pull until pinned.
+
+        Only the pinned instance changes the consumer (:meth:`_move_pinned` brings its
+        filters to the config); a standby that finds it with other filters leaves it be.
+        Nothing starts before :meth:`_take_over` opens the dispatcher."""
         s = self.settings
         name = self.sync_consumer
         extra: dict[str, Any] = {
@@ -679,28 +723,22 @@ class Member:
             if exc.err_code != jsapi.ERR_CONSUMER_EXISTS:
                 self._log.warning("member consumer create failed", error=str(exc))
                 return None
-            # It exists (made by another instance, maybe the Go reference's): share it,
-            # moving its filters to the partitions the current config gives this member.
+            # It exists (made by another instance, maybe the Go reference's): share it.
             info = await self.js.consumer_info(self._consume_stream, name)
             existing = (info or {}).get("config", {})
             if PRIORITY_GROUP not in (existing.get("priority_groups") or []):
                 self._log.warning("member consumer exists without priority group",
                                   consumer=name)
                 return None
-            filters = existing.get("filter_subjects") or [existing.get("filter_subject")]
-            if sorted(filters) != sorted(partition_filters(partitions)):
-                try:
-                    await self.js.create_consumer(
-                        self._consume_stream, name,
-                        {**existing, "filter_subjects": partition_filters(partitions),
-                         "filter_subject": None}, action="update")
-                except CgroupdError as exc2:
-                    self._log.info("member consumer filters not updated yet", error=str(exc2))
-                    return None
         except CgroupdError as exc:
             self._log.warning("member consumer create failed", error=str(exc))
             return None
         gen = self._gen = self._generation(partitions)
+        if self._stopping or self._deleted:  # stop() came while we were creating it
+            gen.end(StepDown.STOPPING)
+        gen.lease = PinLease(s.pinned_ttl, self._clock)
+        assert gen.dispatcher is not None
+        gen.dispatcher.pause()
         pinned = asyncio.get_running_loop().create_future()
         gen.pullers.append(await self._start_puller(
             gen, name, s.max_in_flight, StepDown.PIN_LOST, deliver=True, pinned=pinned))
@@ -715,11 +753,14 @@ class Member:
     def _generation(self, partitions: tuple[int, ...]) -> Generation:
         s = self.settings
         gen = Generation(partitions)
+        pinned = s.exclusivity is Exclusivity.PINNED
         gen.dispatcher = Dispatcher(
             self.js.nc, self.handler, ordering=s.ordering, max_in_flight=s.max_in_flight,
             ack_wait=s.ack_wait, backoff=s.backoff,
             key_of=key_function(s.key, self.config), before_start=lambda: self._fence(gen),
-            on_settled=lambda: self._refill(gen), log=self._log, stats=self.stats)
+            on_settled=lambda: self._refill(gen), log=self._log, stats=self.stats,
+            guard=_PinnedAcks(self, gen) if pinned else None)
+        gen.dispatcher.accept = set(partitions)
         gen.dispatcher.start()
         return gen
 
@@ -731,6 +772,7 @@ class Member:
 
         def on_message(msg: Msg) -> None:
             if pinned is not None and not pinned.done():
+                gen.pinned_at = self._clock()
                 pinned.set_result(None)
             if deliver and gen.dispatcher is not None:
                 gen.received += 1
@@ -770,6 +812,8 @@ class Member:
             self._last_tick = self._clock()
             for work in (self._rebalance_loop, self._verify_loop, self._watch_clock):
                 self._spawn(gen, work(gen), work.__name__)
+        else:
+            self._spawn(gen, self._hold_pin(gen), "_hold_pin")
         if self._stopping or self._deleted:
             gen.end(StepDown.STOPPING if self._stopping else StepDown.GROUP_DELETED)
         why, detail = await gen.ended
@@ -806,27 +850,13 @@ class Member:
         for task in gen.tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        pinned = self.settings.exclusivity is Exclusivity.PINNED
-        handing_over = pinned and self.state is MemberState.STEPPING_DOWN
-        # Pinned: the consumer outlives us, so stop pulling first and answer any delivery
-        # still coming with a nak while the server moves the pin, as handlers finish.
-        retiring = [asyncio.create_task(p.retire(self.settings.pull_expires))
-                    for p in gen.pullers] if handing_over else []
-        if handing_over:
-            retiring.append(asyncio.create_task(self._unpin(gen)))
+        if self.settings.exclusivity is Exclusivity.PINNED:
+            await self._release_pinned(gen)
+            return
         if gen.dispatcher is not None:
             await gen.dispatcher.drain(self.settings.drain_timeout)
-        await asyncio.gather(*retiring)
         for puller in gen.pullers:
             await puller.stop()
-        if pinned:
-            # The member consumer is shared by all instances: keep it, but give up the pin
-            # at once so the server picks a standby without waiting for the pinned TTL.
-            if gen.ended.result()[0] is StepDown.CONFIG_CHANGED:
-                # ADR Transitioning: drop it; it is recreated with the new filters.
-                with contextlib.suppress(CgroupdError):
-                    await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
-            return
         # Data consumer first: its unacked messages become available to the next owner,
         # who can only create its data consumer once ours is gone. Acks are applied by
         # the server asynchronously: wait for ours, or the next owner would get (and
@@ -840,13 +870,153 @@ class Member:
             with contextlib.suppress(CgroupdError):
                 await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
 
-    async def _unpin(self, gen: Generation) -> None:
+    async def _release_pinned(self, gen: Generation) -> None:
+        """Pinned mode: the member consumer is shared by every instance and outlives us.
+
+        Running handlers finish while we keep pulling (so the pin stays ours); what
+        arrives meanwhile is kept, not started. Then we give up the pin and hand back
+        every message not started, in stream order: the next holder gets them before
+        anything later of their keys (issue 13 item 2). Handing back is safe only within
+        one pinned TTL of the unpin: the next holder takes back what we still hold by a
+        consumer reset no earlier than that (see :meth:`_take_over`).
+        """
+        s = self.settings
+        if gen.dispatcher is not None:
+            await gen.dispatcher.drain(s.drain_timeout, hold_late=True)
+        asked = self._clock()
+        unpinned = await self._unpin(gen)
+        lease = gen.lease
+        safe_until = asked + s.pinned_ttl - (lease.margin if lease is not None else 0.0)
+        if unpinned and gen.dispatcher is not None and self._clock() < safe_until:
+            back = await gen.dispatcher.hand_back()
+            if back:
+                self._log.info("handed back messages not started", count=back)
+        for puller in gen.pullers:
+            if unpinned and puller.delivers:
+                # Deliveries already on their way are nak'ed as they come.
+                await puller.retire(min(0.2, max(0.0, safe_until - self._clock())))
+            await puller.stop()
+
+    async def _unpin(self, gen: Generation) -> bool:
         """Give up the pin at once so the server picks a standby without waiting for the
-        pinned TTL (not after losing it: that would unpin the new holder)."""
-        if gen.ended.result()[0] in (StepDown.PIN_LOST, StepDown.CONFIG_CHANGED):
-            return
-        with contextlib.suppress(CgroupdError):
+        pinned TTL; only while the pin is provably ours: unpinning after losing it would
+        unpin the new holder (issue 13)."""
+        lease = gen.lease
+        if lease is None or lease.lost or not gen.ended.done() \
+                or gen.ended.result()[0] is StepDown.PIN_LOST:
+            return False
+        if lease.remaining() < 2 * lease.margin and not await self._renew(gen):
+            return False
+        try:
             await self.js.unpin(self._consume_stream, self.sync_consumer, PRIORITY_GROUP)
+        except CgroupdError as exc:
+            self._log.info("could not unpin", error=str(exc))
+            return False
+        lease.lose()
+        return True
+
+    # -- pinned mode: the lease and the takeover ---------------------------------------
+    async def _hold_pin(self, gen: Generation) -> None:
+        """Pinned mode, while active: take over, then renew the lease every quarter of
+        the pinned TTL (so handlers never wait for it) and apply membership changes."""
+        if not await self._take_over(gen):
+            return
+        self._spawn(gen, self._rebalance_loop(gen), "_rebalance_loop")
+        period = self.settings.pinned_ttl / 4
+        while not gen.ended.done():
+            await self._sleep(period)
+            if not await self._renew(gen):
+                gen.end(StepDown.PIN_LOST, "the pin could not be proven ours any more")
+
+    async def _renew(self, gen: Generation) -> bool:
+        """Prove the pin is still ours and extend the lease; one renewal at a time."""
+        if gen.renewal is None or gen.renewal.done():
+            gen.renewal = asyncio.ensure_future(self._renew_once(gen))
+        return await asyncio.shield(gen.renewal)
+
+    async def _renew_once(self, gen: Generation) -> bool:
+        """A pull carrying our pin id, a round trip proving the server read it, then the
+        consumer info showing our pin id still (see :mod:`cgroupd.pinning`)."""
+        lease = gen.lease
+        puller = next((p for p in gen.pullers if p.delivers), None)
+        if lease is None or lease.lost or puller is None:
+            return False
+        pin = puller.pin_id
+        if pin is None or puller.ended.done():
+            lease.lose()
+            return False
+        await puller.pull_one()
+        sent = puller.pin_pulled_at
+        try:
+            await self.js.nc.flush(timeout=max(1, int(self.settings.pull_expires)))
+            info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
+        except (CgroupdError, nats.errors.Error, TimeoutError) as exc:
+            self._log.info("pin lease not renewed: no answer", error=repr(exc))
+            return lease.valid
+        holder = next((g.get("pinned_client_id") for g in (info or {}).get(
+            "priority_groups") or [] if g.get("group") == PRIORITY_GROUP), None)
+        if info is None or holder != pin:
+            lease.lose()
+            return False
+        lease.renewed(pin, sent)
+        return lease.valid
+
+    async def _take_over(self, gen: Generation) -> bool:
+        """A newly pinned instance starts nothing while the member consumer holds messages
+        delivered to someone else: a previous holder's, unfinished or being handed back.
+        Handed back, they come to us and wait in stream order among their keys. If they do
+        not come, then one pinned TTL after we were pinned, when no previous holder can
+        trust an ack any more, we reset the consumer to its ack floor: everything not
+        acknowledged is delivered again, in stream order (issue 13 item 1)."""
+        s = self.settings
+        assert gen.dispatcher is not None
+        if not await self._renew(gen):
+            gen.end(StepDown.PIN_LOST, "pinned, but could not prove it")
+            return False
+        puller = next(p for p in gen.pullers if p.delivers)
+        deadline = gen.pinned_at + s.pinned_ttl
+        # Before a reset no pull of ours may be open, or a delivery made before it could
+        # arrive after it and run ahead of (and twice with) its redelivery. So requests
+        # stop one pull expiry before the reset; the pin stays ours a TTL past the last.
+        hush_at = max(gen.pinned_at, deadline - s.pull_expires - 0.25)
+        try:
+            while not gen.ended.done():
+                try:
+                    info = await self.js.consumer_info(self._consume_stream,
+                                                       self.sync_consumer)
+                    if info is None:
+                        gen.end(StepDown.PIN_LOST, "member consumer deleted")
+                        return False
+                    foreign = int(info.get("num_ack_pending", 0)) - gen.dispatcher.holding
+                    if foreign <= 0:
+                        break
+                    now = self._clock()
+                    if now >= hush_at:
+                        puller.hush()
+                    if now >= deadline and puller.outstanding == 0:
+                        self._log.info("taking back messages a previous holder left "
+                                       "unfinished", count=foreign)
+                        await self._reset_pinned(gen)
+                        break
+                except CgroupdError as exc:
+                    self._log.info("takeover check failed; retrying", error=str(exc))
+                await self._sleep(0.02)
+        finally:
+            puller.hush(False)
+        if gen.ended.done():
+            return False
+        gen.dispatcher.resume()
+        return True
+
+    async def _reset_pinned(self, gen: Generation, seq: int = 0) -> None:
+        """Reset the member consumer to ``seq`` (0: past its ack floor) and forget what we
+        hold: all of it is delivered again, in stream order. Call with no pull of ours
+        open (nothing delivered before the reset may still be on its way)."""
+        assert gen.dispatcher is not None
+        info = await self.js.reset_consumer(self._consume_stream, self.sync_consumer, seq)
+        dropped = gen.dispatcher.discard_unstarted()
+        self._log.info("member consumer reset", seq=info.get("reset_seq"),
+                       dropped=len(dropped))
 
     async def _sync_is_ours(self) -> bool:
         try:
@@ -928,7 +1098,14 @@ class Member:
 
     async def _fence(self, gen: Generation) -> bool:
         """Before a handler starts: if we were not running for a while, another instance
-        may own our partitions by now; check before touching another message."""
+        may own our partitions by now; check before touching another message. Pinned
+        mode: only within the lease on the pin (renewed here if it ran out)."""
+        if self.settings.exclusivity is Exclusivity.PINNED:
+            lease = gen.lease
+            if lease is None or (not lease.valid and not await self._renew(gen)):
+                gen.end(StepDown.PIN_LOST, "cannot prove the pin is still ours")
+                return False
+            return not gen.ended.done()
         fence = self.settings.inactive_threshold / 2
         if self.settings.exclusivity is Exclusivity.SYNC and (
                 gen.suspect or self._clock() - self._last_tick > fence):
