@@ -103,8 +103,18 @@ class Dispatcher:
         #: of naking them at once.
         self._hold_late = False
         #: Partitions whose messages are taken (None: all). A delivery of another partition
-        #: is a late one for a partition this instance gave away: never run, never acked.
+        #: is a late one for a partition this instance gave away: never run, and acked
+        #: only with ``ack_not_owned`` (a static group's consumer: the ack clears it from
+        #: our consumer alone; on a work queue it would delete the next owner's message).
         self.accept: set[int] | None = None
+        self.ack_not_owned = False
+        #: Messages processed already (a static group's consumer after a reset): acked
+        #: without running.
+        self.skip: Callable[[Message], bool] | None = None
+        #: Highest stream sequence delivered per partition, and the last message acked or
+        #: termed (its ack confirmed again proves every earlier one applied).
+        self.highest: dict[int, int] = {}
+        self.last_settled: Message | None = None
 
     def start(self) -> None:
         """Begin keeping held messages alive; paired with :meth:`drain`."""
@@ -195,6 +205,14 @@ class Dispatcher:
         if self.accept is not None and message.partition not in self.accept:
             # A late delivery of a partition given away: its new owner runs it.
             self._stats["not_owned"] = self._stats.get("not_owned", 0) + 1
+            if self.ack_not_owned:
+                self._spawn(self._settle(message.ack()))
+            return
+        if message.partition is not None and seq > self.highest.get(message.partition, 0):
+            self.highest[message.partition] = seq
+        if self.skip is not None and seq not in self._held and self.skip(message):
+            self._stats["skipped"] = self._stats.get("skipped", 0) + 1
+            self._spawn(self._settle(message.ack()))
             return
         if seq in self._held:
             # The server redelivered a message we still hold (ack wait passed while it ran
@@ -290,6 +308,10 @@ class Dispatcher:
             seq = message.stream_sequence
             if self._held.get(seq) is not message:
                 return True  # discarded while the start was being checked
+            if self.skip is not None and self.skip(message):
+                self._stats["skipped"] = self._stats.get("skipped", 0) + 1
+                await self._settle(message.ack())
+                return True
             self._running[seq] = message
             try:
                 if self._handler_is_async:
@@ -309,6 +331,8 @@ class Dispatcher:
                     await self._settle(message.ack())
             finally:
                 self._running.pop(seq, None)
+        if message.outcome in (Outcome.ACK, Outcome.TERM):
+            self.last_settled = message
         self._count(message.outcome)
         return True
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import random
 import secrets
 import time
@@ -55,12 +56,15 @@ from cgroupd.errors import (
 )
 from cgroupd.jetstream import JetStream, Record
 from cgroupd.partitions import (
+    hold_filters,
+    idle_filter,
     key_function,
+    member_consumer_filters,
     member_partitions,
     partition_filters,
     sync_filters,
 )
-from cgroupd.pinning import PinLease
+from cgroupd.pinning import PinLease, SkipRules
 from cgroupd.pull import PullEnd, Puller, PullOptions
 from cgroupd.settings import PRIORITY_GROUP, Exclusivity, MemberSettings
 
@@ -74,6 +78,23 @@ RebalanceCallback = Callable[[tuple[tuple[int, ...], float]], Awaitable[None] | 
 #: Metadata key carrying the instance id in the consumers this runtime creates.
 INSTANCE_KEY = "cgroupd_instance"
 MEMBER_KEY = "cgroupd_member"
+#: Static groups, member consumer metadata: how far each partition this member gave away
+#: was processed, and which redelivered messages were processed already (SkipRules).
+RELEASED_KEY = "cgroupd_released"
+SKIP_KEY = "cgroupd_skip"
+#: Pinned mode: a standby changed the member consumer's filters while nobody held the pin
+#: (pinning needs a delivery); the next holder resets it before running anything.
+RESET_KEY = "cgroupd_reset"
+
+
+def _json_map(info: dict[str, Any], key: str) -> dict[str, Any]:
+    """A JSON object kept in a consumer's metadata (empty if absent or unreadable)."""
+    text = ((info.get("config") or {}).get("metadata") or {}).get(key)
+    try:
+        value = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 class MemberState(Enum):
@@ -149,6 +170,12 @@ class Generation:
     lease: PinLease | None = None
     pinned_at: float = 0.0
     renewal: asyncio.Future[bool] | None = None
+    #: Static groups: per partition, the stream sequence up to which it is processed
+    #: (what a release records), and the messages redelivered that were processed.
+    processed: dict[int, int] = field(default_factory=dict)
+    skip: SkipRules = field(default_factory=SkipRules)
+    #: The member consumer must be brought to the config again (see RESET_KEY).
+    reconcile: bool = False
 
     def __post_init__(self) -> None:
         self.target = self.partitions
@@ -538,8 +565,11 @@ class Member:
 
     def _incremental(self, gen: Generation, new: tuple[int, ...]) -> bool:
         """Can this change be applied by moving only the partitions that change?"""
+        if self.settings.exclusivity is Exclusivity.PINNED:
+            # The member consumer is shared and never deleted (issue 13 item 3): the
+            # pinned instance moves partitions in place, even to none.
+            return True
         return (self.settings.incremental_rebalance
-                and self.settings.exclusivity is Exclusivity.SYNC
                 and bool(new) and bool(set(new) & set(gen.partitions)))
 
     async def _rebalance_loop(self, gen: Generation) -> None:
@@ -549,11 +579,14 @@ class Member:
             await gen.retarget.wait()
             gen.retarget.clear()
             target = gen.target
-            if target == gen.partitions:
+            if target == gen.partitions and not gen.reconcile:
                 continue
+            gen.reconcile = False
             started = self._clock()
+            move = (self._move_pinned if self.settings.exclusivity is Exclusivity.PINNED
+                    else self._move_partitions)
             try:
-                done = await self._move_partitions(gen, target)
+                done = await move(gen, target)
             except CgroupdError as exc:
                 self._log.warning("rebalance failed; rejoining", error=str(exc))
                 done = False
@@ -563,6 +596,9 @@ class Member:
                 continue
             self.partitions = gen.partitions
             self.stats["rebalances"] += 1
+            if not gen.partitions:
+                gen.end(StepDown.CONFIG_CHANGED, "this member owns no partition any more")
+                continue
             elapsed = self._clock() - started
             self._log.info("rebalanced", partitions=list(gen.partitions),
                            seconds=round(elapsed, 3))
@@ -624,6 +660,231 @@ class Member:
             await self._add_data_consumer(gen, f"{self.data_consumer}-{gen.rebalances}", gained)
             gen.partitions = target
         return True
+
+    # -- pinned mode: moving partitions on the shared member consumer ------------------
+    async def _move_pinned(self, gen: Generation, target: tuple[int, ...]) -> bool:
+        """Bring the member consumer to ``target`` in place (issue 13 items 3 and 4); False
+        means fall back to a rejoin. Only the pinned instance changes the consumer.
+
+        Losing: the lost partitions are *held* (a filter that claims them but delivers
+        nothing), what was delivered of them is finished, our acks confirmed, and only then
+        are they let go (a static group records how far they were processed). Gaining:
+        claim them (held) once their previous owner let go, then, at a quiet point (nothing
+        running, nothing of ours in flight), take them and reset the consumer so it
+        delivers their messages from where the previous owner left off (a work queue holds
+        exactly what is left; a static group skips what was processed, see SkipRules).
+        """
+        info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
+        if info is None or gen.dispatcher is None:
+            return False
+        config = info.get("config") or {}
+        real, held = member_consumer_filters(
+            config.get("filter_subjects") or [config.get("filter_subject") or ""])
+        if (config.get("metadata") or {}).get(RESET_KEY) \
+                and not await self._quiet_reset(gen, real):
+            return False
+        want = set(target)
+        lost, gained = real - want, want - real
+        if not lost and not gained and not held:
+            gen.partitions = tuple(sorted(want))
+            gen.dispatcher.accept = want
+            return True
+        if (lost or held - gained) and not await self._release_partitions(
+                gen, real & want, lost, held & gained):
+            return False
+        if gained and not await self._take_partitions(gen, real & want, gained):
+            return False
+        gen.partitions = tuple(sorted(want))
+        gen.dispatcher.accept = want
+        return True
+
+    def _member_filters(self, real: set[int], held: set[int]) -> list[str]:
+        filters = partition_filters(sorted(real)) + hold_filters(sorted(held - real))
+        return filters or [idle_filter(self.member)]
+
+    async def _release_partitions(self, gen: Generation, kept: set[int], lost: set[int],
+                                  claiming: set[int]) -> bool:
+        """Stop delivering ``lost``, finish what we hold of them, then let them go."""
+        s = self.settings
+        assert gen.dispatcher is not None
+        puller = next(p for p in gen.pullers if p.delivers)
+        reply = await self._update_config(self.sync_consumer, self._member_filters(
+            kept, lost | claiming))
+        delivered = int((reply.get("delivered") or {}).get("consumer_seq", 0))
+        # Every delivery of a lost partition is numbered at most `delivered`: take them all
+        # in before settling, or one arriving late would run beside its next owner.
+        if not await puller.received_through(delivered, s.drain_timeout):
+            return False
+        if not await gen.dispatcher.settle(lost, s.drain_timeout):
+            return False
+        if not await self._acks_confirmed(gen):
+            return False
+        meta: dict[str, str] = {}
+        if self.static:
+            released = _json_map(reply, RELEASED_KEY)
+            for p in lost:
+                done = max(gen.processed.get(p, 0), gen.dispatcher.highest.get(p, 0))
+                released[str(p)] = max(done, int(released.get(str(p), 0)))
+            meta[RELEASED_KEY] = json.dumps(released, separators=(",", ":"), sort_keys=True)
+        gen.dispatcher.accept = set(kept)
+        await self._update_config(self.sync_consumer, self._member_filters(kept, claiming),
+                                  meta)
+        return True
+
+    async def _take_partitions(self, gen: Generation, kept: set[int], gained: set[int]) -> bool:
+        """Claim ``gained`` once free, then take them at a quiet point (see _move_pinned)."""
+        starts = await self._claim_partitions(gen, kept, gained)
+        if starts is None:
+            return False
+        return await self._quiet_reset(gen, kept, starts)
+
+    async def _quiet_reset(self, gen: Generation, kept: set[int],
+                           starts: dict[int, int] | None = None) -> bool:
+        """At a quiet point (nothing running, our acks applied, no pull of ours open) set
+        the filters to ``kept`` plus the partitions in ``starts`` (how far each was
+        processed) and reset the consumer so it delivers what is left of them, in order.
+        A work queue holds exactly what is left; a static group's consumer goes back to
+        the lowest sequence still needed and skips what was processed (SkipRules)."""
+        s = self.settings
+        assert gen.dispatcher is not None
+        dispatcher = gen.dispatcher
+        starts = starts or {}
+        partitions = kept | set(starts)
+        puller = next(p for p in gen.pullers if p.delivers)
+        puller.hush()
+        dispatcher.pause()
+        try:
+            if not await dispatcher.idle(s.drain_timeout):
+                return False
+            pending = dispatcher.discard_unstarted()
+            if not await self._acks_confirmed(gen):
+                return False
+            deadline = self._clock() + s.pull_expires + 1.0
+            while puller.outstanding > 0 and self._clock() < deadline:
+                await self._sleep(0.01)
+            if puller.outstanding > 0:
+                return False
+            pending += dispatcher.discard_unstarted()
+            meta: dict[str, str] = {RESET_KEY: ""}
+            seq = 1  # a work queue holds exactly what is left to do
+            if self.static:
+                info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
+                upto = int(((info or {}).get("delivered") or {}).get("stream_seq", 0))
+                for p in kept:
+                    gen.skip.processed_through(
+                        p, upto, (m.stream_sequence for m in pending if m.partition == p))
+                for p, done in starts.items():
+                    gen.skip.processed_through(p, done)
+                    gen.processed[p] = done
+                meta[SKIP_KEY] = gen.skip.to_json()
+                seq = gen.skip.lowest_needed(partitions)
+            await self._update_config(self.sync_consumer,
+                                      self._member_filters(partitions, set()), meta)
+            dispatcher.accept = partitions
+            await self._reset_pinned(gen, seq)
+            return True
+        finally:
+            puller.hush(False)
+            dispatcher.resume()
+
+    async def _claim_partitions(self, gen: Generation, kept: set[int],
+                                gained: set[int]) -> dict[int, int] | None:
+        """Hold ``gained`` as soon as no other consumer has them; for a static group, also
+        how far each was processed (the previous owners' release records). None if they
+        are not free in time."""
+        s = self.settings
+        deadline = self._clock() + s.drain_timeout + 2 * s.retry_interval
+        while not gen.ended.done() and gained <= set(gen.target):
+            starts, busy = await self._previous_owners(gained)
+            if not busy:
+                try:
+                    await self._update_config(self.sync_consumer,
+                                              self._member_filters(kept, gained))
+                    return starts
+                except ApiError as exc:
+                    if exc.err_code != jsapi.ERR_WQ_NOT_UNIQUE:
+                        raise
+            if self._clock() > deadline:
+                self._log.info("partitions not released in time", partitions=sorted(gained),
+                               held_by=sorted(busy))
+                return None
+            await self._sleep(0.05)
+        return None
+
+    async def _previous_owners(self, gained: set[int]) -> tuple[dict[int, int], set[str]]:
+        """How far each of ``gained`` was processed (static release records), and the
+        other consumers that still deliver or hold any of them (reclaimed if nobody has
+        pulled on them for a while: their member is gone)."""
+        starts = {p: 0 for p in gained}
+        busy: set[str] = set()
+        for info in await self.js.list_consumers(self._consume_stream):
+            name = info.get("name", "")
+            config = info.get("config") or {}
+            if name == self.sync_consumer or (self.static and not name.startswith(
+                    f"{self.group}-")):
+                continue
+            if self.static:
+                for key, done in _json_map(info, RELEASED_KEY).items():
+                    if key.isdigit() and int(key) in starts:
+                        starts[int(key)] = max(starts[int(key)], int(done))
+            real, held = member_consumer_filters(
+                config.get("filter_subjects") or [config.get("filter_subject") or ""])
+            if (real | held) & gained:
+                if await self._reclaim_member_consumer(info):
+                    for p in (real | held) & gained:
+                        floor = int((info.get("ack_floor") or {}).get("stream_seq", 0))
+                        starts[p] = max(starts[p], floor)
+                    continue
+                busy.add(name)
+        return starts, busy
+
+    async def _reclaim_member_consumer(self, info: dict[str, Any]) -> bool:
+        """Another member's consumer that holds partitions now ours, and nobody pulls on
+        it: all its instances are gone (issue 13 item 12). On a work queue it is deleted
+        (its unacknowledged messages stay in the stream for us); on a static stream it is
+        left alone (partitions do not conflict there) and we start after its ack floor."""
+        name = info.get("name", "")
+        if int(info.get("num_waiting", 0)) > 0:
+            return False
+        await self._sleep(self.settings.pull_expires)  # a live instance pulls by then
+        again = await self.js.consumer_info(self._consume_stream, name)
+        if again is None:
+            return True
+        if int(again.get("num_waiting", 0)) > 0:
+            return False
+        self._log.warning("taking partitions from a member consumer nobody pulls on",
+                          consumer=name)
+        if not self.static:
+            await self.js.delete_consumer(self._consume_stream, name)
+        return True
+
+    async def _acks_confirmed(self, gen: Generation) -> bool:
+        """Every ack we sent on the member consumer is applied: the server applies one
+        consumer's acks in order, so a confirmed repeat of the last one proves it."""
+        last = gen.dispatcher.last_settled if gen.dispatcher is not None else None
+        if last is None:
+            return True
+        try:
+            reply = await self.js.nc.request(last.reply, b"+ACK",
+                                             timeout=self.settings.drain_timeout)
+        except (nats.errors.Error, TimeoutError) as exc:
+            self._log.info("acks not confirmed", error=repr(exc))
+            return False
+        return not (reply.headers or {}).get("Status")
+
+    async def _update_config(self, name: str, filters: list[str],
+                             metadata: dict[str, str] | None = None) -> dict[str, Any]:
+        """Change one of our consumers in place: its filters, and metadata entries."""
+        info = await self.js.consumer_info(self._consume_stream, name)
+        if info is None:
+            raise ApiError(404, jsapi.ERR_CONSUMER_NOT_FOUND, f"consumer {name} disappeared")
+        config = dict(info["config"])
+        config["filter_subjects"] = filters
+        config.pop("filter_subject", None)
+        if metadata:
+            config["metadata"] = {**(config.get("metadata") or {}), **metadata}
+        return await self.js.create_consumer(self._consume_stream, name, config,
+                                             action="update")
 
     async def _acks_applied(self, name: str, unsettled: int = 0,
                             timeout: float | None = None) -> bool:
@@ -717,9 +978,25 @@ class Member:
         else:
             extra["inactive_threshold"] = int(max(s.ack_wait, s.inactive_threshold) * 1e9)
         cfg = self._consumer_config(partition_filters(partitions), **extra)
+        if self.static:
+            # A new durable starts each partition where its previous owners left it
+            # (issue 13 item 4), and not before they let it go (no conflict tells us).
+            try:
+                starts, busy = await self._previous_owners(set(partitions))
+            except CgroupdError as exc:
+                self._log.warning("could not read previous owners", error=str(exc))
+                return None
+            if busy:
+                return None
+            cfg["metadata"][SKIP_KEY] = SkipRules(
+                {p: (done, frozenset()) for p, done in starts.items() if done}).to_json()
         try:
             await self.js.create_consumer(self._consume_stream, name, cfg)
         except ApiError as exc:
+            if exc.err_code == jsapi.ERR_WQ_NOT_UNIQUE:
+                with contextlib.suppress(CgroupdError):
+                    await self._previous_owners(set(partitions))  # reclaims abandoned ones
+                return None
             if exc.err_code != jsapi.ERR_CONSUMER_EXISTS:
                 self._log.warning("member consumer create failed", error=str(exc))
                 return None
@@ -729,6 +1006,8 @@ class Member:
             if PRIORITY_GROUP not in (existing.get("priority_groups") or []):
                 self._log.warning("member consumer exists without priority group",
                                   consumer=name)
+                return None
+            if not await self._retarget_unpinned(info or {}, partitions):
                 return None
         except CgroupdError as exc:
             self._log.warning("member consumer create failed", error=str(exc))
@@ -761,6 +1040,9 @@ class Member:
             on_settled=lambda: self._refill(gen), log=self._log, stats=self.stats,
             guard=_PinnedAcks(self, gen) if pinned else None)
         gen.dispatcher.accept = set(partitions)
+        if pinned and self.static:
+            gen.dispatcher.ack_not_owned = True
+            gen.dispatcher.skip = lambda m: gen.skip.covers(m.partition, m.stream_sequence)
         gen.dispatcher.start()
         return gen
 
@@ -959,6 +1241,9 @@ class Member:
             lease.lose()
             return False
         lease.renewed(pin, sent)
+        if ((info.get("config") or {}).get("metadata") or {}).get(RESET_KEY):
+            gen.reconcile = True  # a standby retargeted it before we held the pin
+            gen.retarget.set()
         return lease.valid
 
     async def _take_over(self, gen: Generation) -> bool:
@@ -987,6 +1272,8 @@ class Member:
                     if info is None:
                         gen.end(StepDown.PIN_LOST, "member consumer deleted")
                         return False
+                    if self.static:
+                        self._load_static_state(gen, info)
                     foreign = int(info.get("num_ack_pending", 0)) - gen.dispatcher.holding
                     if foreign <= 0:
                         break
@@ -1006,7 +1293,68 @@ class Member:
         if gen.ended.done():
             return False
         gen.dispatcher.resume()
+        # The consumer may still have the filters of an older config (nobody was pinned
+        # when it changed): bring it to ours before anything else.
+        try:
+            moved = await self._move_pinned(gen, gen.target)
+        except CgroupdError as exc:
+            self._log.warning("could not bring the member consumer to this config",
+                              error=str(exc))
+            moved = False
+        if not moved:
+            gen.end(StepDown.CONFIG_CHANGED, "member consumer not brought to the config")
+            return False
+        self.partitions = gen.partitions
         return True
+
+    async def _retarget_unpinned(self, info: dict[str, Any],
+                                 partitions: tuple[int, ...]) -> bool:
+        """A standby found the member consumer with other filters than its config gives.
+        While an instance holds the pin, that one moves them (:meth:`_move_pinned`). While
+        nobody does, no message may pin anyone (pinning takes a delivery), so the standby
+        sets them, marking the consumer so the next holder resets it at a quiet point
+        before running anything. False: not now, try again later."""
+        config = info.get("config") or {}
+        real, held = member_consumer_filters(
+            config.get("filter_subjects") or [config.get("filter_subject") or ""])
+        if real == set(partitions) and not held:
+            return True
+        holder = next((g.get("pinned_client_id") for g in info.get("priority_groups") or []
+                       if g.get("group") == PRIORITY_GROUP), None)
+        if holder:
+            return True  # the holder applies the config; we wait for the pin
+        meta = {RESET_KEY: "1"}
+        if self.static:
+            starts, busy = await self._previous_owners(set(partitions) - real)
+            if busy:
+                return False
+            skip = SkipRules.from_json((config.get("metadata") or {}).get(SKIP_KEY))
+            for p, done in starts.items():
+                if done:
+                    skip.processed_through(p, done)
+            floor = int((info.get("ack_floor") or {}).get("stream_seq", 0))
+            released = _json_map(info, RELEASED_KEY)
+            for p in real - set(partitions):
+                released[str(p)] = max(floor, int(released.get(str(p), 0)))
+            meta[SKIP_KEY] = skip.to_json()
+            meta[RELEASED_KEY] = json.dumps(released, separators=(",", ":"), sort_keys=True)
+        try:
+            await self._update_config(self.sync_consumer,
+                                      self._member_filters(set(partitions), set()), meta)
+        except ApiError as exc:
+            if exc.err_code == jsapi.ERR_WQ_NOT_UNIQUE:
+                await self._previous_owners(set(partitions) - real)  # reclaims abandoned
+            self._log.info("member consumer not retargeted yet", error=str(exc))
+            return False
+        return True
+
+    def _load_static_state(self, gen: Generation, info: dict[str, Any]) -> None:
+        """Static group, on taking over: what the consumer says was processed."""
+        floor = int((info.get("ack_floor") or {}).get("stream_seq", 0))
+        for p in gen.partitions:
+            gen.processed[p] = max(gen.processed.get(p, 0), floor)
+        text = ((info.get("config") or {}).get("metadata") or {}).get(SKIP_KEY)
+        gen.skip.rules = SkipRules.from_json(text).rules
 
     async def _reset_pinned(self, gen: Generation, seq: int = 0) -> None:
         """Reset the member consumer to ``seq`` (0: past its ack floor) and forget what we
@@ -1014,6 +1362,7 @@ class Member:
         open (nothing delivered before the reset may still be on its way)."""
         assert gen.dispatcher is not None
         info = await self.js.reset_consumer(self._consume_stream, self.sync_consumer, seq)
+        gen.dispatcher.last_settled = None  # acks before a reset need no proof after it
         dropped = gen.dispatcher.discard_unstarted()
         self._log.info("member consumer reset", seq=info.get("reset_seq"),
                        dropped=len(dropped))

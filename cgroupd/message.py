@@ -78,6 +78,11 @@ class Message:
     def acknowledged(self) -> bool:
         return self.outcome is not None
 
+    @property
+    def reply(self) -> str:
+        """The delivery's JetStream reply subject (where acks go)."""
+        return self._reply
+
     async def _send(self, payload: bytes, outcome: Outcome | None) -> None:
         if outcome is not None:
             if self.outcome is not None:

@@ -58,6 +58,35 @@ def sync_filters(partitions: Iterable[int]) -> list[str]:
     return [f"{SYNC_PREFIX}.{p}.>" for p in partitions]
 
 
+#: Token of a filter that claims a partition without receiving its messages: on a
+#: work-queue stream it overlaps the partition's filter (so nobody else can take it), yet
+#: matches no message. Pinned mode holds partitions with it while it finishes or takes them.
+HOLD_TOKEN = "_cgroupd_hold"
+#: First token of the filter of a member consumer that owns no partition (it matches
+#: nothing and overlaps nothing; a consumer needs at least one filter).
+IDLE_PREFIX = "_cgroupd_idle"
+
+
+def hold_filters(partitions: Iterable[int]) -> list[str]:
+    """Filters that claim ``partitions`` without delivering any of their messages."""
+    return [f"{p}.{HOLD_TOKEN}" for p in partitions]
+
+
+def idle_filter(member: str) -> str:
+    return f"{IDLE_PREFIX}.{member}"
+
+
+def member_consumer_filters(filters: Iterable[str]) -> tuple[set[int], set[int]]:
+    """(partitions delivered, partitions held) by a member consumer's filters."""
+    real: set[int] = set()
+    held: set[int] = set()
+    for f in filters:
+        head, _, rest = f.partition(".")
+        if head.isascii() and head.isdigit():
+            (held if rest == HOLD_TOKEN else real).add(int(head))
+    return real, held
+
+
 def transform_destination(pf: PartitioningFilter, partitions: int) -> str:
     """Subject transform that prefixes the partition number to a matching subject.
 

@@ -27,9 +27,10 @@ Pure: the clock is injected and the member does the I/O.
 
 from __future__ import annotations
 
+import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 
 class PinLease:
@@ -67,3 +68,55 @@ class PinLease:
         """The pin moved (or the consumer went): the lease is over for good."""
         self.lost = True
         self.until = -math.inf
+
+
+class SkipRules:
+    """Messages a static group's member consumer delivers again that were processed
+    already: after a consumer reset (to take partitions another member released), the
+    consumer redelivers from the lowest sequence anyone still needs.
+
+    Per partition: every message at or below ``upto`` was processed, except the stream
+    sequences in ``pending`` (delivered to us but handed back or not started then). Rules
+    only ever describe work done, so an outdated rule may let a message run twice after
+    a crash, never skip one that was not processed. Stored in the consumer's metadata so a
+    successor applies them too.
+    """
+
+    def __init__(self, rules: dict[int, tuple[int, frozenset[int]]] | None = None) -> None:
+        self.rules: dict[int, tuple[int, frozenset[int]]] = dict(rules or {})
+
+    def covers(self, partition: int | None, seq: int) -> bool:
+        """Whether message ``seq`` of ``partition`` was processed already."""
+        rule = self.rules.get(partition) if partition is not None else None
+        return rule is not None and seq <= rule[0] and seq not in rule[1]
+
+    def processed_through(self, partition: int, upto: int,
+                          pending: Iterable[int] = ()) -> None:
+        """Everything of ``partition`` up to ``upto`` is done but ``pending``; merged with
+        what was known (a rule's old exceptions above ``upto`` still hold)."""
+        old_upto, old_pending = self.rules.get(partition, (0, frozenset()))
+        keep = {s for s in old_pending if s > upto}
+        self.rules[partition] = (max(upto, old_upto), frozenset({*pending, *keep}))
+
+    def lowest_needed(self, partitions: Iterable[int]) -> int:
+        """The first stream sequence a reset must go back to for these partitions."""
+        low = None
+        for p in partitions:
+            upto, pending = self.rules.get(p, (0, frozenset()))
+            first = min([upto + 1, *pending])
+            low = first if low is None else min(low, first)
+        return low or 1
+
+    def to_json(self) -> str:
+        return json.dumps({str(p): [u, sorted(e)] for p, (u, e) in sorted(self.rules.items())},
+                          separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | None) -> SkipRules:
+        """Rules stored by :meth:`to_json`; none for anything unreadable."""
+        try:
+            raw = json.loads(text or "{}")
+            return cls({int(p): (int(v[0]), frozenset(int(x) for x in v[1]))
+                        for p, v in raw.items()})
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            return cls()
