@@ -606,41 +606,43 @@ class Member:
                 await self._callback(self.on_rebalance, (gen.partitions, elapsed))
 
     async def _move_partitions(self, gen: Generation, target: tuple[int, ...]) -> bool:
-        """One incremental rebalance; False means fall back to a full rejoin."""
+        """One incremental rebalance; False means fall back to a full rejoin.
+
+        Losing: the data consumer's filters drop the lost partitions; every delivery made
+        before (numbered at most what the update answers) is taken in and finished, our
+        acks are confirmed applied, and only then does the sync consumer let them go, so
+        the next owner never gets a message we still hold or finished. Late deliveries of
+        them are never run (issue 13 item 11). Gaining: once the sync consumer holds them,
+        the member's data consumer is replaced, at a quiet point, by one fresh consumer
+        for all its partitions, so the member keeps one consumer and its in-flight limit
+        (max in flight 1 keeps the member in stream order)."""
         s = self.settings
+        assert gen.dispatcher is not None
         kept = tuple(p for p in gen.partitions if p in target)
         lost = set(gen.partitions) - set(target)
         if not kept:
             return False
         if lost:
-            # Stop deliveries of the lost partitions, take in what was already sent,
-            # finish it, and only then let the next owner claim them (per-key order).
-            emptied = []
             for name, parts in list(gen.data.items()):
                 left = tuple(p for p in parts if p not in lost)
                 if left == parts:
                     continue
-                if left:
-                    await self._update_filters(name, partition_filters(left))
-                    gen.data[name] = left
-                else:
-                    emptied.append(name)
-            for puller in gen.pullers:
-                if puller.consumer in emptied:
-                    await puller.stop()
-                await puller.flush_received()
-            assert gen.dispatcher is not None
+                if not left:
+                    return False  # a consumer of lost partitions only: rejoin instead
+                reply = await self._update_filters(name, partition_filters(left))
+                delivered = int((reply.get("delivered") or {}).get("consumer_seq", 0))
+                puller = next((p for p in gen.pullers if p.consumer == name), None)
+                if puller is None or not await puller.received_through(
+                        delivered, s.drain_timeout):
+                    return False
+                gen.data[name] = left
             if not await gen.dispatcher.settle(lost, s.drain_timeout):
                 return False
-            for name in emptied:
-                if not await self._acks_applied(name):
-                    return False
-                await self.js.delete_consumer(self._consume_stream, name)
-                del gen.data[name]
-                gen.pullers = [p for p in gen.pullers if p.consumer != name]
+            if not await self._acks_confirmed(gen):
+                return False
+            gen.dispatcher.accept = set(kept)
             await self._update_filters(self.sync_consumer, sync_filters(kept))
             gen.partitions = kept
-            gen.dispatcher.accept = set(kept)
         gained = tuple(p for p in target if p not in gen.partitions)
         if gained:
             deadline = self._clock() + s.drain_timeout + 2 * s.retry_interval
@@ -654,12 +656,78 @@ class Member:
                     if exc.err_code != jsapi.ERR_WQ_NOT_UNIQUE or self._clock() > deadline:
                         raise
                 await self._sleep(0.05)
-            gen.rebalances += 1
-            assert gen.dispatcher is not None
-            gen.dispatcher.accept = set(target)
-            await self._add_data_consumer(gen, f"{self.data_consumer}-{gen.rebalances}", gained)
+            # Claimed: the previous owners are done with them, but an abandoned data
+            # consumer may still hold them; only then pause for the swap.
+            while not await self._reclaim_released(gen, set(gained)):
+                if gen.ended.done() or gen.target != target:
+                    return gen.target != target
+                if self._clock() > deadline:
+                    return False
+                await self._sleep(0.05)
+            if not await self._replace_data_consumer(gen, target):
+                return False
             gen.partitions = target
         return True
+
+    async def _replace_data_consumer(self, gen: Generation, target: tuple[int, ...]) -> bool:
+        """At a quiet point (nothing running, our acks applied), swap the data consumer(s)
+        for one fresh consumer of ``target``: it delivers what is left of every partition
+        in stream order. What we held but had not started goes back with the old one."""
+        s = self.settings
+        assert gen.dispatcher is not None
+        dispatcher = gen.dispatcher
+        dispatcher.pause()
+        try:
+            old = list(gen.data)
+            for puller in [p for p in gen.pullers if p.consumer in old]:
+                await puller.stop()  # nothing of the old consumer arrives any more
+            gen.pullers = [p for p in gen.pullers if p.consumer not in old]
+            if not await dispatcher.idle(s.drain_timeout):
+                return False
+            dispatcher.discard_unstarted()
+            if not await self._acks_confirmed(gen):
+                return False
+            for name in old:
+                await self.js.delete_consumer(self._consume_stream, name)
+                del gen.data[name]
+            dispatcher.last_settled = None
+            dispatcher.accept = set(target)
+            gen.rebalances += 1
+            await self._add_data_consumer(gen, f"{self.data_consumer}-{gen.rebalances}",
+                                          target)
+            return True
+        finally:
+            dispatcher.resume()
+
+    async def _reclaim_released(self, gen: Generation, partitions: set[int]) -> bool:
+        """Data consumers of *other* members that still hold partitions we now own, whose
+        instance is gone (issue 13 item 12): a member killed and then dropped leaves one
+        that the server keeps for its unacknowledged messages' ack wait. The sync consumer
+        is ours, so only an abandoned one can be in the way: a live previous owner answers
+        its presence (it is still finishing) and is waited for. True when none is left."""
+        wanted = set(partition_filters(sorted(partitions)))
+        free = True
+        try:
+            for info in await self.js.list_consumers(self._consume_stream):
+                config = info.get("config") or {}
+                meta = config.get("metadata") or {}
+                owner, name = meta.get(INSTANCE_KEY), info.get("name", "")
+                filters = set(config.get("filter_subjects") or [config.get("filter_subject")])
+                if name in gen.data or not filters & wanted:
+                    continue
+                alive = await self._presence(owner) if owner else None
+                silent = alive is None and int(info.get("num_waiting", 0)) == 0
+                if owner and (alive is False or silent) \
+                        and not gen.ended.done():
+                    self._log.warning("reclaiming a released member's abandoned data "
+                                      "consumer", consumer=name, instance=owner)
+                    await self.js.delete_consumer(self._consume_stream, name)
+                else:
+                    free = False
+        except CgroupdError as exc:
+            self._log.warning("could not inspect a previous owner's consumer", error=str(exc))
+            return False
+        return free
 
     # -- pinned mode: moving partitions on the shared member consumer ------------------
     async def _move_pinned(self, gen: Generation, target: tuple[int, ...]) -> bool:
@@ -901,15 +969,10 @@ class Member:
                 return False
             await self._sleep(0.005)
 
-    async def _update_filters(self, name: str, filters: list[str]) -> None:
-        """Change the filters of one of our consumers in place (consumer update)."""
-        info = await self.js.consumer_info(self._consume_stream, name)
-        if info is None:
-            raise ApiError(404, jsapi.ERR_CONSUMER_NOT_FOUND, f"consumer {name} disappeared")
-        config = dict(info["config"])
-        config["filter_subjects"] = filters
-        config.pop("filter_subject", None)
-        await self.js.create_consumer(self._consume_stream, name, config, action="update")
+    async def _update_filters(self, name: str, filters: list[str]) -> dict[str, Any]:
+        """Change the filters of one of our consumers in place (consumer update); the
+        consumer info it answers with."""
+        return await self._update_config(name, filters)
 
     async def _reclaim_abandoned(self, gen: Generation) -> bool:
         """Delete data consumers of this member whose instance is gone.

@@ -134,10 +134,11 @@ class Scenario:
         return proc
 
     def traffic(self, count: int, *, keys: int = 32, rate: float = 200.0,
-                holds: dict[int, float] | None = None) -> KeyedPublisher:
+                holds: dict[int, float] | None = None, window: int = 1) -> KeyedPublisher:
         assert self.nc is not None
         self.publisher = KeyedPublisher(self.nc, count=count, keys=keys, rate=rate,
-                                        prefix=self.stream.lower(), holds=holds)
+                                        prefix=self.stream.lower(), holds=holds,
+                                        window=window)
         return self.publisher
 
     def keys_of(self, partitions: Iterable[int], keys: int = 32) -> list[str]:
