@@ -130,6 +130,10 @@ class Dispatcher:
         """Handlers running now."""
         return len(self._running)
 
+    @property
+    def paused(self) -> bool:
+        return not self._open.is_set()
+
     def pause(self) -> None:
         """Start no handler until :meth:`resume`; held messages wait (kept alive)."""
         self._open.clear()

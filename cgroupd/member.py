@@ -819,6 +819,7 @@ class Member:
         starts = starts or {}
         partitions = kept | set(starts)
         puller = next(p for p in gen.pullers if p.delivers)
+        was_open = not dispatcher.paused
         puller.hush()
         dispatcher.pause()
         try:
@@ -853,7 +854,8 @@ class Member:
             return True
         finally:
             puller.hush(False)
-            dispatcher.resume()
+            if was_open:
+                dispatcher.resume()
 
     async def _claim_partitions(self, gen: Generation, kept: set[int],
                                 gained: set[int]) -> dict[int, int] | None:
@@ -912,13 +914,20 @@ class Member:
         (its unacknowledged messages stay in the stream for us); on a static stream it is
         left alone (partitions do not conflict there) and we start after its ack floor."""
         name = info.get("name", "")
-        if int(info.get("num_waiting", 0)) > 0:
+
+        def abandoned(view: dict[str, Any]) -> bool:
+            # No pull waiting (a standby or the holder would have one), and no holder: a
+            # live holder may pause its pulls for a moment, but keeps its pin.
+            return int(view.get("num_waiting", 0)) == 0 and not any(
+                g.get("pinned_client_id") for g in view.get("priority_groups") or [])
+
+        if not abandoned(info):
             return False
         await self._sleep(self.settings.pull_expires)  # a live instance pulls by then
         again = await self.js.consumer_info(self._consume_stream, name)
         if again is None:
             return True
-        if int(again.get("num_waiting", 0)) > 0:
+        if not abandoned(again):
             return False
         self._log.warning("taking partitions from a member consumer nobody pulls on",
                           consumer=name)
@@ -1355,9 +1364,8 @@ class Member:
             puller.hush(False)
         if gen.ended.done():
             return False
-        gen.dispatcher.resume()
-        # The consumer may still have the filters of an older config (nobody was pinned
-        # when it changed): bring it to ours before anything else.
+        # The consumer may have the filters of another config, or have been retargeted by
+        # a standby (RESET_KEY): bring it to ours before anything starts.
         try:
             moved = await self._move_pinned(gen, gen.target)
         except CgroupdError as exc:
@@ -1368,6 +1376,7 @@ class Member:
             gen.end(StepDown.CONFIG_CHANGED, "member consumer not brought to the config")
             return False
         self.partitions = gen.partitions
+        gen.dispatcher.resume()
         return True
 
     async def _retarget_unpinned(self, info: dict[str, Any],
