@@ -890,8 +890,12 @@ class Member:
         for info in await self.js.list_consumers(self._consume_stream):
             name = info.get("name", "")
             config = info.get("config") or {}
-            if name == self.sync_consumer or (self.static and not name.startswith(
-                    f"{self.group}-")):
+            owner = (config.get("metadata") or {}).get(MEMBER_KEY)
+            # A static stream may carry other groups' consumers: ours are named after
+            # their member (as admin reads them; the Go reference's carry no metadata).
+            ours = name == f"{self.group}-{owner}" or (
+                owner is None and name.startswith(f"{self.group}-"))
+            if name == self.sync_consumer or (self.static and not ours):
                 continue
             if self.static:
                 for key, done in _json_map(info, RELEASED_KEY).items():

@@ -21,13 +21,18 @@ from cgroupd.config import (
     StaticGroupConfig,
 )
 from cgroupd.partitions import (
+    HOLD_TOKEN,
     SYNC_PREFIX,
     assignment,
+    hold_filters,
+    idle_filter,
+    member_consumer_filters,
     member_partitions,
     moved_partitions,
     owners,
     partition_filters,
     strip_partition,
+    subject_matches,
     sync_filters,
     transform_destination,
 )
@@ -452,3 +457,15 @@ def test_strip_partition_never_raises(subject: str) -> None:
     else:
         assert subject == f"{subject.partition('.')[0]}.{rest}"
         assert int(subject.partition(".")[0]) == p
+
+
+def test_hold_and_idle_filters_read_back() -> None:
+    """A member consumer's filters: partitions delivered, partitions held (claimed, no
+    message matches), and the idle filter of a member without partitions."""
+    filters = partition_filters([0, 2]) + hold_filters([5]) + [idle_filter("m1")]
+    assert member_consumer_filters(filters) == ({0, 2}, {5})
+    assert member_consumer_filters([]) == (set(), set())
+    # A held partition's filter overlaps the partition's own (so a work queue refuses a
+    # second claim) but matches no message of it.
+    assert subject_matches("5.>", f"5.{HOLD_TOKEN}")
+    assert not subject_matches(f"5.{HOLD_TOKEN}", "5.orders.k1")
