@@ -1485,10 +1485,11 @@ class Member:
                 gen.end(StepDown.STALLED, "data consumer stopped delivering pending messages")
 
     async def _verify(self, gen: Generation) -> bool:
+        names = list(gen.data)
         try:
             sync = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
             data = [await self.js.consumer_info(self._consume_stream, name)
-                    for name in list(gen.data)]
+                    for name in names]
         except CgroupdError as exc:
             self._log.warning("self-check could not reach the server", error=str(exc))
             return True  # unknown: the pull watchdog and inactivity decide
@@ -1496,9 +1497,12 @@ class Member:
         if sync is None or meta.get(INSTANCE_KEY) != self.instance_id:
             gen.end(StepDown.SYNC_LOST, "sync consumer missing or owned by another instance")
             return False
-        if any(info is None for info in data):
+        # A consumer a rebalance replaced meanwhile is not missing.
+        if any(info is None and name in gen.data for name, info in zip(names, data,
+                                                                        strict=True)):
             gen.end(StepDown.DATA_LOST, "data consumer missing")
             return False
+        data = [info for name, info in zip(names, data, strict=True) if name in gen.data]
         gen.data_info = {
             key: sum(int((info or {}).get(key, 0)) for info in data)
             for key in ("num_pending", "num_ack_pending")}

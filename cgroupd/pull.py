@@ -140,11 +140,7 @@ class Puller:
     async def stop(self) -> None:
         """Stop pulling and drop the inbox; idempotent."""
         self._end(PullEnd.STOPPED, "stopped")
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._end_task()
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
@@ -158,11 +154,7 @@ class Puller:
         an unpin the server may pick a request of ours that is still waiting.
         """
         self._retiring = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._end_task()
         deadline = self._clock() + timeout
         while self._pending > 0 and self._clock() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
@@ -190,6 +182,14 @@ class Puller:
                 return False
             await asyncio.sleep(0.001)
         return True
+
+    async def _end_task(self) -> None:
+        """Stop the pull loop. Python 3.11's wait_for can swallow a cancellation that
+        races with its timeout (its loop then goes on): cancel until it has ended."""
+        task, self._task = self._task, None
+        while task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.1)
 
     def _end(self, why: PullEnd, description: str) -> None:
         if not self.ended.done():
@@ -233,7 +233,7 @@ class Puller:
         or when the server went quiet."""
         opts = self._opts
         quiet_limit = opts.heartbeat * 3
-        while not self.ended.done():
+        while not self.ended.done() and not self._retiring:
             want = self._wanted()
             if want:
                 await self._pull(want)
