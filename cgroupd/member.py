@@ -53,6 +53,7 @@ from cgroupd.errors import (
     CgroupdError,
     ConfigError,
     GroupNotFound,
+    JetStreamNotEnabled,
 )
 from cgroupd.jetstream import JetStream, Record
 from cgroupd.partitions import (
@@ -575,25 +576,39 @@ class Member:
     async def _rebalance_loop(self, gen: Generation) -> None:
         """Apply membership changes in place: release lost partitions once their messages
         are settled, then claim gained ones as soon as their previous owner let go."""
+        pinned = self.settings.exclusivity is Exclusivity.PINNED
+        retry_until: float | None = None
         while not gen.ended.done():
             await gen.retarget.wait()
             gen.retarget.clear()
             target = gen.target
             if target == gen.partitions and not gen.reconcile:
+                retry_until = None
                 continue
             gen.reconcile = False
             started = self._clock()
-            move = (self._move_pinned if self.settings.exclusivity is Exclusivity.PINNED
-                    else self._move_partitions)
+            move = self._move_pinned if pinned else self._move_partitions
             try:
                 done = await move(gen, target)
             except CgroupdError as exc:
-                self._log.warning("rebalance failed; rejoining", error=str(exc))
+                self._log.warning("rebalance step failed", error=str(exc))
                 done = False
             if not done:
-                if gen.target == target:
-                    gen.end(StepDown.CONFIG_CHANGED, "incremental rebalance not possible")
+                if gen.target != target:
+                    continue  # superseded: the loop goes again
+                if pinned:
+                    # Every attempt starts from the member consumer as it is: one that
+                    # met a passing conflict (another member mid-move) is tried again.
+                    if retry_until is None:
+                        retry_until = started + self.settings.drain_timeout
+                    if self._clock() < retry_until:
+                        gen.reconcile = True
+                        gen.retarget.set()
+                        await self._sleep(0.1)
+                        continue
+                gen.end(StepDown.CONFIG_CHANGED, "incremental rebalance not possible")
                 continue
+            retry_until = None
             self.partitions = gen.partitions
             self.stats["rebalances"] += 1
             if not gen.partitions:
@@ -688,8 +703,8 @@ class Member:
             if not await self._acks_confirmed(gen):
                 return False
             for name in old:
+                del gen.data[name]  # first: a self-check must not miss it as "lost"
                 await self.js.delete_consumer(self._consume_stream, name)
-                del gen.data[name]
             dispatcher.last_settled = None
             dispatcher.accept = set(target)
             gen.rebalances += 1
@@ -703,8 +718,9 @@ class Member:
         """Data consumers of *other* members that still hold partitions we now own, whose
         instance is gone (issue 13 item 12): a member killed and then dropped leaves one
         that the server keeps for its unacknowledged messages' ack wait. The sync consumer
-        is ours, so only an abandoned one can be in the way: a live previous owner answers
-        its presence (it is still finishing) and is waited for. True when none is left."""
+        is ours, so only an abandoned one can be in the way: one whose instance the server
+        says is gone is deleted, any other (a live previous owner still finishing) waited
+        for. True when none is left."""
         wanted = set(partition_filters(sorted(partitions)))
         free = True
         try:
@@ -715,10 +731,10 @@ class Member:
                 filters = set(config.get("filter_subjects") or [config.get("filter_subject")])
                 if name in gen.data or not filters & wanted:
                     continue
+                # Only an instance the server says is gone (no responders): one slow to
+                # answer under load may be alive and finishing.
                 alive = await self._presence(owner) if owner else None
-                silent = alive is None and int(info.get("num_waiting", 0)) == 0
-                if owner and (alive is False or silent) \
-                        and not gen.ended.done():
+                if owner and alive is False and not gen.ended.done():
                     self._log.warning("reclaiming a released member's abandoned data "
                                       "consumer", consumer=name, instance=owner)
                     await self.js.delete_consumer(self._consume_stream, name)
@@ -964,8 +980,13 @@ class Member:
         config.pop("filter_subject", None)
         if metadata:
             config["metadata"] = {**(config.get("metadata") or {}), **metadata}
-        return await self.js.create_consumer(self._consume_stream, name, config,
-                                             action="update")
+        try:
+            return await self.js.create_consumer(self._consume_stream, name, config,
+                                                 action="update")
+        except ApiError as exc:
+            self._log.info("consumer update refused", consumer=name, filters=filters,
+                           error=str(exc))
+            raise
 
     async def _acks_applied(self, name: str, unsettled: int = 0,
                             timeout: float | None = None) -> bool:
@@ -1340,6 +1361,7 @@ class Member:
         # arrive after it and run ahead of (and twice with) its redelivery. So requests
         # stop one pull expiry before the reset; the pin stays ours a TTL past the last.
         hush_at = max(gen.pinned_at, deadline - s.pull_expires - 0.25)
+        can_reset = True
         try:
             while not gen.ended.done():
                 try:
@@ -1354,12 +1376,22 @@ class Member:
                     if foreign <= 0:
                         break
                     now = self._clock()
-                    if now >= hush_at:
+                    if now >= hush_at and can_reset:
                         puller.hush()
-                    if now >= deadline and puller.outstanding == 0:
+                    if now >= deadline and puller.outstanding == 0 and can_reset:
                         self._log.info("taking back messages a previous holder left "
                                        "unfinished", count=foreign)
-                        await self._reset_pinned(gen)
+                        try:
+                            await self._reset_pinned(gen)
+                        except (ApiError, JetStreamNotEnabled) as exc:
+                            # No consumer reset (nats-server < 2.14): they come back once
+                            # their ack wait runs out; nothing starts before.
+                            self._log.error("consumer reset unavailable; waiting for the "
+                                            "previous holder's messages to time out",
+                                            error=str(exc), count=foreign)
+                            can_reset = False
+                            puller.hush(False)
+                            continue
                         break
                 except CgroupdError as exc:
                     self._log.info("takeover check failed; retrying", error=str(exc))
