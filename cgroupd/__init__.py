@@ -33,6 +33,7 @@ from cgroupd.config import (
 )
 from cgroupd.errors import (
     AckNotConfirmed,
+    AckOutcomeUnknown,
     ApiError,
     BucketNotFound,
     CgroupdError,
@@ -40,6 +41,7 @@ from cgroupd.errors import (
     ConflictError,
     GroupExists,
     GroupNotFound,
+    InstanceIdInUse,
     JetStreamNotEnabled,
     LeaseLost,
     LeaseUnavailable,
@@ -57,6 +59,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AckNotConfirmed",
+    "AckOutcomeUnknown",
     "ApiError",
     "BucketNotFound",
     "CgroupdError",
@@ -68,6 +71,7 @@ __all__ = [
     "GroupExists",
     "GroupNotFound",
     "GroupStatus",
+    "InstanceIdInUse",
     "JetStream",
     "JetStreamNotEnabled",
     "LeaseLost",

@@ -92,6 +92,7 @@ class Puller:
         self._pending = 0
         self._pulled_at = 0.0
         self._retiring = False
+        self._paused = False
         self._quiet_until = 0.0
         self._last_delivery = 0
         self._task: asyncio.Task[None] | None = None
@@ -129,6 +130,27 @@ class Puller:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
             self._sub = None
+
+    async def pause(self) -> None:
+        """Ask for nothing more, but keep receiving what earlier requests bring (a member
+        that drains before releasing its own consumer: nothing new to start, and no naks
+        that the server would answer with the same message again at once)."""
+        self._paused = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def reconnected(self) -> None:
+        """The connection was re-established: requests made before it are gone with the
+        old connection, so forget them and ask again now rather than after the
+        missed-heartbeat watchdog's timeout."""
+        self._pending = 0
+        self._pulled_at = 0.0
+        self._quiet_until = 0.0
+        self.last_seen = self._clock()
+        self._wake.set()
 
     async def retire(self, timeout: float) -> None:
         """Stop asking, but listen until the requests we made are answered (or timeout).
@@ -176,7 +198,7 @@ class Puller:
 
     async def refill(self) -> None:
         """Ask for more if there is room (the dispatcher calls this as messages settle)."""
-        if self._task is not None and not self._retiring:
+        if self._task is not None and not self._retiring and not self._paused:
             want = self._wanted()
             if want:
                 await self._pull(want)

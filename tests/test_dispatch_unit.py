@@ -16,13 +16,20 @@ from tests.groups import eventually
 
 
 class FakeConnection:
-    """Records what the dispatcher publishes (acks, naks, in-progress)."""
+    """Records what the dispatcher publishes (acks, naks, in-progress) and requests
+    (settlement confirmations, answered as a consumer that applied them would)."""
 
     def __init__(self) -> None:
         self.published: list[tuple[str, bytes]] = []
+        self.requests: list[tuple[str, bytes]] = []
+        self.stats = {"reconnects": 0}
 
     async def publish(self, subject: str, payload: bytes = b"", **_: Any) -> None:
         self.published.append((subject, payload))
+
+    async def request(self, subject: str, payload: bytes = b"", **_: Any) -> Msg:
+        self.requests.append((subject, payload))
+        return Msg(self, subject="reply", data=b"")  # type: ignore[arg-type]
 
     def replies(self, payload_prefix: bytes) -> list[str]:
         return [s for s, p in self.published if p.startswith(payload_prefix)]

@@ -1,0 +1,151 @@
+"""Who may start handlers in sync exclusivity: the owner's lease and a standby's watch.
+
+Crash detection and liveness are two different questions (issue 13 items 5 and 6, issue 19):
+
+- **A process that died** closes its connection; the server then answers a request to the
+  instance's presence subject with "no responders" at once. A standby probes the active
+  instance's presence every ``presence_interval`` and replaces a dead one within
+  milliseconds (:func:`probe`, :class:`OwnerWatch`). No server-side timer is involved, so
+  those timers can be long.
+- **An instance that is alive but silent** (host or network loss, a stalled event loop, a
+  suspended process) gives no such answer. The owner then protects its partitions itself:
+  it starts a handler only while its :class:`Lease` runs, ``lease`` seconds from the
+  *sending* of its last ownership check that the server confirmed (a stall between sending
+  and reading the reply only shortens it; a disconnection revokes it). A standby replaces a
+  silent owner in two steps: after ``lease + takeover_margin`` without an answer it takes
+  the synchronization consumer, so that every later check of the old owner fails; it takes
+  the old owner's data consumers only ``lease`` after that (:meth:`OwnerWatch.may_reclaim`),
+  when the old owner has stopped starting work whatever it heard last. A stall shorter than
+  ``lease + takeover_margin`` costs a re-check, never a takeover.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+import nats.errors
+from nats.aio.client import Client
+
+
+def presence_subject(key: str, instance: str) -> str:
+    """Where an instance answers "I am alive" (its absence is the server's word)."""
+    return f"_CGROUPD.presence.{key}.{instance}"
+
+
+#: States (:class:`cgroupd.member.MemberState` values) in which an instance may still run
+#: handlers on its consumers.
+ACTIVE_STATES = ("active", "stepping-down")
+
+
+class Presence(Enum):
+    """What a presence probe learned about an instance."""
+
+    ALIVE = "alive"  # it answered
+    GONE = "gone"  # "no responders": its connection is closed (the process died)
+    SILENT = "silent"  # no answer in time: stalled, suspended, cut off, or we are
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One probe's outcome, and the state the instance reported (when it answered)."""
+
+    presence: Presence
+    state: str = ""
+
+
+async def probe(nc: Client, subject: str, timeout: float) -> Answer:
+    """Ask once whether the instance answering on ``subject`` is alive."""
+    try:
+        reply = await nc.request(subject, b"", timeout=timeout)
+    except nats.errors.NoRespondersError:
+        return Answer(Presence.GONE)
+    except (nats.errors.TimeoutError, nats.errors.Error, TimeoutError):
+        return Answer(Presence.SILENT)
+    _, _, state = reply.data.decode(errors="replace").partition(" ")
+    return Answer(Presence.ALIVE, state)
+
+
+class Lease:
+    """The active instance's right to start handlers.
+
+    ``renew(sent_at)`` after the server confirmed ownership in answer to a request sent at
+    ``sent_at``; ``revoke()`` when the connection drops (checks sent before that prove
+    nothing any more). ``valid`` says whether a handler may start now.
+    """
+
+    def __init__(self, duration: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.duration = duration
+        self._clock = clock
+        self._anchor = -math.inf
+        self._floor = -math.inf
+
+    def renew(self, sent_at: float) -> None:
+        if sent_at >= self._floor and sent_at > self._anchor:
+            self._anchor = sent_at
+
+    def revoke(self) -> None:
+        self._anchor = -math.inf
+        self._floor = self._clock()
+
+    @property
+    def valid(self) -> bool:
+        return self._clock() - self._anchor < self.duration
+
+    @property
+    def remaining(self) -> float:
+        return max(0.0, self._anchor + self.duration - self._clock())
+
+
+@dataclass
+class OwnerWatch:
+    """A standby's view of the instance that holds the member's synchronization consumer.
+
+    ``heard`` is when it last answered (the watch's start counts as an answer: a standby
+    never replaces an owner it has not watched for a whole lease and margin).
+    """
+
+    instance: str
+    heard: float
+    #: It was seen gone ("no responders"): its consumers may be taken at once.
+    gone: bool = False
+    #: It answered that it is not active (a standby, stopped, or still acquiring): it runs
+    #: no handler, so a synchronization consumer naming it is left over and may be taken.
+    idle: bool = False
+    probes: int = field(default=0)
+
+    def update(self, answer: Answer, now: float) -> None:
+        self.probes += 1
+        if answer.presence is Presence.GONE:
+            self.gone = True
+        elif answer.presence is Presence.ALIVE:
+            self.heard = now
+            self.gone = False
+            self.idle = answer.state not in ACTIVE_STATES
+
+    def silent_for(self, now: float) -> float:
+        return now - self.heard
+
+    def replaceable(self, now: float, lease: float, margin: float) -> bool:
+        """Gone, idle, or silent for longer than its lease and the margin."""
+        return self.gone or self.idle or self.silent_for(now) >= lease + margin
+
+
+def may_reclaim(answer: Answer, claimed_for: float, lease: float) -> bool:
+    """May a new owner delete the data consumer of an instance that answered ``answer``,
+    having held the member's synchronization consumer for ``claimed_for`` seconds?
+
+    Gone: yes. Alive: only if it says it is neither active nor stepping down (a live
+    instance releases its consumers itself once it sees it lost; one still draining its
+    handlers is never robbed). Silent: once we have held the synchronization consumer for a
+    whole lease, because any ownership check the silent instance sent after we took it
+    failed, so its lease ran out by then.
+    """
+    if answer.presence is Presence.GONE:
+        return True
+    if answer.presence is Presence.ALIVE:
+        return answer.state not in ACTIVE_STATES
+    return claimed_for >= lease
