@@ -55,6 +55,21 @@ Completed = OrderedDict[int, bytes]
 
 #: Completed sequences remembered, so a redelivery is settled again rather than run again.
 COMPLETED_MEMORY = 8192
+
+#: The dispatcher calling the handler that runs in the current task (see run_in_thread).
+_calling: contextvars.ContextVar[Dispatcher | None] = contextvars.ContextVar(
+    "cgroupd_dispatcher", default=None)
+
+
+async def run_in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run a blocking function for the handler being called, in a thread its dispatcher
+    keeps track of: a thread cannot be cancelled, so a drain waits for it (and settles its
+    message) before the partitions are released (issue 13 item 7). Handler wrappers that
+    call sync user code use this instead of ``asyncio.to_thread``."""
+    dispatcher = _calling.get()
+    if dispatcher is None:
+        return await asyncio.to_thread(fn, *args)
+    return await dispatcher._run_in_thread(fn, *args)
 #: Unconfirmed settlements that make the confirmer run at once, not after its interval.
 CONFIRM_BATCH = 1024
 
@@ -131,6 +146,7 @@ class Dispatcher:
         #: count as unacknowledged on the server while we hold nothing of them.
         self._delayed: dict[int, float] = {}
         self._threads = 0
+        self._in_thread: set[asyncio.Task[Any]] = set()
         self._threads_done = asyncio.Event()
         self._threads_done.set()
 
@@ -226,22 +242,28 @@ class Dispatcher:
     async def drain(self, timeout: float, warn_every: float = 10.0) -> None:
         """Start nothing new; let running handlers finish for up to ``timeout``, then
         cancel the async ones. Returns only once no handler runs any more: a sync
-        handler's thread cannot be cancelled, so it is waited for (whoever releases the
-        consumers afterwards must not let the next owner run its message meanwhile)."""
+        handler's thread cannot be cancelled, so it is waited for (and its message settled
+        as usual): whoever releases the consumers afterwards must not let the next owner
+        run its message meanwhile."""
         self._closing.set()
         tasks = set(self._workers)
         if tasks:
             _, late = await asyncio.wait(tasks, timeout=timeout)
-            for task in late:
+            threads = {t for t in late if t in self._in_thread}
+            cancelled = late - threads
+            for task in cancelled:
                 task.cancel()
-            if late:
+            if cancelled:
                 self._log.warning("handlers still running after the drain timeout were "
                                   "cancelled; their messages will be redelivered",
-                                  count=len(late))
-                await asyncio.wait(late)
-        while self._threads:
-            self._log.warning("sync handlers still running after the drain timeout; their "
-                              "partitions are kept until they return", count=self._threads)
+                                  count=len(cancelled))
+                await asyncio.wait(cancelled)
+            while threads:
+                self._log.warning("sync handlers still running after the drain timeout; "
+                                  "their partitions are kept until they return",
+                                  count=len(threads))
+                _, threads = await asyncio.wait(threads, timeout=warn_every)
+        while self._threads:  # a thread whose awaiting task was cancelled anyway
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._threads_done.wait(), warn_every)
         for background in (self._keepalive, self._confirmer):
@@ -370,11 +392,12 @@ class Dispatcher:
                 self._closing.set()
                 return False
             message.ack_failed = False
+            _calling.set(self)
             try:
                 if self._handler_is_async:
                     await self._handler(message)  # type: ignore[misc]
                 else:
-                    result = await self._run_sync(message)
+                    result = await self._run_in_thread(self._handler, message)
                     if inspect.isawaitable(result):
                         await result
             except Exception as exc:  # noqa: BLE001 - a handler failure never kills us
@@ -399,9 +422,9 @@ class Dispatcher:
         self._count(message.outcome)
         return True
 
-    async def _run_sync(self, message: Message) -> Any:
+    async def _run_in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         """A sync handler in a thread, counted until the thread returns (cancelling the
-        awaiting task does not stop it)."""
+        awaiting task does not stop it); a drain does not cancel the task awaiting it."""
         loop = asyncio.get_running_loop()
         self._threads += 1
         self._threads_done.clear()
@@ -413,13 +436,20 @@ class Dispatcher:
 
         def run() -> Any:
             try:
-                return self._handler(message)
+                return fn(*args)
             finally:
                 with contextlib.suppress(RuntimeError):  # loop closed: nobody waits
                     loop.call_soon_threadsafe(finished)
 
         ctx = contextvars.copy_context()
-        return await loop.run_in_executor(None, functools.partial(ctx.run, run))
+        task = asyncio.current_task()
+        if task is not None:
+            self._in_thread.add(task)
+        try:
+            return await loop.run_in_executor(None, functools.partial(ctx.run, run))
+        finally:
+            if task is not None:
+                self._in_thread.discard(task)
 
     def _settled(self, message: Message) -> None:
         """Remember a settled message until the server confirmed its settlement."""

@@ -19,7 +19,6 @@ No nats-py here: dead letters go through a ``publish`` callable the daemon provi
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import inspect
 import time
@@ -30,7 +29,7 @@ from typing import Any
 import aiohttp
 import structlog
 
-from cgroupd.dispatch import is_async
+from cgroupd.dispatch import is_async, run_in_thread
 from cgroupd.message import Message
 from cgroupd.metrics import Metrics
 
@@ -174,10 +173,11 @@ def load_handler(reference: str) -> Handler:
 
 
 async def call_handler(fn: Handler, message: Message, asynchronous: bool | None = None) -> None:
-    """Run a sync (in a thread, so pulls keep flowing) or async handler to completion."""
+    """Run a sync (in a thread, so pulls keep flowing; one the runtime's drain waits for)
+    or async handler to completion."""
     if asynchronous is None:
         asynchronous = is_async(fn)
-    result = fn(message) if asynchronous else await asyncio.to_thread(fn, message)
+    result = fn(message) if asynchronous else await run_in_thread(fn, message)
     if inspect.isawaitable(result):
         await result
 

@@ -218,7 +218,8 @@ async def rolling_restart(cluster: NatsCluster, streams: tuple[str, ...]) -> lis
 class HoldingProxy:
     """A TCP proxy to one nats-server whose traffic can be held, released or cut.
 
-    ``hold_up`` holds what clients send (``up``), ``hold_down`` what the server sends;
+    ``hold_up`` holds what clients send (``up``), ``hold_down`` what the server sends,
+    ``refuse`` turns new connections away;
     :meth:`release` forwards what was held; :meth:`cut` closes every connection and drops
     what was held (clients reconnect through the proxy). :meth:`wait_seen` waits until
     a byte pattern went up (or was held going up) a number of times.
@@ -228,6 +229,8 @@ class HoldingProxy:
         self.upstream = (host, port)
         self.hold_up = False
         self.hold_down = False
+        #: Turn new connections away (a server that cannot be reached for a while).
+        self.refuse = False
         self._held: dict[str, list[tuple[asyncio.StreamWriter, bytes]]] = {"up": [], "down": []}
         self._seen_up = bytearray()
         self._server: asyncio.Server | None = None
@@ -255,6 +258,9 @@ class HoldingProxy:
 
     async def _accept(self, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
+        if self.refuse:
+            writer.close()
+            return
         up_reader, up_writer = await asyncio.open_connection(*self.upstream)
         self._links.append((writer, up_writer))
         for args in ((reader, up_writer, "up"), (up_reader, writer, "down")):

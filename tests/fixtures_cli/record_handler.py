@@ -31,3 +31,16 @@ def handle(message: Message) -> None:
 async def handle_async(message: Message) -> None:
     """An async handler: record, return → ack."""
     _record(message, "async")
+
+
+async def block_loop(message: Message) -> None:
+    """An async handler that blocks the event loop for the payload's ``block`` seconds
+    (``time.sleep`` in an ``async def``: the bug a /healthz must reveal)."""
+    _record(message, "block")
+    time.sleep(float(json.loads(message.data).get("block", 0)))  # noqa: ASYNC251
+
+
+def hang(message: Message) -> None:
+    """A sync handler that does not return for the payload's ``hang`` seconds."""
+    _record(message, "hang")
+    time.sleep(float(json.loads(message.data).get("hang", 0)))
