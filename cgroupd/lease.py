@@ -36,9 +36,11 @@ def presence_subject(key: str, instance: str) -> str:
     return f"_CGROUPD.presence.{key}.{instance}"
 
 
-#: States (:class:`cgroupd.member.MemberState` values) in which an instance may still run
-#: handlers on its consumers.
-ACTIVE_STATES = ("active", "stepping-down")
+#: What an instance answers while it may run handlers on its consumers: the
+#: :class:`cgroupd.member.MemberState` values ``active`` and ``stepping-down``, and
+#: ``claiming`` (a standby that holds the synchronization consumer and is creating its
+#: data consumer: not idle, though not active yet).
+ACTIVE_STATES = ("active", "stepping-down", "claiming")
 
 
 class Presence(Enum):

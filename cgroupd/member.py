@@ -619,8 +619,20 @@ class Member:
             await self._wait_wake(min(left, s.presence_interval))
 
     async def _unseat(self, watch: OwnerWatch) -> bool:
-        """Delete the synchronization consumer of an active instance that is gone or
+        """Delete the synchronization consumer of an active instance that is gone, idle, or
         silent for too long (if it still holds it); True: competing may go on."""
+        s = self.settings
+        if not watch.gone:
+            # One last question before taking over from a silent or idle instance.
+            answer = await probe(self.js.nc, presence_subject(self._key, watch.instance),
+                                 self._probe_timeout)
+            watch.update(answer, self._clock())
+            if not watch.replaceable(self._clock(), s.lease, s.takeover_margin):
+                return False
+            # Other standbys decided at about the same time: spread them out, so that one
+            # is first and the others see it below (no such wait after a crash: speed).
+            await self._sleep(random.uniform(0, 2 * s.presence_interval))
+        # Read the holder right before deleting (another standby may have been quicker).
         try:
             info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
         except CgroupdError as exc:
@@ -630,14 +642,6 @@ class Member:
         if info is None or meta.get(INSTANCE_KEY) != watch.instance:
             self._watch = None  # released meanwhile, or someone else holds it now
             return True
-        if not watch.gone:
-            # One last question before taking over from a silent or idle instance.
-            answer = await probe(self.js.nc, presence_subject(self._key, watch.instance),
-                                 self._probe_timeout)
-            s = self.settings
-            watch.update(answer, self._clock())
-            if not watch.replaceable(self._clock(), s.lease, s.takeover_margin):
-                return False
         why = "gone" if watch.gone else "idle" if watch.idle else "silent"
         silent = self._clock() - watch.heard
         self._log.warning("taking over from the active instance", active=watch.instance,
@@ -645,8 +649,13 @@ class Member:
         self.stats["takeovers"] += 1
         try:
             await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
+            if watch.gone:
+                # Dead: its data consumer can go now too (saves the successor a round of
+                # "overlapping consumer" and presence checks; extra ones are reclaimed).
+                await self.js.delete_consumer(self._consume_stream,
+                                              f"{self.member}-{watch.instance}")
         except CgroupdError as exc:
-            self._log.warning("could not delete the sync consumer", error=str(exc))
+            self._log.warning("could not delete the old owner's consumers", error=str(exc))
             return False
         self._watch = None
         return True
@@ -827,9 +836,11 @@ class Member:
 
     async def _answer_presence(self, msg: Msg) -> None:
         if msg.reply:
+            state = self.state.value
+            if self.state is MemberState.STANDBY and self._gen is not None:
+                state = "claiming"  # holds the claim, creating its data consumer
             with contextlib.suppress(Exception):
-                await self.js.nc.publish(
-                    msg.reply, f"{self.instance_id} {self.state.value}".encode())
+                await self.js.nc.publish(msg.reply, f"{self.instance_id} {state}".encode())
 
     def _connection_lost(self) -> None:
         """Checks sent before a disconnection prove nothing: start nothing until a new one

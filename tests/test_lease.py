@@ -60,6 +60,8 @@ def test_a_watched_owner_is_replaceable_when_gone_idle_or_silent_long_enough() -
     assert not watch.replaceable(7.9, 3.0, 1.0)
     watch.update(Answer(Presence.ALIVE, "stepping-down"), 5.0)
     assert not watch.replaceable(5.0, 3.0, 1.0)
+    watch.update(Answer(Presence.ALIVE, "claiming"), 5.0)
+    assert not watch.replaceable(5.0, 3.0, 1.0), "a standby creating its data consumer"
     watch.update(Answer(Presence.ALIVE, "standby"), 5.0)
     assert watch.idle and watch.replaceable(5.0, 3.0, 1.0)
     watch.update(Answer(Presence.GONE), 5.1)
@@ -70,6 +72,7 @@ def test_a_watched_owner_is_replaceable_when_gone_idle_or_silent_long_enough() -
     (Answer(Presence.GONE), 0.0, True),
     (Answer(Presence.ALIVE, "active"), 100.0, False),
     (Answer(Presence.ALIVE, "stepping-down"), 100.0, False),
+    (Answer(Presence.ALIVE, "claiming"), 100.0, False),
     (Answer(Presence.ALIVE, "standby"), 0.0, True),
     (Answer(Presence.ALIVE, "stopped"), 0.0, True),
     (Answer(Presence.SILENT), 2.9, False),

@@ -390,3 +390,39 @@ async def test_the_config_watch_survives_an_unexpected_error(
     await eventually(lambda: m.config is not None and "m2" in m.config.members, 10,
                      what="the membership change to be seen")
     assert not m.health()
+
+
+class Muted(Member):
+    """An instance whose presence answers get lost (``muted``): alive but silent."""
+
+    muted = False
+
+    async def _answer_presence(self, msg: Any) -> None:
+        if not self.muted:
+            await super()._answer_presence(msg)
+
+
+async def test_two_standbys_replace_a_silent_owner_once_and_leave_each_other_alone(
+        instances: Instances, jetstream: JetStream) -> None:
+    """The active instance stops answering presence probes (alive, connected, but its
+    answers are lost): after lease + margin one of the two standbys takes the claim; the
+    other sees it is claiming (not idle) and leaves it alone; the old owner learns it lost
+    and releases. Exactly one new owner, no hand-over back and forth. (Two standbys that
+    decide within the same millisecond may both delete the old claim; the second delete
+    then ends the first one's claim before it became active: churn, never two owners.)"""
+    await make_group(jetstream, partitions=2, members=("m1",))
+    settings = MemberSettings(lease=1.5, takeover_margin=0.5, retry_interval=0.5)
+    a = await instances.add("m1", instances.recorder(), settings, member_class=Muted)
+    await eventually(lambda: a.active, 20, what="a active")
+    b = await instances.add("m1", instances.recorder(), settings)
+    c = await instances.add("m1", instances.recorder(), settings)
+    assert isinstance(a, Muted)
+    await asyncio.sleep(0.5)  # both standbys are watching a
+    a.muted = True
+    await eventually(lambda: b.active or c.active, 15, what="a standby to take over")
+    await eventually(lambda: a.state is MemberState.STANDBY, 10, what="a to step down")
+    owner = b if b.active else c
+    await asyncio.sleep(3 * settings.lease)  # time for any back and forth to show
+    assert owner.active and sum(m.active for m in (b, c)) == 1
+    assert b.stats["step_downs"] + c.stats["step_downs"] == 0
+    assert a.stats["step_downs"] == 1
