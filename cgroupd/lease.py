@@ -21,6 +21,7 @@ Crash detection and liveness are two different questions (issue 13 items 5 and 6
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -29,6 +30,8 @@ from enum import Enum
 
 import nats.errors
 from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
 
 def presence_subject(key: str, instance: str) -> str:
@@ -151,3 +154,50 @@ def may_reclaim(answer: Answer, claimed_for: float, lease: float) -> bool:
     if answer.presence is Presence.ALIVE:
         return answer.state not in ACTIVE_STATES
     return claimed_for >= lease
+
+
+class Prober:
+    """Probes one instance's presence over and over, cheaply: one subscription, one publish
+    per probe, answers handled as they come (no request future or timer per probe).
+
+    Each answer updates ``watch``: an answer is an ALIVE (with the state it reports); the
+    server's "no responders" status is GONE; no answer leaves ``watch.heard`` behind, which
+    is what silence is measured by.
+    """
+
+    def __init__(self, nc: Client, subject: str, watch: OwnerWatch,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_replaceable: Callable[[], None] | None = None) -> None:
+        self.nc = nc
+        self.subject = subject
+        self.watch = watch
+        self._clock = clock
+        #: Called when an answer makes the instance replaceable at once (gone or idle).
+        self._on_replaceable = on_replaceable
+        self._inbox = ""
+        self._sub: Subscription | None = None
+
+    async def send(self) -> None:
+        """Ask once more (the answer arrives on its own)."""
+        if self._sub is None:
+            self._inbox = self.nc.new_inbox()
+            self._sub = await self.nc.subscribe(self._inbox, cb=self._answer)
+        if self.nc.is_connected:
+            with contextlib.suppress(nats.errors.Error):
+                await self.nc.publish(self.subject, b"", reply=self._inbox)
+
+    async def _answer(self, msg: Msg) -> None:
+        status = (msg.headers or {}).get("Status")
+        if status == "503":
+            self.watch.update(Answer(Presence.GONE), self._clock())
+        elif not status:
+            _, _, state = msg.data.decode(errors="replace").partition(" ")
+            self.watch.update(Answer(Presence.ALIVE, state), self._clock())
+        if (self.watch.gone or self.watch.idle) and self._on_replaceable is not None:
+            self._on_replaceable()
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None

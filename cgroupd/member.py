@@ -50,6 +50,7 @@ from cgroupd.lease import (
     Lease,
     OwnerWatch,
     Presence,
+    Prober,
     may_reclaim,
     presence_subject,
     probe,
@@ -115,6 +116,40 @@ class StepDown(Enum):
 def new_instance_id() -> str:
     """A short random id, unique per running instance."""
     return secrets.token_hex(6)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class Wake(asyncio.Event):
+    """An event that can be waited on with a timeout cheaply (a future and a timer, not
+    ``wait_for``'s extra task): a standby waits on it several times a second."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._naps: set[asyncio.Future[None]] = set()
+
+    def set(self) -> None:
+        super().set()
+        for fut in list(self._naps):
+            _resolve(fut)
+
+    async def nap(self, timeout: float) -> None:
+        """Return when set, or after ``timeout`` seconds (yielding to the loop either way)."""
+        if self.is_set():
+            await asyncio.sleep(0)
+            return
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._naps.add(fut)
+        timer = loop.call_later(timeout, _resolve, fut)
+        try:
+            await fut
+        finally:
+            timer.cancel()
+            self._naps.discard(fut)
 
 
 async def _maybe_await(value: Awaitable[None] | None) -> None:
@@ -207,7 +242,7 @@ class Member:
         self._bucket = STATIC_BUCKET if static else ELASTIC_BUCKET
         self._key = group_key(stream, group)
         self._consume_stream = stream if static else work_queue_stream(stream, group)
-        self._wake = asyncio.Event()  # config change, advisory, stop: re-evaluate now
+        self._wake = Wake()  # config change, advisory, stop: re-evaluate now
         self._stopping = False
         self._deleted = False
         self._supervisor: asyncio.Task[None] | None = None
@@ -221,6 +256,7 @@ class Member:
         #: of one of them is settled again, not run again).
         self._token = secrets.token_hex(8)
         self._watch: OwnerWatch | None = None
+        self._prober: Prober | None = None
         self._completed: Completed = Completed()
         self._connection_off: Callable[[], None] | None = None
         self._stepping_since: float | None = None
@@ -286,6 +322,7 @@ class Member:
             # half-way through releasing our consumers.
             await asyncio.wait({self._supervisor})
         await self._close_watch()
+        await self._close_prober()
         if self._connection_off is not None:
             self._connection_off()
             self._connection_off = None
@@ -471,6 +508,7 @@ class Member:
                 assert self.config is not None
                 partitions = member_partitions(self.config, self.member)
                 if not partitions:
+                    self._wake.clear()  # just evaluated: wait for the next change
                     await self._wait_wake(self.settings.retry_interval * 5)
                     delay = 0.0
                     continue
@@ -504,8 +542,7 @@ class Member:
         if not interruptible:
             await self._sleep(timeout)
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout)
+        await self._wake.nap(timeout)
 
     # -- election -------------------------------------------------------------------
     def _consumer_config(self, filters: list[str], **extra: Any) -> dict[str, Any]:
@@ -550,6 +587,7 @@ class Member:
             self._log.warning("sync consumer create failed", error=str(exc))
             return None
         self._watch = None
+        await self._close_prober()
         gen = self._gen = self._generation(partitions)
         # Any ownership check the previous holder sent after this point fails: its lease
         # has run out a lease from now (see _reclaim_abandoned).
@@ -599,24 +637,33 @@ class Member:
 
     async def _stand_by(self, timeout: float) -> None:
         """Wait up to ``timeout`` (a wake ends it early) while watching the active
-        instance: return at once when it is gone, or silent for ``lease +
+        instance: return at once when it is gone, idle, or silent for ``lease +
         takeover_margin``, so that the next attempt replaces it."""
         watch, s = self._watch, self.settings
         if watch is None or s.exclusivity is not Exclusivity.SYNC:
+            await self._close_prober()
             await self._wait_wake(timeout)
             return
+        prober = self._prober
+        if prober is None or prober.watch is not watch:
+            await self._close_prober()
+            prober = self._prober = Prober(self.js.nc, presence_subject(
+                self._key, watch.instance), watch, self._clock, self._wake.set)
         deadline = self._clock() + timeout
-        subject = presence_subject(self._key, watch.instance)
         while not self._wake.is_set():
-            answer = await probe(self.js.nc, subject, self._probe_timeout)
+            await prober.send()
+            # A "no responders" answer, an advisory or a config change wakes us at once.
+            await self._wait_wake(s.presence_interval)
             now = self._clock()
-            watch.update(answer, now)
-            if watch.replaceable(now, s.lease, s.takeover_margin):
+            if self._watch is not watch or watch.replaceable(now, s.lease, s.takeover_margin):
                 return
-            left = deadline - now
-            if left <= 0:
+            if now >= deadline:
                 return
-            await self._wait_wake(min(left, s.presence_interval))
+
+    async def _close_prober(self) -> None:
+        if self._prober is not None:
+            await self._prober.close()
+            self._prober = None
 
     async def _unseat(self, watch: OwnerWatch) -> bool:
         """Delete the synchronization consumer of an active instance that is gone, idle, or
