@@ -484,11 +484,12 @@ def join(
         help="Standby retry and active self-check period. [default: 1]")] = None,
     inactive_threshold: Annotated[float | None, typer.Option(
         "--inactive-threshold", envvar="CGROUPD_INACTIVE_THRESHOLD", metavar="SEC",
-        help="Server drops a crashed instance's consumers after this. [default: 0.5]")] = None,
+        help="Server drops the consumers of an instance nobody replaced after this "
+             "(standbys replace a dead one at once). [default: 10]")] = None,
     drain_timeout: Annotated[float | None, typer.Option(
         "--drain-timeout", envvar="CGROUPD_DRAIN_TIMEOUT", metavar="SEC",
-        help="On stop or step-down, let running handlers finish this long. "
-             "[default: 5]")] = None,
+        help="On stop or step-down, let running handlers finish this long (at least "
+             "--webhook-timeout). [default: 15]")] = None,
     exclusivity: Annotated[ExclusivityName | None, typer.Option(
         "--exclusivity", envvar="CGROUPD_EXCLUSIVITY",
         help="How instances of one member elect the active one. [default: sync]")] = None,
@@ -517,7 +518,7 @@ def join(
 ) -> None:
     """Run one instance of a member: consume its partitions while active, stand by
     otherwise. SIGTERM/SIGINT hands over to a standby and exits 0."""
-    from cgroupd.daemon import JoinOptions, run_join
+    from cgroupd.daemon import JoinOptions, drain_problems, run_join
 
     g = _globals(ctx)
     if (handler is None) == (webhook is None):
@@ -566,6 +567,8 @@ def join(
                           metrics_port=metrics_port, metrics_host=metrics_host)
     spec = HandlerOptions(function=function, reference=handler, webhook=hook,
                           dead_letter=dead_letter)
+    for problem in drain_problems(settings, spec):
+        usage(problem)
     try:
         code = asyncio.run(run_join(g.connection, options, settings, spec))
     except ConfigError as exc:  # arguments were checked above: this is the stored group
