@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-import structlog
 
+from cgroupd import logs
 from cgroupd.dispatch import call_in_thread, handler_failure, is_async, settle_result
 from cgroupd.message import Message
 from cgroupd.metrics import Metrics
 
-log = structlog.get_logger("cgroupd.handlers")
+log = logs.get_logger("cgroupd.handlers")
 
 #: Default webhook statuses that mean "this message will never succeed": term it.
 DEFAULT_NON_RETRYABLE = frozenset({400, 422})
