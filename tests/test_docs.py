@@ -140,11 +140,18 @@ async def test_library_example_prints_only_what_its_handler_prints(
     its stdout holds exactly the lines its callbacks print (on_active, one per message of
     member a, on_standby), its stderr nothing, through the election, idle pulls and the
     group's deletion; it ends by itself with exit 0 when the group is deleted."""
+    await drive_library_example(sys.executable, child_env(), server, tmp_path)
+
+
+async def drive_library_example(python: str, env: dict[str, str], server: NatsServer,
+                                tmp_path: Path) -> None:
+    """Run the README's library example with ``python``, feed it, delete its group; check
+    that it printed only its callbacks' lines and exited 0 (also used by test_wheel)."""
     block = block_by_marker("by test_library_example_prints_only_what_its_handler_prints")
     script = tmp_path / "example.py"
     script.write_text(with_server(block.code, server.url))
-    env = child_env(PYTHONUNBUFFERED="1")  # see each line as it is printed
-    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env,
+    env = {**env, "PYTHONUNBUFFERED": "1"}  # see each line as it is printed
+    proc = subprocess.Popen([python, str(script)], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL)
     out: list[str] = []
