@@ -35,7 +35,7 @@ import structlog
 from aiohttp import web
 from nats.aio.client import Client
 
-from cgroupd import admin
+from cgroupd import admin, logs
 from cgroupd.config import STATIC_BUCKET, group_key, name_problems
 from cgroupd.connect import ConnectionOptions, connect
 from cgroupd.errors import BucketNotFound, CgroupdError, ConfigError, GroupNotFound
@@ -46,7 +46,7 @@ from cgroupd.metrics import Metrics
 from cgroupd.partitions import member_partitions
 from cgroupd.settings import MemberSettings
 
-log = structlog.get_logger("cgroupd.daemon")
+log = logs.get_logger("cgroupd.daemon")
 
 #: How often the unowned-partitions gauge is refreshed from the group status.
 STATUS_INTERVAL = 10.0

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-import structlog
 
+from cgroupd import logs
 from cgroupd.dispatch import (
     call_in_thread,
     handler_failure,
@@ -39,7 +39,7 @@ from cgroupd.dispatch import (
 from cgroupd.message import Message
 from cgroupd.metrics import Metrics
 
-log = structlog.get_logger("cgroupd.handlers")
+log = logs.get_logger("cgroupd.handlers")
 
 #: Default webhook statuses that mean "this message will never succeed": term it.
 DEFAULT_NON_RETRYABLE = frozenset({400, 422})

@@ -30,10 +30,9 @@ from enum import Enum
 from typing import Any
 
 import nats.errors
-import structlog
 from nats.aio.msg import Msg
 
-from cgroupd import jsapi
+from cgroupd import jsapi, logs
 from cgroupd.config import (
     ELASTIC_BUCKET,
     STATIC_BUCKET,
@@ -82,7 +81,7 @@ from cgroupd.pinning import PinLease, SkipRules
 from cgroupd.pull import PullEnd, Puller, PullOptions
 from cgroupd.settings import PRIORITY_GROUP, Exclusivity, MemberSettings
 
-log = structlog.get_logger("cgroupd.member")
+log = logs.get_logger("cgroupd.member")
 
 ActiveCallback = Callable[[tuple[int, ...]], Awaitable[None] | None]
 StandbyCallback = Callable[[str], Awaitable[None] | None]

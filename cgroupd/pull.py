@@ -18,14 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
-import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from cgroupd import jsapi
+from cgroupd import jsapi, logs
 
-log = structlog.get_logger("cgroupd.pull")
+log = logs.get_logger("cgroupd.pull")
 
 PENDING_MSGS = "Nats-Pending-Messages"
 #: Least byte budget of one pull request (see Puller._max_bytes).
