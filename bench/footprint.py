@@ -7,36 +7,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 from typing import Any
 
 from bench.common import (
     Members,
     connected,
+    cpu_seconds,
     emit,
     keyed_group,
     machine,
     metric,
     origin_stream,
+    rss_mb,
     server,
     wait_for,
 )
-
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for {pid}")
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 async def main(seconds: float) -> dict[str, Any]:
