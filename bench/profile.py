@@ -1,0 +1,259 @@
+"""Where a member's CPU goes: one member of the ``key`` throughput case, profiled.
+
+The shape of :mod:`bench.throughput`'s ``key`` row (4 ``cgroupd join --ordering key``
+members, 8 partitions, 64 keys, the recording handler), with more messages so the
+profile has enough samples. Member ``m0`` is profiled over exactly the measured window
+(after the warm-up): with py-spy (a sampling profiler attached to the process: little
+overhead, CPU samples only; ``pip install py-spy``), or with cProfile switched on and off
+by signals (:mod:`bench.cprofiled`; deterministic, but its per-call overhead inflates
+small functions). The profiled member's CPU per message is read from /proc.
+
+Printed: the top functions by own time (self) and including callees (inclusive), the
+share of each area (the file a sample's innermost Python frame is in: nats-py, asyncio,
+json, each cgroupd module, the benchmark's handler), and, for py-spy, the share of each
+innermost cgroupd (or handler) frame: which part of the runtime the time is spent for,
+nats-py and asyncio work it called included. Shares are of the profiled samples; times
+are shares of the measured CPU µs per message.
+
+Run: ``python -m bench.profile [--messages 100000] [--tool py-spy|cprofile]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import pstats
+import re
+import shutil
+import signal
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.js import api
+
+from bench.common import (
+    CpuMeter,
+    Members,
+    Records,
+    emit,
+    machine,
+    publish_keyed,
+    server,
+    wait_for,
+    wait_processed,
+)
+from cgroupd import admin
+from cgroupd.config import ElasticGroupConfig, PartitioningFilter
+from cgroupd.jetstream import JetStream
+from tests.natsserver import client_options
+
+MEMBERS = 4
+PARTITIONS = 8
+KEYS = 64
+ARGS = ("--ordering", "key")
+
+_FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^()]*)\)$")
+_STDLIB = re.compile(r"^.*/lib/python3\.\d+/")
+
+
+def py_spy() -> str | None:
+    """The py-spy next to this Python, or on PATH."""
+    here = Path(sys.executable).with_name("py-spy")
+    return str(here) if here.exists() else shutil.which("py-spy")
+
+
+def area(file: str) -> str:
+    """What a source file belongs to, for the by-area shares."""
+    if "/site-packages/nats/" in file or file.startswith("nats/"):
+        return "nats-py"
+    if "/cgroupd/" in file or file.startswith("cgroupd/"):
+        return "cgroupd/" + file.rsplit("/cgroupd/", 1)[-1].removeprefix("cgroupd/")
+    if file.endswith("bench/handlers.py"):
+        return "handler (bench/handlers.py)"
+    for name in ("asyncio", "json", "structlog", "prometheus_client", "aiohttp"):
+        if f"/{name}/" in file:
+            return name
+    if "/site-packages/" in file:
+        return "other packages"
+    return "python stdlib (other)" if file.startswith("/") or "<" not in file else file
+
+
+def short(frame: str) -> str:
+    """``function (path)`` with the path cut to its package part."""
+    m = _FRAME.match(frame)
+    if not m:
+        return frame
+    file = m["file"]
+    for package in ("cgroupd", "bench", "tests"):
+        if f"/{package}/" in file:
+            return f"{m['func']} ({package}/{file.rsplit(f'/{package}/', 1)[1]})"
+    file = file.rsplit("/site-packages/", 1)[-1]
+    return f"{m['func']} ({_STDLIB.sub('', file)})"
+
+
+def read_py_spy(path: Path) -> tuple[Counter[tuple[str, ...]], int]:
+    """Stacks (outermost first) and their sample counts from py-spy's raw format."""
+    stacks: Counter[tuple[str, ...]] = Counter()
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack and count.isdigit():
+            frames = tuple(f for f in stack.split(";") if not f.startswith("process ")
+                           and not f.startswith("thread "))
+            stacks[frames] += int(count)
+    return stacks, sum(stacks.values())
+
+
+def task_frames(frames: tuple[str, ...]) -> tuple[str, ...]:
+    """The frames of the callback or task the event loop was running (below its last
+    ``Handle._run``); the innermost frame alone when it was in the loop itself."""
+    cut = max((i for i, f in enumerate(frames) if f.startswith("Handle._run ")), default=-1)
+    return frames[cut + 1:] if cut >= 0 else frames[-1:]
+
+
+def analyse_py_spy(path: Path, us_per_msg: float, top: int) -> dict[str, Any]:
+    stacks, total = read_py_spy(path)
+    if not total:
+        return {"samples": 0}
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    areas: Counter[str] = Counter()
+    owner: Counter[str] = Counter()
+    for frames, n in stacks.items():
+        leaf = frames[-1]
+        own[short(leaf)] += n
+        m = _FRAME.match(leaf)
+        areas[area(m["file"] if m else leaf)] += n
+        task = task_frames(frames)
+        for f in set(task):
+            inclusive[short(f)] += n
+        mine = [f for f in task if "/cgroupd/" in f or "bench/handlers.py" in f]
+        owner[short(mine[-1]) if mine else f"(no cgroupd frame) {short(task[0])}"] += n
+
+    def table(counts: Counter[str]) -> list[dict[str, Any]]:
+        return [{"what": k, "share": round(v / total, 3),
+                 "us_per_msg": round(us_per_msg * v / total, 1)}
+                for k, v in counts.most_common(top)]
+
+    return {"samples": total, "self": table(own), "inclusive_within_loop_callbacks":
+            table(inclusive), "by_area": table(areas),
+            "by_innermost_cgroupd_frame": table(owner)}
+
+
+def analyse_cprofile(path: Path, us_per_msg: float, top: int) -> dict[str, Any]:
+    stats = pstats.Stats(str(path))
+    entries = stats.stats  # type: ignore[attr-defined]
+    total = sum(v[2] for v in entries.values()) or 1.0
+    own: Counter[str] = Counter()
+    cumulative: Counter[str] = Counter()
+    areas: Counter[str] = Counter()
+    for (file, _, func), (_, _, tottime, cumtime, _) in entries.items():
+        name = short(f"{func} ({file})")
+        own[name] += tottime
+        cumulative[name] = max(cumulative[name], cumtime)
+        areas[area(file)] += tottime
+
+    def table(counts: Counter[str]) -> list[dict[str, Any]]:
+        return [{"what": k, "share": round(v / total, 3),
+                 "us_per_msg": round(us_per_msg * v / total, 1)}
+                for k, v in counts.most_common(top)]
+
+    return {"profiled_seconds": round(total, 3), "self": table(own),
+            "inclusive": table(cumulative), "by_area": table(areas)}
+
+
+async def start_py_spy(pid: int, out: Path, rate: int) -> asyncio.subprocess.Process:
+    """py-spy recording ``pid`` until SIGINT. It says nothing reliable when it has
+    attached, so give it a second and check it is still running (it sometimes fails to
+    read a process at the first attempt: then try again)."""
+    error = b""
+    for _ in range(3):
+        spy = await asyncio.create_subprocess_exec(
+            str(py_spy()), "record", "--pid", str(pid), "--format", "raw", "--output",
+            str(out), "--rate", str(rate), "--full-filenames", "--nolineno",
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE)
+        try:
+            await asyncio.wait_for(spy.wait(), 1.0)
+        except TimeoutError:
+            return spy
+        assert spy.stderr is not None
+        error = await spy.stderr.read()
+    raise RuntimeError(f"py-spy could not record {pid}: {error[-500:]!r}")
+
+
+async def main(messages: int, tool: str, rate: int, top: int,
+               members: int = MEMBERS) -> dict[str, Any]:
+    result: dict[str, Any] = {"benchmark": "profile", "tool": tool, "messages": messages,
+                              "case": f"{members} members, {PARTITIONS} partitions, {KEYS} "
+                                      f"keys, cgroupd join {' '.join(ARGS)}",
+                              "machine": machine()}
+    with server() as srv, tempfile.TemporaryDirectory(prefix="bench-profile-") as tmp:
+        work = Path(tmp)
+        nc = await nats.connect(servers=[srv.url], **client_options())
+        js = JetStream(nc, timeout=10)
+        try:
+            await js.add_stream(api.StreamConfig(name="PROF", subjects=["prof.*"]))
+            names = tuple(f"m{i}" for i in range(members))
+            await admin.create_elastic_group(js, "PROF", "g", ElasticGroupConfig(
+                max_members=PARTITIONS, members=names,
+                partitioning_filters=(PartitioningFilter("prof.*", (1,)),)))
+            records = Records(work / "records")
+            out = work / ("profile.txt" if tool == "py-spy" else "profile.pstats")
+            with Members(srv.url, "PROF", "g", handler="bench.handlers:events", extra=ARGS,
+                         records=work / "records", logs=work / "logs",
+                         metrics=False) as procs:
+                launcher = (("-m", "bench.cprofiled", str(out), "--") if tool == "cprofile"
+                            else ("-m", "cgroupd"))
+                target = procs.start(names[0], launcher=launcher)
+                for name in names[1:]:
+                    procs.start(name)
+                warm = await publish_keyed(nc, "prof", KEYS, keys=KEYS)
+                await wait_processed(records, {n for _, n in warm}, 120, "the warm-up")
+                spy = None
+                if tool == "py-spy":
+                    spy = await start_py_spy(target.pid, out, rate)
+                else:
+                    os.kill(target.pid, signal.SIGUSR1)
+                meter = CpuMeter([target.pid]).start()
+                sent = await publish_keyed(nc, "prof", messages, keys=KEYS, start=KEYS)
+                await wait_processed(records, {n for _, n in sent}, max(120, messages / 100),
+                                     "the measured messages")
+                cpu = meter.stop()[target.pid]
+                if spy is not None:
+                    spy.send_signal(signal.SIGINT)
+                    await asyncio.wait_for(spy.wait(), 60)
+                else:
+                    os.kill(target.pid, signal.SIGUSR2)
+                    await wait_for(lambda: out.exists() and out.stat().st_size > 0, 30, 0.1,
+                                   "the profile to be written")
+                    await asyncio.sleep(0.5)  # dump_stats writes in one go; let it finish
+            mine = sum(1 for e in records.ends() if e["instance"] == f"cgroupd-{target.pid}"
+                       and e["n"] >= KEYS)
+            us = cpu / mine * 1e6 if mine else float("nan")
+            result["profiled_member"] = {
+                "messages": mine, "cpu_s": round(cpu, 2), "cpu_us_per_msg": round(us, 1),
+                "wall_s": round(meter.wall, 2)}
+            result["profile"] = (analyse_py_spy(out, us, top) if tool == "py-spy"
+                                 else analyse_cprofile(out, us, top))
+        finally:
+            await nc.close()
+    return result
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--tool", choices=("py-spy", "cprofile"), default=None,
+                        help="default: py-spy when installed, else cprofile")
+    parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    parser.add_argument("--top", type=int, default=20, help="rows per table")
+    a = parser.parse_args()
+    tool = a.tool or ("py-spy" if py_spy() else "cprofile")
+    if tool == "py-spy" and not py_spy():
+        sys.exit("py-spy is not installed (pip install py-spy), or use --tool cprofile")
+    emit(asyncio.run(main(a.messages, tool, a.rate, a.top)))
