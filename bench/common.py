@@ -123,6 +123,7 @@ class Members:
         self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.ports: dict[int, int] = {}
         self.log_paths: dict[int, Path] = {}
+        self.record_paths: dict[int, Path] = {}
         self._files: list[Any] = []
 
     def start(self, member: str, *extra: str, netns: str | None = None,
@@ -140,6 +141,7 @@ class Members:
         if self.records is not None:
             self.records.mkdir(parents=True, exist_ok=True)
             env["BENCH_RECORD"] = str(self.records / f"{label}.jsonl")
+            (self.records / f"{label}.jsonl").touch()
         cmd = [sys.executable, *launcher, "--server", self.url, "join", "--stream",
                self.stream, "--group", self.group, "--member", member, "--handler",
                self.handler, *self.extra, *extra]
@@ -162,6 +164,8 @@ class Members:
         self.ports[proc.pid] = port
         if log is not None:
             self.log_paths[proc.pid] = log
+        if self.records is not None:
+            self.record_paths[proc.pid] = self.records / f"{label}.jsonl"
         return proc
 
     def alive(self) -> list[subprocess.Popen[bytes]]:
