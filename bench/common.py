@@ -333,12 +333,11 @@ async def publish_keyed(nc: Client, prefix: str, count: int, keys: int = 64,
     """Publish ``count`` messages ``prefix.k<i % keys>`` (``n`` from ``start``) as fast as
     the server acknowledges them; ``(subject, n)`` in publish order (what
     :func:`tests.groups.check` wants)."""
-    sent = []
+    sent = [(f"{prefix}.k{n % keys}", n) for n in range(start, start + count)]
+    payloads = [keyed_payload(subject, n) for subject, n in sent]  # encoded before timing
     async with Publisher(nc) as pub:
-        for n in range(start, start + count):
-            subject = f"{prefix}.k{n % keys}"
-            await pub.send(subject, keyed_payload(subject, n))
-            sent.append((subject, n))
+        for (subject, _), payload in zip(sent, payloads, strict=True):
+            await pub.send(subject, payload)
         await pub.settle()
     return sent
 

@@ -1,12 +1,13 @@
 """Where a member's CPU goes: one member of the ``key`` throughput case, profiled.
 
 The shape of :mod:`bench.throughput`'s ``key`` row (4 ``cgroupd join --ordering key``
-members, 8 partitions, 64 keys, the recording handler), with more messages so the
-profile has enough samples. Member ``m0`` is profiled over exactly the measured window
-(after the warm-up): with py-spy (a sampling profiler attached to the process: little
-overhead, CPU samples only; ``pip install py-spy``), or with cProfile switched on and off
-by signals (:mod:`bench.cprofiled`; deterministic, but its per-call overhead inflates
-small functions). The profiled member's CPU per message is read from /proc.
+members, 8 partitions, 64 keys, the recording handler; ``--case defaults`` for its
+``defaults`` row), with more messages so the profile has enough samples. Member ``m0``
+is profiled over exactly the measured window (after the warm-up): with py-spy (a
+sampling profiler attached to the process: little overhead, CPU samples only; ``pip
+install py-spy``), or with cProfile switched on and off by signals
+(:mod:`bench.cprofiled`; deterministic, but its per-call overhead inflates small
+functions). The profiled member's CPU per message is read from /proc.
 
 Printed: the top functions by own time (self) and including callees (inclusive), the
 share of each area (the file a sample's innermost Python frame is in: nats-py, asyncio,
@@ -15,7 +16,7 @@ innermost cgroupd (or handler) frame: which part of the runtime the time is spen
 nats-py and asyncio work it called included. Shares are of the profiled samples; times
 are shares of the measured CPU µs per message.
 
-Run: ``python -m bench.profile [--messages 100000] [--tool py-spy|cprofile]``.
+Run: ``python -m bench.profile [--messages 100000] [--tool py-spy|cprofile] [--case key]``.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ from tests.natsserver import client_options
 MEMBERS = 4
 PARTITIONS = 8
 KEYS = 64
-ARGS = ("--ordering", "key")
+#: The cases that can be profiled: the issue's (key ordering) and the defaults.
+CASES = {"key": ("--ordering", "key"), "defaults": ()}
 
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^()]*)\)$")
 _STDLIB = re.compile(r"^.*/lib/python3\.\d+/")
@@ -187,10 +189,11 @@ async def start_py_spy(pid: int, out: Path, rate: int) -> asyncio.subprocess.Pro
 
 
 async def main(messages: int, tool: str, rate: int, top: int,
-               members: int = MEMBERS) -> dict[str, Any]:
+               members: int = MEMBERS, case: str = "key") -> dict[str, Any]:
+    args = CASES[case]
     result: dict[str, Any] = {"benchmark": "profile", "tool": tool, "messages": messages,
                               "case": f"{members} members, {PARTITIONS} partitions, {KEYS} "
-                                      f"keys, cgroupd join {' '.join(ARGS)}",
+                                      f"keys, cgroupd join {' '.join(args) or '(defaults)'}",
                               "machine": machine()}
     with server() as srv, tempfile.TemporaryDirectory(prefix="bench-profile-") as tmp:
         work = Path(tmp)
@@ -204,7 +207,7 @@ async def main(messages: int, tool: str, rate: int, top: int,
                 partitioning_filters=(PartitioningFilter("prof.*", (1,)),)))
             records = Records(work / "records")
             out = work / ("profile.txt" if tool == "py-spy" else "profile.pstats")
-            with Members(srv.url, "PROF", "g", handler="bench.handlers:events", extra=ARGS,
+            with Members(srv.url, "PROF", "g", handler="bench.handlers:events", extra=args,
                          records=work / "records", logs=work / "logs",
                          metrics=False) as procs:
                 launcher = (("-m", "bench.cprofiled", str(out), "--") if tool == "cprofile"
@@ -252,8 +255,10 @@ if __name__ == "__main__":
                         help="default: py-spy when installed, else cprofile")
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=20, help="rows per table")
+    parser.add_argument("--case", choices=sorted(CASES), default="key",
+                        help="which throughput case (default: key, as issue 15 asks)")
     a = parser.parse_args()
     tool = a.tool or ("py-spy" if py_spy() else "cprofile")
     if tool == "py-spy" and not py_spy():
         sys.exit("py-spy is not installed (pip install py-spy), or use --tool cprofile")
-    emit(asyncio.run(main(a.messages, tool, a.rate, a.top)))
+    emit(asyncio.run(main(a.messages, tool, a.rate, a.top, case=a.case)))
