@@ -343,47 +343,50 @@ async def publish_keyed(nc: Client, prefix: str, count: int, keys: int = 64,
 
 
 class KeyedTraffic:
-    """Steady keyed traffic at ``rate`` msg/s in the background, until :meth:`stop`.
+    """Steady keyed traffic at ``rate`` msg/s from a :mod:`bench.traffic` process, until
+    :meth:`stop`. :meth:`mark` adds fields to a coming message (e.g. ``block``: the
+    recording handler then blocks its event loop that long, once) and returns its ``n``."""
 
-    :meth:`mark` adds fields to a coming message (e.g. ``block``: the recording handler
-    then blocks its event loop that long, once) and returns its ``n``."""
+    def __init__(self, url: str, prefix: str, rate: float, keys: int = 64) -> None:
+        self.url, self.prefix, self.rate, self.keys = url, prefix, rate, keys
+        self._proc: asyncio.subprocess.Process | None = None
 
-    def __init__(self, nc: Client, prefix: str, rate: float, keys: int = 64) -> None:
-        self.nc, self.prefix, self.rate, self.keys = nc, prefix, rate, keys
-        self.sent: list[tuple[str, int]] = []
-        self.extra: dict[int, dict[str, Any]] = {}
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> KeyedTraffic:
-        self._task = asyncio.create_task(self._run())
+    async def start(self) -> KeyedTraffic:
+        self._proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench.traffic", self.url, self.prefix, str(self.rate),
+            str(self.keys), cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        if (await self._answer()).get("ready") is not True:
+            raise RuntimeError("the traffic process did not start")
         return self
 
-    def mark(self, **fields: Any) -> int:
-        n = len(self.sent) + 1
-        self.extra[n] = fields
-        return n
+    async def _answer(self, timeout: float = 60.0) -> dict[str, Any]:
+        assert self._proc is not None and self._proc.stdout is not None
+        line = await asyncio.wait_for(self._proc.stdout.readline(), timeout)
+        if not line:
+            raise RuntimeError(f"the traffic process exited ({await self._proc.wait()})")
+        return json.loads(line)  # type: ignore[no-any-return]
 
-    async def _run(self) -> None:
-        async with Publisher(self.nc, window=max(100, int(self.rate))) as pub:
-            began = time.monotonic()
-            n = 0
-            while not self._stop.is_set():
-                subject = f"{self.prefix}.k{n % self.keys}"
-                await pub.send(subject, keyed_payload(subject, n, **self.extra.get(n, {})))
-                self.sent.append((subject, n))
-                n += 1
-                delay = began + n / self.rate - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-            await pub.settle()
+    async def _command(self, **command: Any) -> dict[str, Any]:
+        assert self._proc is not None and self._proc.stdin is not None
+        self._proc.stdin.write(json.dumps(command).encode() + b"\n")
+        await self._proc.stdin.drain()
+        return await self._answer()
+
+    async def mark(self, **fields: Any) -> int:
+        return int((await self._command(mark=fields))["n"])
 
     async def stop(self) -> list[tuple[str, int]]:
-        """Stop publishing; what was published (all acknowledged)."""
-        self._stop.set()
-        if self._task is not None:
-            await self._task
-        return self.sent
+        """Stop publishing; what was published (all acknowledged), in order."""
+        if self._proc is None:
+            return []
+        try:
+            sent = int((await self._command(stop=True))["sent"])
+            await asyncio.wait_for(self._proc.wait(), 30)
+        finally:
+            if self._proc.returncode is None:
+                self._proc.kill()
+                await self._proc.wait()
+        return [(f"{self.prefix}.k{n % self.keys}", n) for n in range(sent)]
 
 
 # -- what recording handlers wrote -----------------------------------------------------

@@ -193,7 +193,7 @@ async def stall_part(pair: Pair, traffic: KeyedTraffic, trials: int, stall: floa
                 await asyncio.sleep(stall)  # the fault's duration
                 active.send_signal(signal.SIGCONT)
             else:
-                n = traffic.mark(block=stall)
+                n = await traffic.mark(block=stall)
 
                 def started(n: int = n) -> dict[str, Any] | None:
                     pair.records.poll()
@@ -251,7 +251,7 @@ async def cgroupd_parts(url: str, nc: Client, js: JetStream, tmp: Path, parts: s
                         settle: float, observe: float) -> dict[str, Any]:
     result: dict[str, Any] = {}
     await group(js, "BENCH")
-    traffic = KeyedTraffic(nc, "bench", rate).start()
+    traffic = await KeyedTraffic(url, "bench", rate).start()
     records = Records(tmp / "records")
     (tmp / "hold").mkdir()
     with Members(url, "BENCH", "g", handler="bench.handlers:events", records=tmp / "records",
@@ -305,7 +305,7 @@ async def peer_part(url: str, nc: Client, js: JetStream, python: str, tmp: Path,
         await admin_peer.call("add_members", stream="PEER", group="g", members=["m1"])
     traffic: KeyedTraffic | None = None
     try:
-        traffic = KeyedTraffic(nc, "peer", rate).start()
+        traffic = await KeyedTraffic(url, "peer", rate).start()
         await start()
         await wait_for(lambda: records.poll() is not None and records.ends(), 60, 0.05,
                        "the first peer instance to process")
@@ -375,7 +375,7 @@ async def netns_part(tmp: Path, trials: int, rate: float, cuts: list[float],
             try:
                 js = JetStream(nc, timeout=10)
                 await group(js, "NET")
-                traffic = KeyedTraffic(nc, "net", rate).start()
+                traffic = await KeyedTraffic(srv.url, "net", rate).start()
                 records = Records(tmp / "netns")
                 with Members(srv.url, "NET", "g", handler="bench.handlers:events",
                              records=tmp / "netns", logs=tmp / "netns-logs",

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import nats
-from nats.aio.client import Client
 from nats.js import api
 
 from bench.common import (
@@ -143,7 +142,7 @@ async def cgroupd_scale(shape: Shape, tmp: Path) -> dict[str, Any]:
                 await asyncio.sleep(shape.settle)  # let start-up work die down
                 pids = [p.pid for _, p in procs.procs]
                 result["idle"] = await idle_cost(_pid(srv), pids, shape.idle, active())
-                result["add_members"] = await add_members(shape, js, nc, procs, records)
+                result["add_members"] = await add_members(shape, js, procs, records)
         finally:
             await nc.close()
     return result
@@ -161,7 +160,7 @@ def state(procs: Members, pid: int) -> str | None:
     return now
 
 
-async def add_members(shape: Shape, js: JetStream, nc: Client, procs: Members,
+async def add_members(shape: Shape, js: JetStream, procs: Members,
                       records: Records) -> dict[str, Any]:
     """Add ``shape.added`` members (their processes joined first) under traffic."""
     added = member_names(shape.members, shape.added)
@@ -171,7 +170,7 @@ async def add_members(shape: Shape, js: JetStream, nc: Client, procs: Members,
     await wait_for(lambda: asyncio.to_thread(
         lambda: all(procs.joined(p) for _, p in procs.procs[before_start:])), 300, 0.2,
         "the added members' processes to join")
-    traffic = KeyedTraffic(nc, "scale", shape.rate, keys=shape.keys).start()
+    traffic = await KeyedTraffic(procs.url, "scale", shape.rate, keys=shape.keys).start()
     await wait_for(lambda: records.poll() is not None and len(records.ends()) > shape.rate / 4,
                    60, 0.1, "traffic to flow")
     await asyncio.sleep(shape.window)  # normal traffic, to compare gaps with
@@ -182,20 +181,21 @@ async def add_members(shape: Shape, js: JetStream, nc: Client, procs: Members,
     new_owner = owners(after)
     member_of = {f"cgroupd-{p.pid}": m for m, p in procs.procs}
 
-    def reowned() -> dict[int, float]:
-        records.poll()
-        firsts: dict[int, float] = {}
-        for e in records.ends(after=t0):
+    firsts: dict[int, float] = {}
+
+    def reowned() -> bool:
+        """Whether every moved partition was processed by its new owner (new records
+        only: a poll costs what was written since the last one)."""
+        for e in records.poll():
             p = e["partition"]
-            if p in moved and member_of.get(e["instance"]) == new_owner[p]:
-                firsts[p] = min(firsts.get(p, e["t"]), e["t"])
-        return firsts
+            if (e["event"] == "end" and e["t"] > t0 and p in moved and p not in firsts
+                    and member_of.get(e["instance"]) == new_owner[p]):
+                firsts[p] = e["t"]
+        return len(firsts) == len(moved)
 
     try:
-        await wait_for(lambda: len(reowned()) == len(moved), 120, 0.1,
-                       "every moved partition processed by its new owner")
+        await wait_for(reowned, 120, 0.1, "every moved partition processed by its new owner")
     finally:
-        firsts = reowned()
         t_all = max(firsts.values(), default=t0)
         await asyncio.sleep(shape.window)  # traffic after the change, for the gap measure
         sent = await traffic.stop()
