@@ -43,7 +43,9 @@ from bench.common import (
     Records,
     emit,
     machine,
+    percentile,
     publish_keyed,
+    read_records,
     server,
     wait_for,
     wait_processed,
@@ -58,6 +60,8 @@ PARTITIONS = 8
 KEYS = 64
 #: The cases that can be profiled: the issue's (key ordering) and the defaults.
 CASES = {"key": ("--ordering", "key"), "defaults": ()}
+#: The launchers switched on and off by SIGUSR1 / SIGUSR2, per tool.
+LAUNCHERS = {"cprofile": "cprofiled", "trace": "traced"}
 
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^()]*)\)$")
 _STDLIB = re.compile(r"^.*/lib/python3\.\d+/")
@@ -106,15 +110,17 @@ def read_py_spy(path: Path) -> tuple[Counter[tuple[str, ...]], int]:
         if stack and count.isdigit():
             frames = tuple(f for f in stack.split(";") if not f.startswith("process ")
                            and not f.startswith("thread "))
-            stacks[frames] += int(count)
+            if frames:  # a sample without a Python frame says nothing about where
+                stacks[frames] += int(count)
     return stacks, sum(stacks.values())
 
 
 def task_frames(frames: tuple[str, ...]) -> tuple[str, ...]:
     """The frames of the callback or task the event loop was running (below its last
-    ``Handle._run``); the innermost frame alone when it was in the loop itself."""
+    ``Handle._run``); the innermost frame alone when it was in the loop itself (or in
+    ``Handle._run`` itself, between a callback's frames)."""
     cut = max((i for i, f in enumerate(frames) if f.startswith("Handle._run ")), default=-1)
-    return frames[cut + 1:] if cut >= 0 else frames[-1:]
+    return frames[cut + 1:] if 0 <= cut < len(frames) - 1 else frames[-1:]
 
 
 def analyse_py_spy(path: Path, us_per_msg: float, top: int) -> dict[str, Any]:
@@ -144,6 +150,65 @@ def analyse_py_spy(path: Path, us_per_msg: float, top: int) -> dict[str, Any]:
     return {"samples": total, "self": table(own), "inclusive_within_loop_callbacks":
             table(inclusive), "by_area": table(areas),
             "by_innermost_cgroupd_frame": table(owner)}
+
+
+#: The steps between two messages of a one-at-a-time member, from :mod:`bench.traced`:
+#: (name, from step, to step). ``end`` and ``start`` are the handler's record events.
+SEGMENTS = (
+    ("settle: handler returned -> ack queued", "end", "ack"),
+    ("refill: ack queued -> pull request queued", "ack", "pull"),
+    ("flush: pull request queued -> socket write", "pull", "write"),
+    ("server round trip: write -> next message read", "write", "receive"),
+    ("puller: message read -> dispatcher", "receive", "submit"),
+    ("dispatch: dispatcher -> handler start", "submit", "start"),
+)
+
+
+def wall_split(records: list[dict[str, Any]], steps: list[dict[str, Any]],
+               instance: str) -> dict[str, Any]:
+    """Where a one-at-a-time member's wall time goes per message: its handler, then each
+    step from one handler's end to the next one's start (the first of each step after the
+    one before). A gap where the next message was already there (received before the
+    previous handler ended) is not a round trip; it is counted apart."""
+    mine = sorted((e for e in records if e["instance"] == instance), key=lambda e: e["t"])
+    starts = [e for e in mine if e["event"] == "start"]
+    ends = [e for e in mine if e["event"] == "end"]
+    marks = sorted((s["t"], s["step"]) for s in steps)
+    handler = [(e["t"] - s["t"]) * 1e6 for s, e in zip(starts, ends, strict=False)
+               if s["n"] == e["n"]]
+    split: dict[str, list[float]] = {name: [] for name, _, _ in SEGMENTS}
+    prefetched = overlapped = 0
+    for end, nxt in zip(ends, starts[1:], strict=False):
+        if nxt["t"] < end["t"]:
+            overlapped += 1
+            continue
+        between = [(t, step) for t, step in marks if end["t"] <= t <= nxt["t"]]
+        at = {"end": end["t"]}
+        for _, first, then in SEGMENTS[:-1]:
+            after = at.get(first)
+            found = next((t for t, step in between if step == then and after is not None
+                          and t >= after), None)
+            if found is not None:
+                at[then] = found
+        if "receive" not in at:
+            prefetched += 1
+            continue
+        at["start"] = nxt["t"]
+        for name, first, then in SEGMENTS:
+            if first in at and then in at:
+                split[name].append((at[then] - at[first]) * 1e6)
+    span = (ends[-1]["t"] - starts[0]["t"]) if starts and ends else 0.0
+
+    def summary(values: list[float]) -> dict[str, Any]:
+        return {"count": len(values), "mean_us": round(sum(values) / len(values), 1),
+                "p50_us": round(percentile(values, 50), 1)} if values else {"count": 0}
+
+    return {"messages": len(ends),
+            "wall_us_per_msg": round(span / len(ends) * 1e6, 1) if ends else None,
+            "handler": summary(handler),
+            "between_messages": {name: summary(v) for name, v in split.items()},
+            "gaps_with_message_already_received": prefetched,
+            "handlers_overlapping": overlapped}
 
 
 def analyse_cprofile(path: Path, us_per_msg: float, top: int) -> dict[str, Any]:
@@ -206,12 +271,13 @@ async def main(messages: int, tool: str, rate: int, top: int,
                 max_members=PARTITIONS, members=names,
                 partitioning_filters=(PartitioningFilter("prof.*", (1,)),)))
             records = Records(work / "records")
-            out = work / ("profile.txt" if tool == "py-spy" else "profile.pstats")
+            out = work / {"py-spy": "profile.txt", "cprofile": "profile.pstats",
+                          "trace": "steps.jsonl"}[tool]
             with Members(srv.url, "PROF", "g", handler="bench.handlers:events", extra=args,
                          records=work / "records", logs=work / "logs",
                          metrics=False) as procs:
-                launcher = (("-m", "bench.cprofiled", str(out), "--") if tool == "cprofile"
-                            else ("-m", "cgroupd"))
+                launcher = (("-m", "cgroupd") if tool == "py-spy"
+                            else ("-m", f"bench.{LAUNCHERS[tool]}", str(out), "--"))
                 target = procs.start(names[0], launcher=launcher)
                 for name in names[1:]:
                     procs.start(name)
@@ -241,8 +307,14 @@ async def main(messages: int, tool: str, rate: int, top: int,
             result["profiled_member"] = {
                 "messages": mine, "cpu_s": round(cpu, 2), "cpu_us_per_msg": round(us, 1),
                 "wall_s": round(meter.wall, 2)}
-            result["profile"] = (analyse_py_spy(out, us, top) if tool == "py-spy"
-                                 else analyse_cprofile(out, us, top))
+            if tool == "py-spy":
+                result["profile"] = analyse_py_spy(out, us, top)
+            elif tool == "cprofile":
+                result["profile"] = analyse_cprofile(out, us, top)
+            else:
+                result["wall_split"] = wall_split(
+                    [e for e in records.events if e["n"] >= KEYS], read_records(out),
+                    f"cgroupd-{target.pid}")
         finally:
             await nc.close()
     return result
@@ -251,8 +323,10 @@ async def main(messages: int, tool: str, rate: int, top: int,
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--messages", type=int, default=100_000)
-    parser.add_argument("--tool", choices=("py-spy", "cprofile"), default=None,
-                        help="default: py-spy when installed, else cprofile")
+    parser.add_argument("--tool", choices=("py-spy", "cprofile", "trace"), default=None,
+                        help="default: py-spy when installed, else cprofile; trace: the "
+                             "wall time between two messages, step by step (bench.traced; "
+                             "for --case defaults, one handler at a time)")
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=20, help="rows per table")
     parser.add_argument("--case", choices=sorted(CASES), default="key",

@@ -3,9 +3,13 @@
 One process, one durable pull consumer on the origin stream (batch 256, max ack pending
 1000, each message acked), the same recording as the benchmark's member processes
 (``start`` and ``end`` events, the file opened per event). It runs until stdin closes.
+Messages are handled one at a time in stream order either way: with batch 1 and max ack
+pending 1 it is the wire protocol of a member that runs one handler at a time today (ack,
+then ask for the next: one server round trip per message); with the defaults it is the
+same order with the server sending ahead (prefetch).
 
-Usage: ``python -m bench.raw_consumer URL STREAM SUBJECTS RECORD``; prints ``ready`` once its
-consumer exists.
+Usage: ``python -m bench.raw_consumer URL STREAM SUBJECTS RECORD [BATCH MAX_ACK_PENDING]``;
+prints ``ready`` once its consumer exists.
 """
 
 from __future__ import annotations
@@ -34,13 +38,14 @@ def _event(path: str, event: str, msg: Msg, body: dict[str, object]) -> None:
         out.write(line + "\n")
 
 
-async def main(url: str, stream: str, subjects: str, record: str) -> None:
+async def main(url: str, stream: str, subjects: str, record: str, batch_size: int = BATCH,
+               max_ack_pending: int = MAX_ACK_PENDING) -> None:
     nc = await nats.connect(url)
     js = nc.jetstream()
     psub = await js.pull_subscribe(
         subjects, durable="raw", stream=stream,
         config=api.ConsumerConfig(ack_policy=api.AckPolicy.EXPLICIT,
-                                  max_ack_pending=MAX_ACK_PENDING))
+                                  max_ack_pending=max_ack_pending))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
@@ -51,7 +56,7 @@ async def main(url: str, stream: str, subjects: str, record: str) -> None:
     try:
         while not stop.is_set():
             try:
-                batch = await psub.fetch(BATCH, timeout=0.5)
+                batch = await psub.fetch(batch_size, timeout=0.5)
             except NatsTimeout:
                 continue
             for msg in batch:
@@ -64,4 +69,5 @@ async def main(url: str, stream: str, subjects: str, record: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:5]))
+    url, stream, subjects, record = sys.argv[1:5]
+    asyncio.run(main(url, stream, subjects, record, *(int(a) for a in sys.argv[5:7])))

@@ -13,7 +13,10 @@ message is acked when the handler returns). Rows:
 - ``peer``: natsio-pcgroups members (its ``elastic_consume``, max ack pending 1) run by
   :mod:`tests.peer_driver` processes in the peer's own venv (:mod:`tests.peer`);
 - ``raw``: one plain nats-py pull consumer on the origin stream, batch 256, each message
-  acked, no group (:mod:`bench.raw_consumer`).
+  acked, no group (:mod:`bench.raw_consumer`); it handles one message at a time in
+  stream order, with the server sending ahead;
+- ``raw_round_trip``: the same with batch 1 and max ack pending 1, one server round trip
+  per message: what one handler at a time costs on the wire, without cgroupd.
 
 Each row gets a fresh origin stream and group. Its processes are started, joined and
 warmed (one message per key, processed by every member) before the measured messages are
@@ -86,6 +89,9 @@ ROWS = (
         f"{PEER_MAX_ACK_PENDING}"),
     Row("raw", "raw", "one raw nats-py pull consumer on the origin stream, batch 256, "
         "ack each, no group"),
+    Row("raw_round_trip", "raw", "the same raw consumer with batch 1 and max ack pending "
+        "1: ack, then ask for the next (the wire protocol of one handler at a time today)",
+        ("1", "1")),
 )
 
 
@@ -193,12 +199,12 @@ async def peer_row(srv: NatsServer, nc: Client, js: JetStream, index: int, pytho
 
 
 async def raw_row(srv: NatsServer, nc: Client, js: JetStream, index: int, shape: Shape,
-                  tmp: Path) -> dict[str, Any]:
+                  tmp: Path, args: tuple[str, ...] = ()) -> dict[str, Any]:
     stream, prefix = await origin(js, index)
     record = tmp / "raw.jsonl"
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bench.raw_consumer", srv.url, stream, f"{prefix}.*",
-        str(record), cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        str(record), *args, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         assert proc.stdout is not None and proc.stdin is not None
         line = await asyncio.wait_for(proc.stdout.readline(), 60)
@@ -246,7 +252,7 @@ async def main(shape: Shape, names: list[str], with_peer: bool = True) -> dict[s
                 if row.kind == "cgroupd":
                     measured |= await cgroupd_row(srv, nc, js, index, row, shape, where)
                 elif row.kind == "raw":
-                    measured |= await raw_row(srv, nc, js, index, shape, where)
+                    measured |= await raw_row(srv, nc, js, index, shape, where, row.args)
                 elif python is None:
                     measured["skipped"] = reason
                 else:
