@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bench import failover, profile, scale, throughput
+from bench import failover, profile, scale, table, throughput
 from bench.common import Records
 
 
@@ -78,9 +78,13 @@ def test_py_spy_samples_are_attributed(tmp_path: Path) -> None:
         "Parser.parse (/v/site-packages/nats/protocol/parser.py) 1\n"
         # py-spy caught the loop inside Handle._run itself, and a thread with no Python
         # frame: the first is the loop's own time, the second no sample at all.
-        f"{loop} 1\nprocess 12:\"python\";thread (0x7f) 2\n")
+        f"{loop} 1\nprocess 12:\"python\";thread (0x7f) 2\n"
+        # Waiting for the socket is not CPU: counted apart, the rest scaled to the CPU.
+        "<module> (/v/cgroupd/__main__.py);run (/py/lib/python3.11/asyncio/runners.py);"
+        "BaseEventLoop._run_once (/py/lib/python3.11/asyncio/base_events.py);"
+        "EpollSelector.select (/py/lib/python3.11/selectors.py) 5\n")
     result = profile.analyse_py_spy(raw, 125.0, 10)
-    assert result["samples"] == 5
+    assert result["samples"] == 10 and result["waiting_in_select_share"] == 0.5
     owners = {r["what"]: (r["share"], r["us_per_msg"])
               for r in result["by_innermost_cgroupd_frame"]}
     assert owners["events (bench/handlers.py)"] == (0.6, 75.0)
@@ -90,6 +94,56 @@ def test_py_spy_samples_are_attributed(tmp_path: Path) -> None:
     assert areas == {"json": 0.6, "nats-py": 0.2, "asyncio": 0.2}
     inclusive = {r["what"] for r in result["inclusive_within_loop_callbacks"]}
     assert "run (asyncio/runners.py)" not in inclusive  # outside the loop's callbacks
+
+
+def test_wall_split_times_each_step_between_two_messages() -> None:
+    """One-at-a-time member: handler 0.1 ms, then ack, pull, write, receive, submit, and
+    the next start; a gap whose message came before the handler ended is not a round
+    trip, and another instance's records do not count."""
+    records = [_event("start", "a", 1, 10.0), _event("end", "a", 1, 10.0001),
+               _event("start", "a", 2, 10.0020), _event("end", "a", 2, 10.0021),
+               _event("start", "a", 3, 10.0022), _event("end", "a", 3, 10.0023),
+               _event("start", "b", 4, 10.0010), _event("end", "b", 4, 10.0011)]
+    steps = [{"t": t, "step": s} for t, s in (
+        (10.0002, "ack"), (10.0003, "pull"), (10.0004, "write"), (10.0016, "receive"),
+        (10.0017, "submit"),
+        (10.00205, "receive"),  # message 3 arrived while message 2 ran: prefetched
+        (10.00215, "ack"))]
+    split = profile.wall_split(records, steps, "a")
+    assert split["messages"] == 3 and split["handlers_overlapping"] == 0
+    assert split["gaps_with_message_already_received"] == 1
+    assert split["handler"]["p50_us"] == pytest.approx(100, abs=1)
+    between = split["between_messages"]
+    expected = {"settle": 100, "refill": 100, "flush": 100, "server round trip": 1200,
+                "puller": 100, "dispatch": 300}
+    for name, part in between.items():
+        assert part["count"] == 1
+        assert part["mean_us"] == pytest.approx(expected[name.split(":")[0]], abs=1), name
+
+
+def test_tables_render_every_benchmark() -> None:
+    """Each benchmark's JSON becomes a Markdown table with its rows and targets; a file
+    that is no benchmark's output is refused with a clear message."""
+    result = {"benchmark": "throughput", "shape": {"members": 4, "messages": 20000},
+              "machine": {"cores": 2}, "rows": {
+                  "defaults": {"msgs_per_s": 3062, "x_peer": 0.88, "cpu_us_per_msg": 408.5,
+                               "lost": 0, "order_violations": 0, "duplicates": 0},
+                  "peer": {"skipped": "no Python >= 3.12"}},
+              "targets": {"defaults >= 4x peer": False, "key >= 1.2x raw": None}}
+    text = table.render(result)
+    assert "| `defaults` | 3,062 | 0.88 | - | 408.5 | - | 0 / 0 / 0 |" in text
+    assert "| `peer` | skipped: no Python >= 3.12 |" in text
+    assert "| defaults >= 4x peer | no |" in text and "| key >= 1.2x raw | not run |" in text
+    fail = {"benchmark": "failover", "setup": {"trials": 20},
+            "sigkill": {"p50_s": 0.61, "p99_s": 1.35, "max_s": 1.4},
+            "stall": {"sigstop": {"trials": 3, "takeovers": 0, "overlaps": 0}}}
+    text = table.render(fail)
+    assert "| kill -9 of the active instance | 0.610 | 1.350 | 1.400 |" in text
+    assert "| stall `sigstop`: takeovers / overlaps in 3 trials | 0 / 0 |" in text
+    assert "| server CPU, idle | 11.00 % | - |" in table.render(
+        {"benchmark": "scale", "cgroupd": {"idle": {"server_cpu_percent": 11}}})
+    with pytest.raises(ValueError, match="not a benchmark's output"):
+        table.render({"rows": {}})
 
 
 def test_throughput_ratios_and_targets() -> None:
@@ -119,9 +173,10 @@ def _json(result: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.slow
 async def test_throughput_runs() -> None:
     result = _json(await throughput.main(throughput.Shape(2, 2, 8, 100),
-                                         ["key", "raw", "peer"]))
+                                         ["key", "raw", "raw_round_trip", "peer"]))
     rows = result["rows"]
-    for name in ("key", "raw"):
+    assert "| `raw_round_trip` |" in table.render(result)
+    for name in ("key", "raw", "raw_round_trip"):
         assert rows[name]["lost"] == 0 and rows[name]["order_violations"] == 0, rows[name]
         assert rows[name]["msgs_per_s"] > 0 and rows[name]["cpu_us_per_msg"] >= 0
     assert rows["key"]["x_raw"] > 0
@@ -158,3 +213,14 @@ async def test_profile_runs() -> None:
     result = _json(await profile.main(200, "cprofile", 100, 5, members=2))
     assert result["profiled_member"]["messages"] > 0
     assert result["profile"]["self"] and result["profile"]["by_area"]
+
+
+@pytest.mark.slow
+async def test_profile_trace_runs() -> None:
+    """The step trace of a one-at-a-time member: every gap is split, in order."""
+    result = _json(await profile.main(100, "trace", 100, 5, members=2, case="defaults"))
+    split = result["wall_split"]
+    assert split["messages"] > 0 and split["handlers_overlapping"] == 0, split
+    trips = split["between_messages"]["server round trip: write -> next message read"]
+    assert trips["count"] > 0 and trips["p50_us"] > 0, split
+    assert "server round trip" in table.render(result)
