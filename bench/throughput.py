@@ -28,13 +28,21 @@ processes used from the first publish until everything was processed, per messag
 server's likewise. Every row is checked: nothing lost, per-key order of every completion
 (:func:`tests.groups.check`), duplicates counted.
 
-Run: ``python -m bench.throughput [--messages 20000] [--rows key,peer,raw] [--no-peer]``.
+With ``--rounds N`` the rows run N times round-robin and each reports its median round
+(ratios: the median of the ratios within a round), so a burst of load from others falls
+on one round of every row rather than on one row; ``--row NAME=ARGS`` adds a
+``cgroupd join`` row with other options (to measure a proposed default).
+
+Run: ``python -m bench.throughput [--messages 20000] [--rows key,peer,raw] [--no-peer]
+[--rounds 3] [--row 'p32=--ordering partition --max-in-flight 32']``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -236,34 +244,70 @@ def peer_or_reason() -> tuple[str | None, str]:
     return python, "" if python else why()
 
 
-async def main(shape: Shape, names: list[str], with_peer: bool = True) -> dict[str, Any]:
-    rows = [row for row in ROWS if row.name in names]
+async def main(shape: Shape, names: list[str], with_peer: bool = True, rounds: int = 1,
+               extra: tuple[Row, ...] = ()) -> dict[str, Any]:
+    """Run the rows ``rounds`` times, round-robin (so load from others falls on every row
+    alike); each row reports its median round, and each ratio the median of the ratios
+    taken within a round."""
+    rows = [row for row in ROWS if row.name in names] + list(extra)
     result: dict[str, Any] = {"benchmark": "throughput", "shape": shape.__dict__,
-                              "machine": machine(), "rows": {}}
+                              "rounds": rounds, "machine": machine(), "rows": {}}
     python, reason = peer_or_reason() if with_peer else (None, "--no-peer")
+    runs: list[dict[str, dict[str, Any]]] = []
     with server() as srv, tempfile.TemporaryDirectory(prefix="bench-throughput-") as tmp:
         nc = await _connect(srv.url)
         js = JetStream(nc, timeout=10)
         try:
-            for index, row in enumerate(rows):
-                where = Path(tmp) / row.name
-                where.mkdir()
-                measured: dict[str, Any] = {"what": row.what}
-                if row.kind == "cgroupd":
-                    measured |= await cgroupd_row(srv, nc, js, index, row, shape, where)
-                elif row.kind == "raw":
-                    measured |= await raw_row(srv, nc, js, index, shape, where, row.args)
-                elif python is None:
-                    measured["skipped"] = reason
-                else:
-                    measured |= await peer_row(srv, nc, js, index, python, shape, where)
-                result["rows"][row.name] = measured
+            for turn in range(rounds):
+                done: dict[str, dict[str, Any]] = {}
+                for index, row in enumerate(rows, start=turn * len(rows)):
+                    where = Path(tmp) / f"{row.name}-{turn}"
+                    where.mkdir()
+                    measured: dict[str, Any] = {"what": row.what}
+                    if row.kind == "cgroupd":
+                        measured |= await cgroupd_row(srv, nc, js, index, row, shape, where)
+                    elif row.kind == "raw":
+                        measured |= await raw_row(srv, nc, js, index, shape, where, row.args)
+                    elif python is None:
+                        measured["skipped"] = reason
+                    else:
+                        measured |= await peer_row(srv, nc, js, index, python, shape, where)
+                    done[row.name] = measured
+                ratios(done)
+                runs.append(done)
         finally:
             await nc.close()
+    result["rows"] = merge_rounds(runs)
     result["machine"]["load_average_after"] = machine()["load_average_1_5_15_min"]
-    ratios(result["rows"])
     result["targets"] = targets(result["rows"])
     return result
+
+
+def merge_rounds(runs: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """One row from its rounds: the median round's figures, each ratio's median over the
+    rounds, the figures of every round, and the checks summed (a loss in any round
+    shows)."""
+    if len(runs) == 1:
+        return runs[0]
+    merged: dict[str, dict[str, Any]] = {}
+    for name in runs[0]:
+        mine = [run[name] for run in runs]
+        if "msgs_per_s" not in mine[0]:
+            merged[name] = mine[0]
+            continue
+        ordered = sorted(mine, key=lambda r: r["msgs_per_s"])
+        row = dict(ordered[(len(ordered) - 1) // 2])
+        for label in ("x_peer", "x_raw"):
+            values = [r[label] for r in mine if label in r]
+            if values:
+                row[label] = round(statistics.median(values), 2)
+                row[f"{label}_rounds"] = values
+        for label in ("msgs_per_s", "cpu_us_per_msg", "server_cpu_us_per_msg"):
+            row[f"{label}_rounds"] = [r[label] for r in mine]
+        for label in ("lost", "order_violations", "duplicates"):
+            row[label] = sum(r[label] for r in mine)
+        merged[name] = row
+    return merged
 
 
 async def _connect(url: str) -> Client:
@@ -314,6 +358,19 @@ if __name__ == "__main__":
     parser.add_argument("--rows", default=",".join(row.name for row in ROWS),
                         help="comma-separated rows to run")
     parser.add_argument("--no-peer", action="store_true", help="skip the peer's row")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the rows this many times round-robin; medians reported")
+    parser.add_argument("--row", action="append", default=[], metavar="NAME=ARGS",
+                        help="an extra cgroupd join row, e.g. "
+                             "'p32=--ordering partition --max-in-flight 32' (repeatable)")
     args = parser.parse_args()
+    extra = []
+    for spec in args.row:
+        name, sep, options = spec.partition("=")
+        if not sep or not name:
+            parser.error(f"--row wants NAME=ARGS, not {spec!r}")
+        extra.append(Row(name, "cgroupd", f"cgroupd join {options}", tuple(shlex.split(options))))
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     emit(asyncio.run(main(Shape(args.members, args.partitions, args.keys, args.messages),
-                          args.rows.split(","), not args.no_peer)))
+                          args.rows.split(","), not args.no_peer, args.rounds, tuple(extra))))

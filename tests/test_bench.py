@@ -164,6 +164,27 @@ def test_throughput_ratios_and_targets() -> None:
         "every row: nothing lost, per-key order, no duplicates"] is False
 
 
+def test_rounds_merge_to_medians_and_summed_checks() -> None:
+    """Three rounds: each row reports its median round, ratios are the medians of the
+    ratios within a round (not of medians), and a loss in any round shows."""
+    def run(key: int, peer: int, lost: int = 0) -> dict[str, dict[str, Any]]:
+        rows: dict[str, dict[str, Any]] = {
+            name: {"msgs_per_s": rate, "cpu_us_per_msg": 1.0, "server_cpu_us_per_msg": 1.0,
+                   "lost": lost if name == "key" else 0, "order_violations": 0,
+                   "duplicates": 0} for name, rate in (("key", key), ("peer", peer))}
+        throughput.ratios(rows)
+        return rows
+
+    merged = throughput.merge_rounds([run(9000, 3000), run(4000, 1000, lost=1),
+                                      run(6000, 2500)])
+    assert merged["key"]["msgs_per_s"] == 6000
+    assert merged["key"]["x_peer_rounds"] == [3.0, 4.0, 2.4]
+    assert merged["key"]["x_peer"] == 3.0  # the median ratio, not 6000 / 2500
+    assert merged["key"]["lost"] == 1
+    assert throughput.targets(merged)[
+        "every row: nothing lost, per-key order, no duplicates"] is False
+
+
 # -- end to end, tiny --------------------------------------------------------------------
 def _json(result: dict[str, Any]) -> dict[str, Any]:
     """The printed form: valid JSON (no NaN) that reads back the same."""
