@@ -1,12 +1,22 @@
 """Footprint of an idle member: RSS of the active instance and of a standby, and the CPU
-an idle active instance burns (pulling, heartbeats, self-checks).
-Run: ``python -m bench.footprint [--seconds 10]``.
+each of them and the server burn while nothing is published (pulling, heartbeats,
+self-checks, a standby's attempts to take over).
+
+``--extra ARGS`` passes options to both instances (to measure a proposed default, e.g.
+``--extra '--retry-interval 2'``); ``--profile-standby`` samples the standby with py-spy
+over the idle window (``waiting_in_select_share`` is how much of its sampled time it
+slept in the event loop) to say what wakes it up.
+Run: ``python -m bench.footprint [--seconds 10] [--extra ARGS] [--profile-standby]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import shlex
+import signal
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from bench.common import (
@@ -22,16 +32,26 @@ from bench.common import (
     server,
     wait_for,
 )
+from bench.profile import analyse_py_spy, start_py_spy
+from tests.natsserver import NatsServer
 
 
-async def main(seconds: float) -> dict[str, Any]:
+def _pid(srv: NatsServer) -> int:
+    assert srv.pid is not None
+    return srv.pid
+
+
+async def main(seconds: float, extra: tuple[str, ...] = (),
+               profile_standby: bool = False) -> dict[str, Any]:
     result: dict[str, Any] = {"benchmark": "footprint", "seconds": seconds,
+                              "options": " ".join(extra) or "(defaults)",
                               "machine": machine()}
     with server() as srv:
         async with connected(srv.url) as js:
             await origin_stream(js)
             await keyed_group(js, "g", 8, ("m1",))
-            with Members(srv.url, "BENCH", "g") as procs:
+            with Members(srv.url, "BENCH", "g", extra=extra) as procs, \
+                    tempfile.TemporaryDirectory(prefix="bench-footprint-") as tmp:
                 procs.start("m1")
                 procs.start("m1")
                 await wait_for(lambda: asyncio.to_thread(procs.ready), 60, 0.05, "ready")
@@ -40,8 +60,15 @@ async def main(seconds: float) -> dict[str, Any]:
                      if metric(procs, p, "cgroupd_member_active") == 1), None), 30, 0.05)
                 standby = next(p for _, p in procs.procs if p is not active)
                 await asyncio.sleep(2)
-                before = {p.pid: cpu_seconds(p.pid) for p in (active, standby)}
+                spy = None
+                out = Path(tmp) / "standby.txt"
+                if profile_standby:
+                    spy = await start_py_spy(standby.pid, out, 100)
+                pids = (active.pid, standby.pid, _pid(srv))
+                before = {pid: cpu_seconds(pid) for pid in pids}
                 await asyncio.sleep(seconds)
+                result["server_cpu_percent"] = round(
+                    100 * (cpu_seconds(_pid(srv)) - before[_pid(srv)]) / seconds, 2)
                 result["active"] = {
                     "rss_mb": round(rss_mb(active.pid), 1),
                     "cpu_percent": round(100 * (cpu_seconds(active.pid) - before[active.pid])
@@ -50,6 +77,10 @@ async def main(seconds: float) -> dict[str, Any]:
                     "rss_mb": round(rss_mb(standby.pid), 1),
                     "cpu_percent": round(100 * (cpu_seconds(standby.pid)
                                                 - before[standby.pid]) / seconds, 2)}
+                if spy is not None:
+                    spy.send_signal(signal.SIGINT)
+                    await asyncio.wait_for(spy.wait(), 60)
+                    result["standby"]["profile"] = analyse_py_spy(out, 0.0, 15)
     result["targets"] = {"idle member RSS <= 60 MB": result["active"]["rss_mb"] <= 60}
     return result
 
@@ -57,4 +88,8 @@ async def main(seconds: float) -> dict[str, Any]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=10)
-    emit(asyncio.run(main(parser.parse_args().seconds)))
+    parser.add_argument("--extra", default="", help="cgroupd join options for both")
+    parser.add_argument("--profile-standby", action="store_true",
+                        help="sample the standby with py-spy (pip install py-spy)")
+    a = parser.parse_args()
+    emit(asyncio.run(main(a.seconds, tuple(shlex.split(a.extra)), a.profile_standby)))

@@ -164,6 +164,8 @@ def analyse_py_spy(path: Path, us_per_msg: float, top: int) -> dict[str, Any]:
             "by_area": table(areas), "by_innermost_cgroupd_frame": table(owner)}
 
 
+#: What :mod:`bench.traced` records (counted per message: how many socket writes, pulls).
+STEPS = ("receive", "submit", "ack", "pull", "write")
 #: The steps between two messages of a one-at-a-time member, from :mod:`bench.traced`:
 #: (name, from step, to step). ``end`` and ``start`` are the handler's record events.
 SEGMENTS = (
@@ -219,6 +221,9 @@ def wall_split(records: list[dict[str, Any]], steps: list[dict[str, Any]],
             "wall_us_per_msg": round(span / len(ends) * 1e6, 1) if ends else None,
             "handler": summary(handler),
             "between_messages": {name: summary(v) for name, v in split.items()},
+            "steps_per_message": {step: round(sum(1 for _, s in marks if s == step)
+                                              / len(ends), 2) for step in STEPS}
+            if ends else {},
             "gaps_with_message_already_received": prefetched,
             "handlers_overlapping": overlapped}
 
@@ -329,6 +334,7 @@ async def main(messages: int, tool: str, rate: int, top: int,
                     f"cgroupd-{target.pid}")
         finally:
             await nc.close()
+    result["machine"]["load_average_after"] = machine()["load_average_1_5_15_min"]
     return result
 
 

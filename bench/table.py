@@ -133,6 +133,10 @@ def scale(result: dict[str, Any]) -> Iterator[str]:
     yield from targets(result)
 
 
+#: The steps between two messages in the order one message meets them (bench.profile).
+_STEP_ORDER = ["settle", "refill", "flush", "server round trip", "puller", "dispatch"]
+
+
 def profile(result: dict[str, Any]) -> Iterator[str]:
     member = result.get("profiled_member", {})
     yield (f"Profile ({result.get('tool')}): {result.get('case')}; the profiled member ran "
@@ -146,7 +150,13 @@ def profile(result: dict[str, Any]) -> Iterator[str]:
         handler = split.get("handler", {})
         yield (f"| handler (the recording handler) | {_n(handler.get('mean_us'), 0)} | "
                f"{_n(handler.get('p50_us'), 0)} |")
-        for name, part in split.get("between_messages", {}).items():
+        counts = split.get("steps_per_message")
+        if counts:
+            yield ("| (per message: " + ", ".join(f"{k} {v}" for k, v in counts.items())
+                   + ") | | |")
+        steps = split.get("between_messages", {})
+        for name, part in sorted(steps.items(), key=lambda item: _STEP_ORDER.index(
+                item[0].split(":")[0]) if item[0].split(":")[0] in _STEP_ORDER else 99):
             yield f"| {name} | {_n(part.get('mean_us'), 0)} | {_n(part.get('p50_us'), 0)} |"
         return
     table = _get(result, "profile", "by_innermost_cgroupd_frame") or _get(

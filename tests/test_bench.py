@@ -112,6 +112,7 @@ def test_wall_split_times_each_step_between_two_messages() -> None:
     split = profile.wall_split(records, steps, "a")
     assert split["messages"] == 3 and split["handlers_overlapping"] == 0
     assert split["gaps_with_message_already_received"] == 1
+    assert split["steps_per_message"]["ack"] == pytest.approx(2 / 3, abs=0.01)
     assert split["handler"]["p50_us"] == pytest.approx(100, abs=1)
     between = split["between_messages"]
     expected = {"settle": 100, "refill": 100, "flush": 100, "server round trip": 1200,
