@@ -3,9 +3,10 @@ each of them and the server burn while nothing is published (pulling, heartbeats
 self-checks, a standby's attempts to take over).
 
 ``--extra ARGS`` passes options to both instances (to measure a proposed default, e.g.
-``--extra '--retry-interval 2'``); ``--profile-standby`` samples the standby with py-spy
-over the idle window (``waiting_in_select_share`` is how much of its sampled time it
-slept in the event loop) to say what wakes it up.
+``--extra '--retry-interval 2'``), ``--settings`` member settings the command line lacks
+(:mod:`bench.variant`, e.g. ``pull_expires=5,heartbeat=1``); ``--profile-standby``
+samples the standby with py-spy over the idle window (``waiting_in_select_share`` is how
+much of its sampled time it slept in the event loop) to say what wakes it up.
 Run: ``python -m bench.footprint [--seconds 10] [--extra ARGS] [--profile-standby]``.
 """
 
@@ -42,9 +43,10 @@ def _pid(srv: NatsServer) -> int:
 
 
 async def main(seconds: float, extra: tuple[str, ...] = (),
-               profile_standby: bool = False) -> dict[str, Any]:
+               profile_standby: bool = False, variant: str = "") -> dict[str, Any]:
     result: dict[str, Any] = {"benchmark": "footprint", "seconds": seconds,
                               "options": " ".join(extra) or "(defaults)",
+                              "settings": variant or "(defaults)",
                               "machine": machine()}
     with server() as srv:
         async with connected(srv.url) as js:
@@ -52,8 +54,10 @@ async def main(seconds: float, extra: tuple[str, ...] = (),
             await keyed_group(js, "g", 8, ("m1",))
             with Members(srv.url, "BENCH", "g", extra=extra) as procs, \
                     tempfile.TemporaryDirectory(prefix="bench-footprint-") as tmp:
-                procs.start("m1")
-                procs.start("m1")
+                launcher = ("-m", "bench.variant", variant, "--") if variant else (
+                    "-m", "cgroupd")
+                procs.start("m1", launcher=launcher)
+                procs.start("m1", launcher=launcher)
                 await wait_for(lambda: asyncio.to_thread(procs.ready), 60, 0.05, "ready")
                 active = await wait_for(lambda: next(
                     (p for _, p in procs.procs
@@ -89,7 +93,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--extra", default="", help="cgroupd join options for both")
+    parser.add_argument("--settings", default="", metavar="NAME=VALUE,...",
+                        help="member settings the CLI lacks, via bench.variant "
+                             "(e.g. pull_expires=5,heartbeat=1)")
     parser.add_argument("--profile-standby", action="store_true",
                         help="sample the standby with py-spy (pip install py-spy)")
     a = parser.parse_args()
-    emit(asyncio.run(main(a.seconds, tuple(shlex.split(a.extra)), a.profile_standby)))
+    emit(asyncio.run(main(a.seconds, tuple(shlex.split(a.extra)), a.profile_standby,
+                          a.settings)))
