@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import shlex
 import signal
 import tempfile
@@ -35,6 +36,19 @@ from bench.common import (
 )
 from bench.profile import analyse_py_spy, start_py_spy
 from tests.natsserver import NatsServer
+
+
+def wakeups(pid: int) -> int:
+    """Voluntary context switches of all of ``pid``'s threads so far: each is a sleep
+    (an event loop's ``select``, a goroutine parking) that something woke up again, which
+    is what an idle process's CPU is spent on."""
+    total = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        with contextlib.suppress(OSError):
+            for line in status.read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+    return total
 
 
 def _pid(srv: NatsServer) -> int:
@@ -67,18 +81,22 @@ async def main(seconds: float, extra: tuple[str, ...] = (),
                 spy = None
                 out = Path(tmp) / "standby.txt"
                 if profile_standby:
-                    spy = await start_py_spy(standby.pid, out, 100)
+                    spy = await start_py_spy(standby.pid, out, 1000)
                 pids = (active.pid, standby.pid, _pid(srv))
                 before = {pid: cpu_seconds(pid) for pid in pids}
+                woke = {pid: wakeups(pid) for pid in pids}
                 await asyncio.sleep(seconds)
+                rates = {pid: round((wakeups(pid) - woke[pid]) / seconds, 1) for pid in pids}
+                result["server_wakeups_per_s"] = rates[_pid(srv)]
                 result["server_cpu_percent"] = round(
                     100 * (cpu_seconds(_pid(srv)) - before[_pid(srv)]) / seconds, 2)
                 result["active"] = {
-                    "rss_mb": round(rss_mb(active.pid), 1),
+                    "rss_mb": round(rss_mb(active.pid), 1), "wakeups_per_s": rates[active.pid],
                     "cpu_percent": round(100 * (cpu_seconds(active.pid) - before[active.pid])
                                          / seconds, 2)}
                 result["standby"] = {
                     "rss_mb": round(rss_mb(standby.pid), 1),
+                    "wakeups_per_s": rates[standby.pid],
                     "cpu_percent": round(100 * (cpu_seconds(standby.pid)
                                                 - before[standby.pid]) / seconds, 2)}
                 if spy is not None:

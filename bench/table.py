@@ -59,15 +59,16 @@ def throughput(result: dict[str, Any]) -> Iterator[str]:
            f"{machine_line(result)}.")
     yield ""
     yield ("| row | msg/s | x peer | x raw | consumer CPU µs/msg | server CPU µs/msg "
-           "| lost / order violations / duplicates |")
-    yield "|---|---|---|---|---|---|---|"
+           "| x peer by CPU | lost / order violations / duplicates |")
+    yield "|---|---|---|---|---|---|---|---|"
     for name, row in result.get("rows", {}).items():
         if "skipped" in row:
-            yield f"| `{name}` | skipped: {row['skipped']} | | | | | |"
+            yield f"| `{name}` | skipped: {row['skipped']} | | | | | | |"
             continue
         yield (f"| `{name}` | {_n(row.get('msgs_per_s'))} | {_n(row.get('x_peer'), 2)} | "
                f"{_n(row.get('x_raw'), 2)} | {_n(row.get('cpu_us_per_msg'), 1)} | "
-               f"{_n(row.get('server_cpu_us_per_msg'), 1)} | {_n(row.get('lost'))} / "
+               f"{_n(row.get('server_cpu_us_per_msg'), 1)} | "
+               f"{_n(row.get('x_peer_by_cpu'), 2)} | {_n(row.get('lost'))} / "
                f"{_n(row.get('order_violations'))} / {_n(row.get('duplicates'))} |")
     yield from targets(result)
 
@@ -126,7 +127,10 @@ def scale(result: dict[str, Any]) -> Iterator[str]:
                                ("longest gap of a partition (s)", "longest_gap_s", 2),
                                ("longest gap before (s)", "longest_gap_before_s", 2),
                                ("duplicates / lost / order violations", "duplicates", 0)):
-        value = _n(added.get(key), digits)
+        raw = added.get(key)
+        if isinstance(raw, dict):  # a gap: {"partition": p, "seconds": s}
+            raw = raw.get("seconds")
+        value = _n(raw, digits)
         if key == "duplicates":
             value = f"{value} / {_n(added.get('lost'))} / {_n(added.get('order_violations'))}"
         yield f"| {label} | {value} | |"

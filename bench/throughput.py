@@ -297,7 +297,7 @@ def merge_rounds(runs: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, A
             continue
         ordered = sorted(mine, key=lambda r: r["msgs_per_s"])
         row = dict(ordered[(len(ordered) - 1) // 2])
-        for label in ("x_peer", "x_raw"):
+        for label in ("x_peer", "x_raw", "x_peer_by_cpu"):
             values = [r[label] for r in mine if label in r]
             if values:
                 row[label] = round(statistics.median(values), 2)
@@ -316,13 +316,28 @@ async def _connect(url: str) -> Client:
 
 
 def ratios(rows: dict[str, dict[str, Any]]) -> None:
-    """``x_peer`` and ``x_raw`` of every row (when that row ran)."""
+    """``x_peer`` and ``x_raw`` of every row (when that row ran), and ``x_peer_by_cpu``:
+    the peer's CPU per message (its processes' and the server's) over the row's. On a
+    machine whose cores are all busy, throughput is cores over CPU per message, and CPU
+    per message hardly moves with other users' load while msg/s does (2x between two
+    rounds here): the CPU ratio says what the rate ratio would be on a quiet machine
+    that is CPU-bound; it misses waiting (a round trip per message) when it is not."""
     for base, label in (("peer", "x_peer"), ("raw", "x_raw")):
         rate = rows.get(base, {}).get("msgs_per_s")
         if rate:
             for row in rows.values():
                 if "msgs_per_s" in row:
                     row[label] = round(row["msgs_per_s"] / rate, 2)
+    def measured(row: dict[str, Any]) -> bool:
+        return "cpu_us_per_msg" in row and "server_cpu_us_per_msg" in row
+
+    peer = rows.get("peer", {})
+    if measured(peer):
+        cost = peer["cpu_us_per_msg"] + peer["server_cpu_us_per_msg"]
+        for row in rows.values():
+            if measured(row):
+                row["x_peer_by_cpu"] = round(
+                    cost / (row["cpu_us_per_msg"] + row["server_cpu_us_per_msg"]), 2)
 
 
 def targets(rows: dict[str, dict[str, Any]]) -> dict[str, bool | None]:

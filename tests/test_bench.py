@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bench import failover, profile, scale, table, throughput
+from bench import failover, profile, scale, table, throughput, variant
 from bench.common import Records
 
 
@@ -132,7 +132,7 @@ def test_tables_render_every_benchmark() -> None:
                   "peer": {"skipped": "no Python >= 3.12"}},
               "targets": {"defaults >= 4x peer": False, "key >= 1.2x raw": None}}
     text = table.render(result)
-    assert "| `defaults` | 3,062 | 0.88 | - | 408.5 | - | 0 / 0 / 0 |" in text
+    assert "| `defaults` | 3,062 | 0.88 | - | 408.5 | - | - | 0 / 0 / 0 |" in text
     assert "| `peer` | skipped: no Python >= 3.12 |" in text
     assert "| defaults >= 4x peer | no |" in text and "| key >= 1.2x raw | not run |" in text
     fail = {"benchmark": "failover", "setup": {"trials": 20},
@@ -143,19 +143,25 @@ def test_tables_render_every_benchmark() -> None:
     assert "| stall `sigstop`: takeovers / overlaps in 3 trials | 0 / 0 |" in text
     assert "| server CPU, idle | 11.00 % | - |" in table.render(
         {"benchmark": "scale", "cgroupd": {"idle": {"server_cpu_percent": 11}}})
+    gap = {"benchmark": "scale", "cgroupd": {"add_members": {
+        "longest_gap_s": {"partition": 16, "seconds": 1.693}}}}
+    assert "| longest gap of a partition (s) | 1.69 | |" in table.render(gap)
     with pytest.raises(ValueError, match="not a benchmark's output"):
         table.render({"rows": {}})
 
 
 def test_throughput_ratios_and_targets() -> None:
     rows: dict[str, dict[str, Any]] = {
-        "defaults": {"msgs_per_s": 8000, "lost": 0, "order_violations": 0, "duplicates": 0},
+        "defaults": {"msgs_per_s": 8000, "lost": 0, "order_violations": 0, "duplicates": 0,
+                     "cpu_us_per_msg": 100.0, "server_cpu_us_per_msg": 50.0},
         "key": {"msgs_per_s": 30000, "cpu_us_per_msg": 60.0},
-        "peer": {"msgs_per_s": 2000},
+        "peer": {"msgs_per_s": 2000, "cpu_us_per_msg": 400.0, "server_cpu_us_per_msg": 200.0},
         "raw": {"msgs_per_s": 24000},
     }
     throughput.ratios(rows)
     assert rows["defaults"]["x_peer"] == 4.0 and rows["key"]["x_raw"] == 1.25
+    # (400 + 200) / (100 + 50): the peer's and the server's CPU per message over the row's
+    assert rows["defaults"]["x_peer_by_cpu"] == 4.0 and "x_peer_by_cpu" not in rows["key"]
     goals = throughput.targets(rows)
     assert goals["defaults >= 4x peer"] is True
     assert goals["key >= 1.2x raw"] is True
@@ -184,6 +190,15 @@ def test_rounds_merge_to_medians_and_summed_checks() -> None:
     assert merged["key"]["lost"] == 1
     assert throughput.targets(merged)[
         "every row: nothing lost, per-key order, no duplicates"] is False
+
+
+def test_variant_settings_are_checked() -> None:
+    """A proposed default is parsed as a literal; a name MemberSettings lacks is refused
+    with the names it has (a typo must not measure the defaults by mistake)."""
+    assert variant.parse("pull_expires=5,heartbeat=2.5") == {"pull_expires": 5,
+                                                             "heartbeat": 2.5}
+    with pytest.raises(SystemExit, match="pull_expires"):
+        variant.parse("pull_expiry=5")
 
 
 # -- end to end, tiny --------------------------------------------------------------------
