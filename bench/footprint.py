@@ -103,6 +103,7 @@ async def main(seconds: float, extra: tuple[str, ...] = (),
                     spy.send_signal(signal.SIGINT)
                     await asyncio.wait_for(spy.wait(), 60)
                     result["standby"]["profile"] = analyse_py_spy(out, 0.0, 15)
+    result["machine"]["load_average_after"] = machine()["load_average_1_5_15_min"]
     result["targets"] = {"idle member RSS <= 60 MB": result["active"]["rss_mb"] <= 60}
     return result
 

@@ -16,6 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+#: Rows of a profile's table (the JSON keeps more).
+PROFILE_ROWS = 12
+
 
 def _n(value: Any, digits: int = 0, unit: str = "") -> str:
     """A number for a table cell (a dash when absent)."""
@@ -116,6 +119,7 @@ def scale(result: dict[str, Any]) -> Iterator[str]:
             ("server CPU, idle", ("server_cpu_percent",), 2, " %"),
             ("CPU per instance, idle (mean)", ("member_cpu_percent_each", "mean"), 2, " %"),
             ("CPU per instance, idle (max)", ("member_cpu_percent_each", "max"), 2, " %"),
+            ("active CPU each (mean)", ("active", "cpu_percent_each", "mean"), 2, " %"),
             ("standby CPU each (mean)", ("standby", "cpu_percent_each", "mean"), 2, " %"),
             ("RSS per instance (max)", ("rss_mb_each", "max"), 1, " MB"))
     for label, path, digits, unit in rows:
@@ -167,12 +171,30 @@ def profile(result: dict[str, Any]) -> Iterator[str]:
         result, "profile", "self") or []
     yield "| where (innermost cgroupd or handler frame) | share | µs/msg |"
     yield "|---|---|---|"
-    for row in table:
+    waiting = _get(result, "profile", "waiting_in_select_share")
+    if waiting is not None:
+        share = _n(waiting * 100, 1, " %")
+        yield f"| (samples waiting in `select`, left out of the shares) | {share} | |"
+    for row in table[:PROFILE_ROWS]:
         yield f"| {row['what']} | {_n(row['share'] * 100, 1, ' %')} | {_n(row['us_per_msg'], 1)} |"
 
 
+def footprint(result: dict[str, Any]) -> Iterator[str]:
+    yield (f"Footprint, idle, one member (active + standby): options {result.get('options')}, "
+           f"settings {result.get('settings')}; {machine_line(result)}.")
+    yield ""
+    yield "| process | CPU % of a core | wakeups/s | RSS MB |"
+    yield "|---|---|---|---|"
+    for name in ("active", "standby"):
+        part = result.get(name, {})
+        yield (f"| {name} | {_n(part.get('cpu_percent'), 2)} | {_n(part.get('wakeups_per_s'), 1)} "
+               f"| {_n(part.get('rss_mb'), 1)} |")
+    yield (f"| nats-server | {_n(result.get('server_cpu_percent'), 2)} | "
+           f"{_n(result.get('server_wakeups_per_s'), 1)} | |")
+
+
 RENDER = {"throughput": throughput, "failover": failover, "scale": scale,
-          "profile": profile}
+          "profile": profile, "footprint": footprint}
 
 
 def render(result: dict[str, Any]) -> str:

@@ -284,9 +284,9 @@ async def main(shape: Shape, names: list[str], with_peer: bool = True, rounds: i
 
 
 def merge_rounds(runs: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """One row from its rounds: the median round's figures, each ratio's median over the
-    rounds, the figures of every round, and the checks summed (a loss in any round
-    shows)."""
+    """One row from its rounds: the median round's figures (of an even number, the
+    slower of the middle two), each ratio's median over the rounds, the figures of every
+    round, and the checks summed (a loss in any round shows)."""
     if len(runs) == 1:
         return runs[0]
     merged: dict[str, dict[str, Any]] = {}
