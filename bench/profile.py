@@ -347,10 +347,12 @@ if __name__ == "__main__":
                              "for --case defaults, one handler at a time)")
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=20, help="rows per table")
+    parser.add_argument("--members", type=int, default=MEMBERS,
+                        help="members of the group (1: the profiled one alone)")
     parser.add_argument("--case", choices=sorted(CASES), default="key",
                         help="which throughput case (default: key, as issue 15 asks)")
     a = parser.parse_args()
     tool = a.tool or ("py-spy" if py_spy() else "cprofile")
     if tool == "py-spy" and not py_spy():
         sys.exit("py-spy is not installed (pip install py-spy), or use --tool cprofile")
-    emit(asyncio.run(main(a.messages, tool, a.rate, a.top, case=a.case)))
+    emit(asyncio.run(main(a.messages, tool, a.rate, a.top, members=a.members, case=a.case)))
