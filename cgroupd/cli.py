@@ -8,7 +8,9 @@ Commands::
       member       add | drop | ls
       mapping      set | clear
       step-down    ask a member's active instance to hand over to a standby
-      status       per partition: member, active instance, pending messages
+      status       per partition: member, active instance, lag; --watch, --members
+      events       follow the group's advisories
+      replay       reprocess from a sequence or a time (dry run unless --execute)
       demo         a self-contained demo with an embedded nats-server
 
 Exit codes: 0 success, 1 operational failure (server unreachable, group missing, any
@@ -21,13 +23,17 @@ come from ``NATS_URL``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
+import shutil
+import signal
 import socket
 import sys
+import time
 import traceback
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 from pathlib import Path
@@ -37,7 +43,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 import cgroupd
-from cgroupd import admin, logs
+from cgroupd import admin, events, logs, views
 from cgroupd.config import (
     MAX_PARTITIONS,
     ElasticGroupConfig,
@@ -62,6 +68,7 @@ from cgroupd.handlers import (
 from cgroupd.jetstream import JetStream
 from cgroupd.partitions import assignment, key_function
 from cgroupd.settings import Exclusivity, MemberSettings
+from cgroupd.views import ranges, table
 
 T = TypeVar("T")
 
@@ -184,29 +191,6 @@ def pair_filters(args: Sequence[str]) -> list[tuple[str, str | None]]:
             else:
                 pairs[-1][1] = value
     return [(str(f), w) for f, w in pairs]
-
-
-def ranges(partitions: Iterable[int]) -> str:
-    """``[0, 1, 2, 5]`` → ``"0-2,5"``."""
-    parts = sorted(partitions)
-    out: list[str] = []
-    i = 0
-    while i < len(parts):
-        j = i
-        while j + 1 < len(parts) and parts[j + 1] == parts[j] + 1:
-            j += 1
-        out.append(str(parts[i]) if i == j else f"{parts[i]}-{parts[j]}")
-        i = j + 1
-    return ",".join(out) or "-"
-
-
-def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    """A plain aligned text table."""
-    cells = [[str(c) for c in row] for row in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
-    return "\n".join(lines)
 
 
 # -- error handling ---------------------------------------------------------------------
@@ -514,6 +498,11 @@ def join(
     instance_id: Annotated[str | None, typer.Option(
         "--instance-id", envvar="CGROUPD_INSTANCE_ID", metavar="ID",
         help="Id of this instance (default: random).")] = None,
+    status_interval: Annotated[float, typer.Option(
+        "--status-interval", envvar="CGROUPD_STATUS_INTERVAL", min=0.1, max=3600,
+        metavar="SEC", help="Refresh the group status (unowned-partitions gauge and "
+                            "advisory) and this instance's partition lag this "
+                            "often.")] = 10.0,
 ) -> None:
     """Run one instance of a member: consume its partitions while active, stand by
     otherwise. SIGTERM/SIGINT hands over to a standby and exits 0."""
@@ -563,7 +552,8 @@ def join(
             sys.path.insert(0, os.getcwd())
         function = load_handler(handler)
     options = JoinOptions(stream, group, member, static=static, instance_id=instance_id,
-                          metrics_port=metrics_port, metrics_host=metrics_host)
+                          metrics_port=metrics_port, metrics_host=metrics_host,
+                          status_interval=status_interval)
     spec = HandlerOptions(function=function, reference=handler, webhook=hook,
                           dead_letter=dead_letter)
     try:
@@ -803,26 +793,16 @@ def member_ls(
     stream: Annotated[str, typer.Argument(metavar="STREAM", help="Origin stream.")],
     group: Annotated[str, typer.Argument(metavar="GROUP", help="Group name.")],
 ) -> None:
-    """List members, their partitions and their active instance."""
+    """Members (like Kafka's --describe --members): partitions, lag, active instance, and
+    every running instance with its state, host, pid, since when and partitions."""
     _check_names(stream=stream, group=group)
-    status = _admin(ctx, lambda js: admin.group_status(js, stream, group))
-    config = status.group.config
-    owned = assignment(config)
-    rows: list[dict[str, Any]] = []
-    for name in dict.fromkeys([*config.member_names, *owned]):
-        parts = owned.get(name, ())
-        instances = {r.instance for r in status.partitions
-                     if r.member == name and r.instance is not None}
-        rows.append({
-            "member": name, "partitions": list(parts),
-            "active_instance": sorted(instances)[0] if instances else None,
-            "pending": sum(r.pending for r in status.partitions if r.member == name),
-        })
-    _emit(ctx, rows, lambda: table(
-        ["MEMBER", "PARTITIONS", "ACTIVE INSTANCE", "PENDING"],
-        [(r["member"], ranges(r["partitions"]),
-          r["active_instance"] or ("-" if not r["partitions"] else "NONE (not consumed)"),
-          r["pending"]) for r in rows]) if rows else f"{stream}/{group} has no members")
+
+    async def op(js: JetStream) -> tuple[admin.GroupStatus, list[dict[str, Any]]]:
+        return await _status_and_instances(js, stream, group, events.DISCOVERY_WAIT)
+
+    st, instances = _admin(ctx, op)
+    rows = views.members_data(st, instances)
+    _emit(ctx, rows, lambda: views.members_text(stream, group, rows))
 
 
 # -- mapping ------------------------------------------------------------------------
@@ -879,44 +859,148 @@ def status(
     ctx: typer.Context,
     stream: Annotated[str, typer.Argument(metavar="STREAM", help="Origin stream.")],
     group: Annotated[str, typer.Argument(metavar="GROUP", help="Group name.")],
+    members: Annotated[bool, typer.Option(
+        "--members", help="Per member and instance instead (as `member ls`).")] = False,
+    watch: Annotated[bool, typer.Option(
+        "--watch", "-w", help="Refresh until Ctrl-C: lag bars, trends, rates.")] = False,
+    interval: Annotated[float, typer.Option(
+        "--interval", min=0.2, max=3600, metavar="SEC",
+        help="Seconds between refreshes of --watch.")] = 2.0,
 ) -> None:
-    """Per partition: owning member, its active instance, pending messages."""
+    """Per partition: member, active instance and its host, lag in messages and time,
+    in flight."""
     _check_names(stream=stream, group=group)
-    st = _admin(ctx, lambda js: admin.group_status(js, stream, group))
-    config = st.group.config
-    data = {
-        "stream": stream, "group": group, "type": _kind(config),
-        "partitions": [{"partition": r.partition, "member": r.member,
-                        "instance": r.instance, "pending": r.pending}
-                       for r in st.partitions],
-        "pending": sum(r.pending for r in st.partitions),
-        "unowned_partitions": st.unowned_partitions,
-        "members_without_instance": st.members_without_instance,
-        "consumers": [{"name": c.name, "member": c.member, "instance": c.instance,
-                       "role": c.role, "partitions": list(c.partitions),
-                       "pending": c.num_pending, "ack_pending": c.num_ack_pending}
-                      for c in st.consumers],
-    }
+    if members:
+        member_ls(ctx, stream, group)
+        return
+    if watch:
+        raise typer.Exit(_watch_status(ctx, stream, group, interval))
 
-    def human() -> str:
-        lines = [f"{stream}/{group} ({_kind(config)}): {config.max_members} partitions, "
-                 f"{data['pending']} pending", ""]
-        lines.append(table(["PARTITION", "MEMBER", "INSTANCE", "PENDING"], [
-            (r.partition, r.member or "-", r.instance or "-", r.pending)
-            for r in st.partitions]))
-        if st.members_without_instance:
-            owned = assignment(config)
-            lines += ["", "members with no active instance (partitions not consumed): "
-                      + ", ".join(f"{m} ({ranges(owned.get(m, ()))})"
-                                  for m in st.members_without_instance)]
-        unassigned = [r.partition for r in st.partitions if r.member is None]
-        if unassigned:
-            lines += ["", f"partitions with no member: {ranges(unassigned)}"]
-        if not st.unowned_partitions:
-            lines += ["", "every partition has an active instance"]
-        return "\n".join(lines)
+    async def op(js: JetStream) -> tuple[admin.GroupStatus, list[dict[str, Any]]]:
+        return await _status_and_instances(js, stream, group)
 
-    _emit(ctx, data, human)
+    st, instances = _admin(ctx, op)
+    data = views.status_data(st, instances)
+    _emit(ctx, data, lambda: views.status_text(data, st))
+
+
+#: Seconds ``status`` listens for instances answering discovery (hosts, standbys).
+STATUS_DISCOVERY_WAIT = 0.25
+
+
+async def _status_and_instances(js: JetStream, stream: str, group: str,
+                                wait: float = STATUS_DISCOVERY_WAIT
+                                ) -> tuple[admin.GroupStatus, list[dict[str, Any]]]:
+    st = await admin.group_status(js, stream, group, in_flight=True)
+    found = await events.discover(js.nc, stream, group, wait) if wait > 0 else []
+    return st, found
+
+
+def _watch_status(ctx: typer.Context, stream: str, group: str, interval: float) -> int:
+    """``status --watch``: a full-screen view redrawn every ``interval`` on a terminal
+    (alternate screen, like ``top``); one frame after another, or one JSON object per
+    line with ``--json``, when not on a terminal."""
+    g = _globals(ctx)
+    out = sys.stdout
+    live = out.isatty() and not g.json
+
+    async def go() -> int:
+        nc = await connect(g.connection)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        previous: dict[str, Any] | None = None
+        last = 0.0
+        if live:
+            out.write("\x1b[?1049h\x1b[?25l")  # alternate screen, hide the cursor
+        try:
+            js = JetStream(nc)
+            while not stop.is_set():
+                st, instances = await _status_and_instances(js, stream, group)
+                data = views.status_data(st, instances)
+                info = await js.stream_info(st.group.consume_stream)
+                data["appended"] = int(info.state.last_seq) if info is not None else 0
+                now = time.monotonic()
+                if g.json:
+                    data["time"] = events.iso(time.time())
+                    out.write(json.dumps(data) + "\n")
+                else:
+                    size = shutil.get_terminal_size((100, 40))
+                    frame = views.watch_frame(data, previous, now - last if last else 0.0,
+                                              size.columns, size.lines,
+                                              time.strftime("%H:%M:%S"))
+                    out.write("\x1b[H\x1b[2J" + frame + "\n" if live else frame + "\n\n")
+                out.flush()
+                previous, last = data, now
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), interval)
+        finally:
+            if live:
+                out.write("\x1b[?25h\x1b[?1049l")
+                out.flush()
+            await nc.close()
+        return 0
+
+    return asyncio.run(go())
+
+
+# -- events ---------------------------------------------------------------------------
+@app.command("events", no_args_is_help=True)
+def events_(
+    ctx: typer.Context,
+    stream: Annotated[str, typer.Argument(metavar="STREAM", help="Origin stream.")],
+    group: Annotated[str, typer.Argument(metavar="GROUP", help="Group name.")],
+    count: Annotated[int, typer.Option(
+        "--count", "-n", min=0, metavar="N", help="Exit after N events (0: never).")] = 0,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", min=0, metavar="SEC",
+        help="Exit (code 1) if fewer than --count events came within this (0: wait "
+             "forever).")] = 0,
+) -> None:
+    """Follow the group's advisories (became active, stepped down, partitions moved,
+    partitions nobody consumes), like `nats events`; --json prints one object a line."""
+    _check_names(stream=stream, group=group)
+    g = _globals(ctx)
+
+    async def go() -> int:
+        nc = await connect(g.connection)
+        seen = 0
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+
+        async def consume() -> None:
+            nonlocal seen
+            async for event in events.follow(nc, stream, group):
+                typer.echo(json.dumps(event) if g.json else views.event_line(event))
+                seen += 1
+                if count and seen >= count:
+                    return
+
+        try:
+            await admin.get_group(JetStream(nc), stream, group)  # a typo fails at once
+            if not g.json:
+                typer.echo(f"following events of {stream}/{group} "
+                           f"({events.events_filter(stream, group)}); Ctrl-C to stop",
+                           err=True)
+            following = asyncio.ensure_future(consume())
+            stopping = asyncio.ensure_future(stop.wait())
+            done, _ = await asyncio.wait({following, stopping}, timeout=timeout or None,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            for task in (following, stopping):
+                task.cancel()
+            if following in done:
+                following.result()
+            elif count and not stopping.done():
+                _error_line(f"{seen} of {count} events within {timeout:g}s")
+                return FAILURE
+            return 0
+        finally:
+            await nc.close()
+
+    raise typer.Exit(asyncio.run(go()))
 
 
 # -- demo -----------------------------------------------------------------------------

@@ -299,3 +299,31 @@ class JetStream:
         puller = Puller(self.nc, stream, consumer, options, on_message, capacity=capacity)
         await puller.start()
         return puller
+
+    # -- lag and replay ----------------------------------------------------------------
+    async def first_matches(self, stream: str, queries: list[tuple[str, int]],
+                            concurrency: int = 64) -> list[jsapi.FirstMatch]:
+        """Per ``(filter, start sequence)``: matching messages from there, and the first
+        one's sequence and time (one direct get each; see :func:`jsapi.first_matches`)."""
+        with self._translated(f"reading stream {stream}"):
+            return await jsapi.first_matches(self.nc, stream, queries,
+                                             concurrency=concurrency)
+
+    async def reset_consumer(self, stream: str, name: str, seq: int) -> dict[str, Any]:
+        with self._translated(f"resetting consumer {name}"):
+            return await jsapi.consumer_reset(self.nc, stream, name, seq)
+
+    async def delete_message(self, stream: str, seq: int) -> bool:
+        with self._translated(f"deleting message {seq} of {stream}"):
+            return await jsapi.delete_message(self.nc, stream, seq)
+
+    async def update_stream(self, config: api.StreamConfig) -> api.StreamInfo:
+        with self._translated(f"updating stream {config.name}"):
+            return await self.jsm.update_stream(config)
+
+    async def get_message(self, stream: str, seq: int = 0,
+                          next_subject: str | None = None) -> jsapi.StoredMessage | None:
+        """A stored message by sequence, or the first at/after ``seq`` matching
+        ``next_subject``; None if there is none."""
+        with self._translated(f"reading stream {stream}"):
+            return await jsapi.msg_get(self.nc, stream, seq, next_subject)
