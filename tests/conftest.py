@@ -30,6 +30,10 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "slow: takes seconds (failover, timeouts); deselect with -m 'not slow'"
     )
     config.addinivalue_line(
+        "markers", "prometheus: needs promtool / the Prometheus server (Debian's prometheus "
+                   "package, installed by scripts/test.sh)"
+    )
+    config.addinivalue_line(
         "markers", "interop: runs the reference implementation (natsio-pcgroups, in a "
                    "cached venv of a Python >= 3.12) next to cgroupd; see tests/peer.py"
     )
