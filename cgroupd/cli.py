@@ -35,6 +35,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
@@ -43,7 +44,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 import cgroupd
-from cgroupd import admin, events, logs, views
+from cgroupd import admin, events, logs, replay, views
 from cgroupd.config import (
     MAX_PARTITIONS,
     ElasticGroupConfig,
@@ -1001,6 +1002,99 @@ def events_(
             await nc.close()
 
     raise typer.Exit(asyncio.run(go()))
+
+
+# -- replay ---------------------------------------------------------------------------
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(d|h|m|s|ms)")
+_ISO_DURATION = re.compile(r"P(?:(\d+(?:\.\d+)?)D)?(?:T(?:(\d+(?:\.\d+)?)H)?"
+                           r"(?:(\d+(?:\.\d+)?)M)?(?:(\d+(?:\.\d+)?)S)?)?")
+
+
+def parse_duration(text: str) -> float:
+    """``90s``, ``1h30m``, ``2d``, ``500ms`` or ISO 8601 ``PT1H30M`` / ``P1DT2H`` (Kafka's
+    ``--by-duration`` form) → seconds; ValueError on anything else or on zero."""
+    t = text.strip()
+    seconds = 0.0
+    iso = _ISO_DURATION.fullmatch(t.upper())
+    if iso and t.upper() not in ("P", "PT") and any(iso.groups()):
+        d, h, m, s = (float(x) if x else 0.0 for x in iso.groups())
+        seconds = d * 86400 + h * 3600 + m * 60 + s
+    else:
+        pos = 0
+        units = {"d": 86400, "h": 3600, "m": 60, "s": 1, "ms": 0.001}
+        for match in _DURATION.finditer(t):
+            if match.start() != pos:
+                break
+            seconds += float(match.group(1)) * units[match.group(2)]
+            pos = match.end()
+        if pos != len(t) or not t:
+            raise ValueError(f"{text!r} is not a duration like 90s, 1h30m, 2d or PT1H30M")
+    if not seconds > 0 or seconds > 10 * 365 * 86400:
+        raise ValueError(f"duration {text!r} must be positive (and under ten years)")
+    return seconds
+
+
+def parse_time(text: str) -> float:
+    """An ISO 8601 time (``2026-05-01T10:00:00Z``, with an offset, or local time when it
+    has none) → Unix seconds; ValueError otherwise."""
+    t = text.strip()
+    try:
+        when = datetime.fromisoformat(t[:-1] + "+00:00" if t.endswith(("Z", "z")) else t)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a time like 2026-05-01T10:00:00Z") from None
+    if when.tzinfo is None:
+        when = when.astimezone()  # local time, as Kafka's --to-datetime
+    return when.timestamp()
+
+
+@app.command("replay", no_args_is_help=True)
+def replay_(
+    ctx: typer.Context,
+    stream: Annotated[str, typer.Argument(metavar="STREAM", help="Origin stream.")],
+    group: Annotated[str, typer.Argument(metavar="GROUP", help="Group name.")],
+    to_earliest: Annotated[bool, typer.Option(
+        "--to-earliest", help="From the oldest message still stored.")] = False,
+    to_sequence: Annotated[int | None, typer.Option(
+        "--to-sequence", min=1, metavar="SEQ",
+        help="From this stream sequence (of the origin stream).")] = None,
+    to_time: Annotated[str | None, typer.Option(
+        "--to-time", metavar="TIME",
+        help="From the first message stored at or after this ISO 8601 time "
+             "(2026-05-01T10:00:00Z; local time without an offset).")] = None,
+    by_duration: Annotated[str | None, typer.Option(
+        "--by-duration", metavar="DURATION",
+        help="From this long ago: 90s, 1h30m, 2d or PT1H30M.")] = None,
+    members: Annotated[list[str] | None, typer.Option(
+        "--member", metavar="M", help="Static groups: only this member (repeatable).")] = None,
+    execute: Annotated[bool, typer.Option(
+        "--execute", help="Do it (default: a dry run that only shows the plan).")] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Only show the plan (the default).")] = False,
+) -> None:
+    """Process messages again from a point ("reset offsets"): a static group's member
+    consumers move there, an elastic group's work-queue stream is sourced again from
+    there. Shows per partition what would be processed again; changes nothing without
+    --execute, and refuses while the group's instances run."""
+    _check_names(stream=stream, group=group, member=members or [])
+    if execute and dry_run:
+        usage("give --execute or --dry-run, not both")
+    try:
+        when = (parse_time(to_time) if to_time is not None else
+                time.time() - parse_duration(by_duration) if by_duration is not None
+                else None)
+        target = replay.Target(earliest=to_earliest, sequence=to_sequence, time=when)
+    except ValueError as exc:
+        usage(str(exc) if "exactly one" not in str(exc) else
+              "give exactly one of --to-earliest, --to-sequence, --to-time or --by-duration")
+
+    async def op(js: JetStream) -> replay.Plan:
+        if execute:
+            return await replay.execute(js, stream, group, target, members or None)
+        return await replay.plan(js, stream, group, target, members or None)
+
+    done = _admin(ctx, op)
+    data = done.to_json()
+    _emit(ctx, data, lambda: views.replay_text(data))
 
 
 # -- demo -----------------------------------------------------------------------------

@@ -321,9 +321,16 @@ class JetStream:
         with self._translated(f"updating stream {config.name}"):
             return await self.jsm.update_stream(config)
 
-    async def get_message(self, stream: str, seq: int = 0,
-                          next_subject: str | None = None) -> jsapi.StoredMessage | None:
-        """A stored message by sequence, or the first at/after ``seq`` matching
-        ``next_subject``; None if there is none."""
+    async def get_message(self, stream: str, seq: int = 0, next_subject: str | None = None,
+                          start_time: float | None = None) -> jsapi.StoredMessage | None:
+        """A stored message by sequence, or the first at/after ``seq`` (or ``start_time``)
+        matching ``next_subject``; None if there is none."""
         with self._translated(f"reading stream {stream}"):
-            return await jsapi.msg_get(self.nc, stream, seq, next_subject)
+            return await jsapi.msg_get(self.nc, stream, seq, next_subject, start_time)
+
+    async def scan_subjects(self, stream: str, filters: list[str],
+                            start_seq: int) -> AsyncIterator[tuple[int, str]]:
+        """``(sequence, subject)`` of the messages from ``start_seq`` matching ``filters``."""
+        with self._translated(f"scanning stream {stream}"):
+            async for item in jsapi.scan_subjects(self.nc, stream, filters, start_seq):
+                yield item

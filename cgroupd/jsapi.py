@@ -12,9 +12,10 @@ import asyncio
 import base64
 import functools
 import json
-from collections.abc import Mapping
+import secrets
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import nats.errors
@@ -359,12 +360,19 @@ def parse_header_block(raw: bytes) -> dict[str, str]:
 
 
 async def msg_get(nc: Client, stream: str, seq: int = 0,
-                  next_subject: str | None = None) -> StoredMessage | None:
-    """One stored message (``STREAM.MSG.GET``); None when there is none."""
+                  next_subject: str | None = None,
+                  start_time: float | None = None) -> StoredMessage | None:
+    """One stored message (``STREAM.MSG.GET``): by sequence, the first at or after ``seq``
+    (or ``start_time``, Unix seconds) matching ``next_subject``, or the first at or after
+    ``start_time``; None when there is none."""
     body: dict[str, Any] = {"seq": seq} if seq else {}
+    if start_time is not None:
+        body = {"start_time": datetime.fromtimestamp(start_time, UTC).isoformat().replace(
+            "+00:00", "Z")}
     if next_subject is not None:
         body["next_by_subj"] = next_subject
-        body.setdefault("seq", 0)
+        if start_time is None:
+            body.setdefault("seq", 0)
     try:
         reply = await request(nc, f"{API}.STREAM.MSG.GET.{stream}", body)
     except ApiError as exc:
@@ -377,3 +385,64 @@ async def msg_get(nc: Client, stream: str, seq: int = 0,
         subject=str(m.get("subject", "")), seq=int(m.get("seq", 0)),
         time=_rfc3339(str(m.get("time", ""))), headers=parse_header_block(hdrs),
         data=base64.b64decode(m["data"]) if m.get("data") else b"")
+
+
+async def scan_subjects(nc: Client, stream: str, filters: list[str], start_seq: int,
+                        batch: int = 1000, timeout: float = API_TIMEOUT
+                        ) -> AsyncIterator[tuple[int, str]]:
+    """``(sequence, subject)`` of every message from ``start_seq`` on matching ``filters``,
+    as it is now (later messages are not waited for): a headers-only, unacknowledged,
+    in-memory ephemeral consumer pulled with ``no_wait``, deleted afterwards. The stream
+    sequence and the messages still pending come from each delivery's reply subject
+    (``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>``)."""
+    name = f"cgroupd_scan_{secrets.token_hex(6)}"
+    config: dict[str, Any] = {
+        "ack_policy": "none", "deliver_policy": "by_start_sequence",
+        "opt_start_seq": max(1, start_seq), "headers_only": True, "mem_storage": True,
+        "inactive_threshold": int(30e9), "num_replicas": 1, "max_waiting": 1,
+    }
+    if len(filters) == 1:
+        config["filter_subject"] = filters[0]
+    elif filters:
+        config["filter_subjects"] = filters
+    await create_consumer(nc, stream, name, config)
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    try:
+        while True:
+            await nc.publish(pull_subject(stream, name),
+                             json.dumps({"batch": batch, "no_wait": True}).encode(),
+                             reply=inbox)
+            received = 0
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=timeout)
+                except nats.errors.TimeoutError as exc:
+                    raise ServerUnreachable(f"scanning {stream}: no answer in "
+                                            f"{timeout:.1f}s") from exc
+                status = server_status(msg)
+                if status is not None:
+                    if status.code in ("404", "408", "409"):
+                        break  # no more now, or the batch is done
+                    raise ApiError(int(status.code), 0, f"scanning {stream}: "
+                                   f"{status.code} {status.description}")
+                tokens = (msg.reply or "").split(".")
+                if len(tokens) < 9:
+                    continue
+                received += 1
+                yield int(tokens[-5]), msg.subject
+                if int(tokens[-1]) == 0:
+                    return
+                if received >= batch:
+                    break
+            if received == 0:
+                return
+    finally:
+        try:
+            await sub.unsubscribe()
+        except nats.errors.Error:
+            pass
+        try:
+            await delete_consumer(nc, stream, name)
+        except CgroupdError:
+            pass  # it expires by itself

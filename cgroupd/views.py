@@ -251,17 +251,27 @@ def _rate(value: float | None) -> str:
 
 def replay_text(plan: dict[str, Any]) -> str:
     """A replay plan (dry run) or its result, one row per partition."""
-    head = (f"{'replayed' if plan['executed'] else 'DRY RUN: would replay'} "
-            f"{plan['stream']}/{plan['group']} ({plan['type']}) from {plan['target']}")
-    rows = table(["PARTITION", "MEMBER", "FROM SEQ", "REPROCESSED", "DROPPED PENDING"],
-                 [(p["partition"], p["member"] or "-",
-                   p["from_sequence"] if p["from_sequence"] is not None else "-",
-                   p["reprocess"], p["dropped_pending"]) for p in plan["partitions"]])
+    executed = plan["executed"]
+    head = (f"{'replayed' if executed else 'DRY RUN: would replay'} {plan['stream']}/"
+            f"{plan['group']} ({plan['type']}) from {plan['target']}"
+            + (f" (sequence {plan['sequence']})" if plan["sequence"] is not None else ""))
+    elastic = plan["type"] == "elastic"
+    headers = ["PARTITION", "MEMBER", "FROM SEQ", "AGAIN",
+               "WAITING (KEPT IN ORDER)" if elastic else "SKIPPED"]
+    rows = table(headers, [
+        (p["partition"], p["member"] or "-",
+         p["from_sequence"] if p["from_sequence"] is not None else "-", p["reprocess"],
+         p["dropped_pending"] if elastic else p["skip"]) for p in plan["partitions"]])
     total = sum(p["reprocess"] for p in plan["partitions"])
-    tail = [f"{total} messages {'will be' if plan['executed'] else 'would be'} processed "
-            f"again"]
+    skipped = sum(p["skip"] for p in plan["partitions"])
+    verb = "are" if executed else "would be"
+    tail = [f"{total} messages {verb} processed again"
+            + (f", {skipped} skipped" if skipped else "")]
     tail += plan.get("notes", [])
-    if not plan["executed"]:
+    if plan["blockers"]:
+        tail += ["", "REFUSED now:" if not executed else "blocked:"]
+        tail += [f"  - {b}" for b in plan["blockers"]]
+    if not executed:
         tail.append("nothing changed; run again with --execute to replay")
     return "\n".join([head, "", rows, "", *tail])
 
