@@ -1,0 +1,126 @@
+"""``cgroupd status --watch`` in a real terminal: tmux runs it, capture-pane reads the
+screen as a person would see it, send-keys types Ctrl-C."""
+
+from __future__ import annotations
+
+import secrets
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from nats.aio.client import Client
+
+from cgroupd.jetstream import JetStream
+from tests.fixtures_cli.support import ROOT, JoinProcess, child_env
+from tests.groups import eventually, make_group, publish_keyed
+from tests.k8s_tools import in_ci
+from tests.natsserver import NatsServer
+
+pytestmark = pytest.mark.slow
+
+
+class Tmux:
+    """A tmux server of our own (its own socket), one window of a fixed size."""
+
+    def __init__(self, command: list[str], env: dict[str, str], width: int = 110,
+                 height: int = 30) -> None:
+        self.socket = f"cgroupd-test-{secrets.token_hex(4)}"
+        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()
+                           if k in ("PATH", "PYTHONPATH", "HOME", "LANG"))
+        self.run("new-session", "-d", "-x", str(width), "-y", str(height), "-s", "w",
+                 f"cd {shlex.quote(str(ROOT))} && env {exports} TERM=xterm-256color "
+                 f"{shlex.join(command)}; echo EXITED $?; sleep 30")
+
+    def run(self, *args: str) -> str:
+        done = subprocess.run(["tmux", "-L", self.socket, "-f", "/dev/null", *args],
+                              capture_output=True, text=True, timeout=10, check=False)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def screen(self) -> str:
+        return self.run("capture-pane", "-p", "-t", "w")
+
+    def keys(self, *keys: str) -> None:
+        self.run("send-keys", "-t", "w", *keys)
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True,
+                       timeout=10, check=False)
+
+
+@pytest.fixture
+def tmux_available() -> None:
+    if shutil.which("tmux") is None:
+        message = "tmux not found: apt-get install tmux"
+        if in_ci():
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.fixture
+def joins() -> Iterator[list[JoinProcess]]:
+    procs: list[JoinProcess] = []
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.close()
+
+
+async def test_watch_view_in_a_real_terminal(tmux_available: None, nats_server: NatsServer,
+                                             jetstream: JetStream, nc: Client,
+                                             tmp_path: Path,
+                                             joins: list[JoinProcess]) -> None:
+    """With nobody consuming, the screen says the group is idle and shows every partition
+    with its backlog and a lag bar; once an instance of m1 joins, its partitions show its
+    host and drain to 0 while m2's stay unowned; Ctrl-C leaves the alternate screen and
+    exits 0."""
+    await make_group(jetstream, partitions=4, members=("m1", "m2"))
+    await publish_keyed(jetstream, 40, keys=8)
+    command = [sys.executable, "-m", "cgroupd", "--server", nats_server.url, "status",
+               "ORDERS", "g", "--watch", "--interval", "0.3"]
+    term = Tmux(command, child_env())
+    try:
+        idle = await eventually(
+            lambda: "THE GROUP IS IDLE" in (s := term.screen()) and "PARTITION" in s and s,
+            20, 0.1, "the idle view")
+        lines = idle.splitlines()
+        assert lines[0].startswith("ORDERS/g (elastic)")
+        assert "pending 40" in lines[1]
+        rows = [line.split() for line in lines if line[:1].isdigit()]
+        assert [r[0] for r in rows] == ["0", "1", "2", "3"]
+        assert all("(NO ACTIVE INSTANCE)" in line for line in lines if line[:1].isdigit())
+        assert all(line.rstrip().endswith("#") for line in lines if line[:1].isdigit())
+        assert "Ctrl-C to quit" in idle
+
+        joins.append(JoinProcess(nats_server.url, tmp_path, "m1", "--stream", "ORDERS",
+                                 "--group", "g", "--member", "m1", "--handler",
+                                 "tests.fixtures_cli.record_handler:handle",
+                                 record=tmp_path / "handled.jsonl"))
+
+        def m1_drained() -> str | bool:
+            screen = term.screen()
+            rows = {line.split()[0]: line for line in screen.splitlines()
+                    if line[:1].isdigit()}
+            if len(rows) != 4 or "UNOWNED partitions 2-3" not in screen:
+                return False
+            mine = [rows[p] for p in ("0", "1")]
+            if any("NO ACTIVE" in r or r.split()[3] != "0" for r in mine):
+                return False
+            return screen
+
+        drained = await eventually(m1_drained, 30, 0.2, "m1's partitions to drain on screen")
+        for line in drained.splitlines():
+            if line[:3] in ("2  ", "3  "):
+                assert "m2 (NO ACTIVE INSTANCE)" in line and line.rstrip().endswith("#")
+        term.keys("C-c")
+        after = await eventually(lambda: "EXITED" in (s := term.screen()) and s, 10, 0.1,
+                                 "the view to exit")
+        assert "EXITED 0" in after
+        assert "PARTITION" not in after, "the alternate screen is left on exit"
+    finally:
+        term.close()
