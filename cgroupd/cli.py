@@ -897,6 +897,17 @@ async def _status_and_instances(js: JetStream, stream: str, group: str,
     return st, found
 
 
+def _stop_on_signals() -> asyncio.Event:
+    """An event set by SIGINT/SIGTERM: Ctrl-C ends a following command normally (exit 0).
+    Outside the main thread (tests) the default handling stays."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(RuntimeError, ValueError, NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
 def _watch_status(ctx: typer.Context, stream: str, group: str, interval: float) -> int:
     """``status --watch``: a full-screen view redrawn every ``interval`` on a terminal
     (alternate screen, like ``top``); one frame after another, or one JSON object per
@@ -907,10 +918,7 @@ def _watch_status(ctx: typer.Context, stream: str, group: str, interval: float) 
 
     async def go() -> int:
         nc = await connect(g.connection)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        stop = _stop_on_signals()
         previous: dict[str, Any] | None = None
         last = 0.0
         if live:
@@ -967,10 +975,7 @@ def events_(
     async def go() -> int:
         nc = await connect(g.connection)
         seen = 0
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        stop = _stop_on_signals()
 
         async def consume() -> None:
             nonlocal seen
@@ -1005,7 +1010,7 @@ def events_(
 
 
 # -- replay ---------------------------------------------------------------------------
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(d|h|m|s|ms)")
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|d|h|m|s)")
 _ISO_DURATION = re.compile(r"P(?:(\d+(?:\.\d+)?)D)?(?:T(?:(\d+(?:\.\d+)?)H)?"
                            r"(?:(\d+(?:\.\d+)?)M)?(?:(\d+(?:\.\d+)?)S)?)?")
 

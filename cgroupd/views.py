@@ -184,7 +184,7 @@ def members_text(stream: str, group: str, rows: list[dict[str, Any]]) -> str:
 
 
 def _bar(value: float, top: float, width: int = BAR_WIDTH) -> str:
-    if top <= 0 or value <= 0:
+    if top <= 0 or value <= 0 or width <= 0:
         return ""
     filled = max(1, round(width * value / top))
     return "#" * min(width, filled)
@@ -220,8 +220,8 @@ def watch_frame(data: dict[str, Any], previous: dict[str, Any] | None, elapsed: 
             owner += " (NO ACTIVE INSTANCE)"
         body_rows.append((r["partition"], owner, r["host"] or r["instance"] or "-",
                           r["pending"], duration(r["lag_seconds"]) if r["pending"] else "-",
-                          trend, _bar(r["pending"], top)))
-    room = max(1, height - len(head) - 3)
+                          trend))
+    room = max(1, height - len(head) - 4)  # table header, note, blank, hint
     shown = body_rows
     note = ""
     if len(body_rows) > room:
@@ -229,8 +229,11 @@ def watch_frame(data: dict[str, Any], previous: dict[str, Any] | None, elapsed: 
         shown.sort(key=lambda row: int(row[0]))
         note = (f"... {len(body_rows) - room} more partitions (showing the {room} "
                 f"furthest behind)")
-    text = table(["PARTITION", "OWNER", "HOST", "PENDING", "LAG-TIME", "TREND", "LAG"],
-                 shown)
+    headers = ["PARTITION", "OWNER", "HOST", "PENDING", "LAG-TIME", "TREND"]
+    used = max((len(line) for line in table(headers, shown).splitlines()), default=0)
+    bar = max(0, min(BAR_WIDTH, width - used - 2))  # the bars shrink to fit the width
+    text = table([*headers, "LAG"],
+                 [(*row, _bar(float(row[3]), top, bar)) for row in shown])
     lines = head + text.splitlines() + ([note] if note else []) + ["", "Ctrl-C to quit"]
     return "\n".join(line[:width] for line in lines)
 

@@ -1,0 +1,168 @@
+"""Advisories and instance discovery with real `cgroupd join` processes, followed by a
+real `cgroupd events` process (JSON and human), and `member ls` describing every
+instance."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from cgroupd import admin, events
+from cgroupd.jetstream import JetStream
+from tests.fixtures_cli.support import ROOT, JoinProcess, child_env, poll
+from tests.groups import eventually, make_group
+from tests.natsserver import NatsServer
+from tests.test_daemon import cli
+
+pytestmark = pytest.mark.slow
+HANDLER = "tests.fixtures_cli.record_handler:handle"
+
+
+class Follower:
+    """``cgroupd events STREAM GROUP`` in a child process, its output in a file."""
+
+    def __init__(self, url: str, path: Path, *flags: str) -> None:
+        self.path = path
+        self._out = open(path, "w")  # closed in close()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cgroupd", "--server", url, *flags, "events", "ORDERS",
+             "g"], cwd=ROOT, env=child_env(), stdout=self._out, stderr=subprocess.STDOUT)
+
+    def lines(self) -> list[str]:
+        self._out.flush()
+        return self.path.read_text().splitlines()
+
+    def events(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.lines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        return out
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._out.close()
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Any]]:
+    started: list[Any] = []
+    try:
+        yield started
+    finally:
+        for p in started:
+            p.close()
+
+
+async def test_advisories_follow_failover_rebalance_and_idle_partitions(
+        nats_server: NatsServer, jetstream: JetStream, tmp_path: Path,
+        procs: list[Any]) -> None:
+    """Instances a (active) and b (standby) of m1, followed by `cgroupd events --json` and
+    by the human form: SIGTERM on a gives `stepped_down` (reason stopping, its partitions)
+    then `active` from b; m2 joining moves partitions in place (`rebalanced` from b: lost
+    2-3) and c becomes active; SIGKILL of c gives timed `unowned` advisories naming
+    partitions 2-3 and m2, published by b alone. Every payload has type, id and
+    timestamp; `member ls` lists each instance with its state, host and partitions, and
+    `cgroupd events` exits 0 on Ctrl-C."""
+    await make_group(jetstream, partitions=4, members=("m1",))
+    url = nats_server.url
+    as_json = Follower(url, tmp_path / "events.jsonl", "--json")
+    human = Follower(url, tmp_path / "events.txt")
+    procs += [as_json, human]
+
+    def join(name: str, member: str) -> JoinProcess:
+        proc = JoinProcess(url, tmp_path, name, "--stream", "ORDERS", "--group", "g",
+                           "--member", member, "--handler", HANDLER, "--status-interval",
+                           "0.3", "--instance-id", name, record=tmp_path / "handled.jsonl")
+        procs.append(proc)
+        return proc
+
+    def kinds() -> list[tuple[str, str | None]]:
+        return [(events.kind_of(e), e.get("instance")) for e in as_json.events()]
+
+    async with aiohttp.ClientSession() as http:
+        a = join("a", "m1")
+        await poll(lambda: a.metric(http, "cgroupd_member_active"), 20, "a active")
+        b = join("b", "m1")
+        await poll(lambda: _ready(b, http), 20, "b standing by")
+        await eventually(lambda: ("active", "a") in kinds(), 10, what="a's advisory")
+
+        described = json.loads((await cli(url, "--json", "member", "ls", "ORDERS",
+                                          "g")).stdout)
+        instances = {i["instance"]: i for i in described[0]["instances"]}
+        assert instances["a"]["state"] == "active" and instances["a"]["partitions"] == [
+            0, 1, 2, 3]
+        assert instances["b"]["state"] == "standby" and instances["b"]["partitions"] == []
+        assert instances["a"]["host"] == events.hostname()
+        assert instances["a"]["pid"] == a.proc.pid and instances["a"]["since"]
+
+        a.terminate()
+        assert await a.wait_exit() == 0
+        await eventually(lambda: ("active", "b") in kinds(), 20, what="b's advisory")
+        seen = as_json.events()
+        down = next(e for e in seen if events.kind_of(e) == "stepped_down")
+        assert (down["instance"], down["member"], down["reason"], down["partitions"]) == (
+            "a", "m1", "stopping", [0, 1, 2, 3])
+        assert kinds().index(("stepped_down", "a")) < kinds().index(("active", "b"))
+        for e in seen:
+            assert e["type"].startswith(events.TYPE_PREFIX) and len(e["id"]) == 16
+            assert e["timestamp"].endswith("Z") and (e["stream"], e["group"]) == (
+                "ORDERS", "g")
+
+        await admin.add_members(jetstream, "ORDERS", "g", ["m2"])
+        c = join("c", "m2")
+        await eventually(lambda: ("rebalanced", "b") in kinds() and ("active", "c")
+                         in kinds(), 20, what="b to rebalance and c to become active")
+        moved = next(e for e in as_json.events() if events.kind_of(e) == "rebalanced")
+        assert (moved["partitions"], moved["gained"], moved["lost"]) == ([0, 1], [], [2, 3])
+
+        c.proc.send_signal(signal.SIGKILL)
+
+        def unowned() -> list[dict[str, Any]]:
+            return [e for e in as_json.events() if events.kind_of(e) == "unowned"
+                    and e["unowned_partitions"] == [2, 3]]
+
+        timed = await eventually(lambda: len(unowned()) >= 2 and unowned(), 20,
+                                 what="two timed unowned advisories")
+        assert {e["instance"] for e in timed} == {"b"}
+        assert all(e["members_without_instance"] == ["m2"] and e["idle"] is False
+                   for e in timed)
+
+    text = "\n".join(human.lines())
+    assert "following events of ORDERS/g" in text
+    assert "STEPPED_DOWN m1 instance a on" in text and "(stopping)" in text
+    assert "UNOWNED partitions 2-3 have no active instance (members without one: m2" in text
+    human.close()
+    assert human.proc.returncode == 0
+
+
+async def _ready(proc: JoinProcess, http: aiohttp.ClientSession) -> bool:
+    status, body = await proc.get(http, "/readyz")
+    return status == 200 and json.loads(body)["state"] == "standby"
+
+
+async def test_events_command_errors(nats_server: NatsServer, jetstream: JetStream) -> None:
+    """A group that does not exist is one clear error (exit 1), not a silent wait; --count
+    with --timeout ends with exit 1 when too few events came."""
+    result = await cli(nats_server.url, "events", "NOPE", "g")
+    assert result.exit_code == 1 and "no consumer group" in result.stderr
+    await make_group(jetstream, partitions=2)
+    quiet = await cli(nats_server.url, "events", "ORDERS", "g", "--count", "1",
+                      "--timeout", "0.3")
+    assert quiet.exit_code == 1 and "0 of 1 events within 0.3s" in quiet.stderr
