@@ -447,8 +447,10 @@ class Daemon:
         if not status.unowned_partitions:
             return
         owned = [r for r in status.partitions if r.instance is not None]
-        me = self.member.instance_id if self.member is not None else None
-        if owned and owned[0].instance != me:
+        # By member and state, not instance id: pinned consumers name the pin instead.
+        mine = (self.member is not None and self.member.active
+                and bool(owned) and owned[0].member == self.options.member)
+        if owned and not mine:
             return
         unowned = set(status.unowned_partitions)
         self._event("unowned", unowned_partitions=sorted(unowned),

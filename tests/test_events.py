@@ -166,3 +166,44 @@ async def test_events_command_errors(nats_server: NatsServer, jetstream: JetStre
     quiet = await cli(nats_server.url, "events", "ORDERS", "g", "--count", "1",
                       "--timeout", "0.3")
     assert quiet.exit_code == 1 and "0 of 1 events within 0.3s" in quiet.stderr
+
+
+async def test_unowned_advisory_publisher_is_chosen_by_member_not_pin() -> None:
+    """The timed `unowned` advisory comes from the active instance of the member owning
+    the lowest consumed partition, matched by member (pinned consumers name a pin id, not
+    the instance id), from nobody else, and from everyone while the group is idle."""
+    from types import SimpleNamespace
+
+    from cgroupd.admin import GroupStatus, PartitionStatus
+    from cgroupd.config import ElasticGroupConfig, PartitioningFilter
+    from cgroupd.connect import ConnectionOptions
+    from cgroupd.daemon import Daemon, JoinOptions
+    from cgroupd.handlers import HandlerOptions
+    from cgroupd.settings import MemberSettings
+
+    config = ElasticGroupConfig(max_members=4, members=("m1", "m2"), partitioning_filters=(
+        PartitioningFilter("orders.*", (1,)),))
+    stored = admin.StoredGroup("ORDERS", "g", config, 1)
+
+    def status(*instances: str | None) -> GroupStatus:
+        rows = [PartitionStatus(p, "m1" if p < 2 else "m2", inst, 1)
+                for p, inst in enumerate(instances)]
+        return GroupStatus(stored, rows, [], sorted({r.member for r in rows
+                                                     if r.instance is None and r.member}))
+
+    def published(member: str, active: bool, st: GroupStatus) -> list[str]:
+        daemon = Daemon(ConnectionOptions(), JoinOptions("ORDERS", "g", member),
+                        MemberSettings(), HandlerOptions(function=lambda m: None))
+        daemon.member = SimpleNamespace(active=active, instance_id="own-id")  # type: ignore
+        kinds: list[str] = []
+        daemon._event = lambda kind, **_: kinds.append(kind)  # type: ignore[method-assign]
+        daemon._unowned_advisory(st)
+        return kinds
+
+    half = status("pin-1", "pin-1", None, None)  # m1 pinned (pin id), m2 gone
+    assert published("m1", True, half) == ["unowned"]
+    assert published("m1", False, half) == []  # a standby of m1
+    assert published("m2", False, half) == []
+    idle = status(None, None, None, None)
+    assert published("m1", False, idle) == published("m2", False, idle) == ["unowned"]
+    assert published("m1", True, status("a", "a", "b", "b")) == []  # nothing unowned

@@ -173,3 +173,49 @@ async def test_static_replay_one_member_by_time(fleet: Fleet, jetstream: JetStre
     verdict.assert_ok()
     assert verdict.duplicates == 0
     assert set(completions(second)) == again, "only m1's messages after T ran again"
+
+
+async def test_replay_command_refuses_while_join_instances_run(
+        nats_server: Any, jetstream: JetStream, tmp_path: Any) -> None:
+    """`cgroupd replay` with a `cgroupd join` instance running (found by asking the
+    instances, not only by the consumers): the dry run shows the plan and why it is
+    refused now, --execute exits 1 changing nothing; with the instance stopped, --execute
+    replays and says so."""
+    from tests.fixtures_cli.support import JoinProcess
+    from tests.test_daemon import cli
+
+    await make_group(jetstream, partitions=2, members=("m1", "m2"))  # m2 never runs
+    await publish_keyed(jetstream, 10, keys=4)
+    url = nats_server.url
+    proc = JoinProcess(url, tmp_path, "m1", "--stream", "ORDERS", "--group", "g", "--member",
+                       "m1", "--handler", "tests.fixtures_cli.record_handler:handle",
+                       record=tmp_path / "handled.jsonl")
+    try:
+        await eventually(lambda: _lines(tmp_path / "handled.jsonl") > 0, 20,
+                         what="m1 to process")
+        dry = await cli(url, "replay", "ORDERS", "g", "--to-sequence", "3")
+        assert dry.exit_code == 0, dry.output
+        assert dry.stdout.startswith("DRY RUN: would replay ORDERS/g (elastic) from "
+                                     "sequence 3")
+        assert "REFUSED now:" in dry.stdout and "cgroupd instances of ORDERS/g are " \
+               "running (m1: 1)" in dry.stdout
+        refused = await cli(url, "replay", "ORDERS", "g", "--to-sequence", "3", "--execute")
+        assert refused.exit_code == 1 and "not replaying" in refused.stderr
+        proc.terminate()
+        assert await proc.wait_exit() == 0
+    finally:
+        proc.close()
+
+    # m2's partition was never consumed: its messages wait from origin sequence 1 or 2,
+    # so replaying from 3 is refused for them; from the start it is not.
+    refused = await cli(url, "--json", "replay", "ORDERS", "g", "--to-sequence", "3")
+    assert any("before the replay point 3" in b for b in json.loads(refused.stdout)[
+        "blockers"])
+    done = await cli(url, "--json", "replay", "ORDERS", "g", "--to-earliest", "--execute")
+    assert done.exit_code == 0, done.output
+    result = json.loads(done.stdout)
+    assert result["executed"] and result["blockers"] == [] and result["sequence"] == 1
+
+
+def _lines(path: Any) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
