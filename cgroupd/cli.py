@@ -977,9 +977,14 @@ def events_(
         seen = 0
         stop = _stop_on_signals()
 
+        def ready() -> None:
+            # On stderr in both forms: once it shows, no later event is missed.
+            typer.echo(f"following events of {stream}/{group} "
+                       f"({events.events_filter(stream, group)}); Ctrl-C to stop", err=True)
+
         async def consume() -> None:
             nonlocal seen
-            async for event in events.follow(nc, stream, group):
+            async for event in events.follow(nc, stream, group, ready):
                 typer.echo(json.dumps(event) if g.json else views.event_line(event))
                 seen += 1
                 if count and seen >= count:
@@ -987,10 +992,6 @@ def events_(
 
         try:
             await admin.get_group(JetStream(nc), stream, group)  # a typo fails at once
-            if not g.json:
-                typer.echo(f"following events of {stream}/{group} "
-                           f"({events.events_filter(stream, group)}); Ctrl-C to stop",
-                           err=True)
             following = asyncio.ensure_future(consume())
             stopping = asyncio.ensure_future(stop.wait())
             done, _ = await asyncio.wait({following, stopping}, timeout=timeout or None,

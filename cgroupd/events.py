@@ -23,7 +23,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -99,15 +99,20 @@ class Publisher:
         return event
 
 
-async def follow(nc: Client, stream: str, group: str) -> AsyncIterator[dict[str, Any]]:
+async def follow(nc: Client, stream: str, group: str,
+                 ready: Callable[[], None] | None = None) -> AsyncIterator[dict[str, Any]]:
     """Every event of the group from now on, until cancelled; undecodable ones come as
-    ``{"type": "invalid", "subject": ..., "data": ...}``."""
+    ``{"type": "invalid", "subject": ..., "data": ...}``. ``ready`` is called once the
+    server has the subscription: no event published after that is missed."""
     queue: asyncio.Queue[Msg] = asyncio.Queue()
 
     async def on_msg(msg: Msg) -> None:
         queue.put_nowait(msg)
 
     sub = await nc.subscribe(events_filter(stream, group), cb=on_msg)
+    await nc.flush()
+    if ready is not None:
+        ready()
     try:
         while True:
             msg = await queue.get()

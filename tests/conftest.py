@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
@@ -100,3 +101,15 @@ async def fleet(nats_server: NatsServer) -> AsyncIterator[Fleet]:
         yield f
     finally:
         await f.close()
+
+
+@pytest.fixture
+def closing() -> Iterator[list[Any]]:
+    """Append anything with ``close()`` (child processes, followers): all closed after the
+    test, whatever happened."""
+    things: list[Any] = []
+    try:
+        yield things
+    finally:
+        for thing in things:
+            thing.close()

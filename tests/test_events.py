@@ -8,7 +8,6 @@ import json
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,19 +59,9 @@ class Follower:
         self._out.close()
 
 
-@pytest.fixture
-def procs() -> Iterator[list[Any]]:
-    started: list[Any] = []
-    try:
-        yield started
-    finally:
-        for p in started:
-            p.close()
-
-
 async def test_advisories_follow_failover_rebalance_and_idle_partitions(
         nats_server: NatsServer, jetstream: JetStream, tmp_path: Path,
-        procs: list[Any]) -> None:
+        closing: list[Any]) -> None:
     """Instances a (active) and b (standby) of m1, followed by `cgroupd events --json` and
     by the human form: SIGTERM on a gives `stepped_down` (reason stopping, its partitions)
     then `active` from b; m2 joining moves partitions in place (`rebalanced` from b: lost
@@ -84,13 +73,17 @@ async def test_advisories_follow_failover_rebalance_and_idle_partitions(
     url = nats_server.url
     as_json = Follower(url, tmp_path / "events.jsonl", "--json")
     human = Follower(url, tmp_path / "events.txt")
-    procs += [as_json, human]
+    closing += [as_json, human]
+    for follower in (as_json, human):
+        await eventually(lambda f=follower: any("following events of ORDERS/g" in line
+                                                for line in f.lines()), 20,
+                         what="the followers to subscribe")
 
     def join(name: str, member: str) -> JoinProcess:
         proc = JoinProcess(url, tmp_path, name, "--stream", "ORDERS", "--group", "g",
                            "--member", member, "--handler", HANDLER, "--status-interval",
                            "0.3", "--instance-id", name, record=tmp_path / "handled.jsonl")
-        procs.append(proc)
+        closing.append(proc)
         return proc
 
     def kinds() -> list[tuple[str, str | None]]:
@@ -111,6 +104,10 @@ async def test_advisories_follow_failover_rebalance_and_idle_partitions(
         assert instances["b"]["state"] == "standby" and instances["b"]["partitions"] == []
         assert instances["a"]["host"] == events.hostname()
         assert instances["a"]["pid"] == a.proc.pid and instances["a"]["since"]
+        same = json.loads((await cli(url, "--json", "status", "ORDERS", "g",
+                                     "--members")).stdout)
+        assert [(m["member"], sorted(i["instance"] for i in m["instances"]))
+                for m in same] == [("m1", ["a", "b"])]
 
         a.terminate()
         assert await a.wait_exit() == 0

@@ -20,7 +20,6 @@ import copy
 import json
 import re
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -157,16 +156,6 @@ def test_dashboard_is_well_formed() -> None:
 
 
 # -- a real Prometheus ------------------------------------------------------------------
-@pytest.fixture
-def join_processes() -> Iterator[list[JoinProcess]]:
-    procs: list[JoinProcess] = []
-    try:
-        yield procs
-    finally:
-        for p in procs:
-            p.close()
-
-
 def short_rules(tmp_path: Path, duration: str = "2s") -> Path:
     """The rules with every ``for:`` shortened (the test-only value), still checked."""
     spec = copy.deepcopy(yaml.safe_load(RULES.read_text()))
@@ -183,7 +172,7 @@ def short_rules(tmp_path: Path, duration: str = "2s") -> Path:
 @pytest.mark.slow
 async def test_alert_fires_in_prometheus_and_dashboard_queries_return_series(
         nats_server: NatsServer, nc: Client, jetstream: JetStream, tmp_path: Path,
-        join_processes: list[JoinProcess]) -> None:
+        closing: list[Any]) -> None:
     """Real Prometheus, real `cgroupd join` processes (m1 with one instance, m2 with two),
     scraped every 0.5 s: once every partition is consumed CgroupdUnownedPartitions is
     quiet; after SIGKILL of both m2 instances it fires for ORDERS/g with the number of
@@ -198,7 +187,7 @@ async def test_alert_fires_in_prometheus_and_dashboard_queries_return_series(
         proc = JoinProcess(nats_server.url, tmp_path, name, "--stream", "ORDERS", "--group",
                            "g", "--member", member, "--handler", HANDLER,
                            "--status-interval", "0.5", record=record)
-        join_processes.append(proc)
+        closing.append(proc)
         return proc
 
     m1, m2a, m2b = join("m1", "m1"), join("m2a", "m2"), join("m2b", "m2")

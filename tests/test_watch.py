@@ -8,8 +8,8 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nats.aio.client import Client
@@ -61,20 +61,10 @@ def tmux_available() -> None:
         pytest.skip(message)
 
 
-@pytest.fixture
-def joins() -> Iterator[list[JoinProcess]]:
-    procs: list[JoinProcess] = []
-    try:
-        yield procs
-    finally:
-        for p in procs:
-            p.close()
-
-
 async def test_watch_view_in_a_real_terminal(tmux_available: None, nats_server: NatsServer,
                                              jetstream: JetStream, nc: Client,
                                              tmp_path: Path,
-                                             joins: list[JoinProcess]) -> None:
+                                             closing: list[Any]) -> None:
     """With nobody consuming, the screen says the group is idle and shows every partition
     with its backlog and a lag bar; once an instance of m1 joins, its partitions show its
     host and drain to 0 while m2's stay unowned; Ctrl-C leaves the alternate screen and
@@ -97,7 +87,7 @@ async def test_watch_view_in_a_real_terminal(tmux_available: None, nats_server: 
         assert all(line.rstrip().endswith("#") for line in lines if line[:1].isdigit())
         assert "Ctrl-C to quit" in idle
 
-        joins.append(JoinProcess(nats_server.url, tmp_path, "m1", "--stream", "ORDERS",
+        closing.append(JoinProcess(nats_server.url, tmp_path, "m1", "--stream", "ORDERS",
                                  "--group", "g", "--member", "m1", "--handler",
                                  "tests.fixtures_cli.record_handler:handle",
                                  record=tmp_path / "handled.jsonl"))
