@@ -288,6 +288,11 @@ class JetStream:
         with self._translated(f"listing consumers of {stream}"):
             return await jsapi.list_consumers(self.nc, stream)
 
+    async def reset_consumer(self, stream: str, consumer: str, seq: int = 0) -> dict[str, Any]:
+        """Redeliver from ``seq`` (0: the ack floor) in stream order; the info after it."""
+        with self._translated(f"resetting consumer {consumer}"):
+            return await jsapi.reset_consumer(self.nc, stream, consumer, seq)
+
     async def unpin(self, stream: str, consumer: str, group: str) -> None:
         with self._translated(f"unpinning {consumer}"):
             await jsapi.unpin(self.nc, stream, consumer, group)
@@ -308,14 +313,6 @@ class JetStream:
         with self._translated(f"reading stream {stream}"):
             return await jsapi.first_matches(self.nc, stream, queries,
                                              concurrency=concurrency)
-
-    async def reset_consumer(self, stream: str, name: str, seq: int) -> dict[str, Any]:
-        with self._translated(f"resetting consumer {name}"):
-            return await jsapi.consumer_reset(self.nc, stream, name, seq)
-
-    async def delete_message(self, stream: str, seq: int) -> bool:
-        with self._translated(f"deleting message {seq} of {stream}"):
-            return await jsapi.delete_message(self.nc, stream, seq)
 
     async def update_stream(self, config: api.StreamConfig) -> api.StreamInfo:
         with self._translated(f"updating stream {config.name}"):

@@ -163,6 +163,15 @@ async def list_consumers(nc: Client, stream: str) -> list[dict[str, Any]]:
             return out
 
 
+async def reset_consumer(nc: Client, stream: str, consumer: str,
+                         seq: int = 0) -> dict[str, Any]:
+    """Move a consumer back to stream sequence ``seq`` (0: just past its ack floor), as if
+    nothing above it had been delivered: its pending messages are dropped and delivered
+    again, in stream order (server >= 2.14). The reply is the consumer info after it."""
+    return await request(nc, f"{API}.CONSUMER.RESET.{stream}.{consumer}",
+                         {"seq": seq} if seq else {})
+
+
 async def unpin(nc: Client, stream: str, consumer: str, group: str) -> None:
     """Clear a pinned client so the server picks another (priority groups ADR)."""
     await request(nc, f"{API}.CONSUMER.UNPIN.{stream}.{consumer}", {"group": group})
@@ -316,24 +325,6 @@ async def first_matches(nc: Client, stream: str, queries: list[tuple[str, int]],
             await sub.unsubscribe()
         except nats.errors.Error:
             pass
-
-
-async def consumer_reset(nc: Client, stream: str, consumer: str, seq: int) -> dict[str, Any]:
-    """Move a consumer's start to stream sequence ``seq`` (server >= 2.14): its pending
-    deliveries are forgotten, its ack floor becomes ``seq - 1`` and delivery resumes at
-    ``seq``. The reply is the consumer's info plus ``reset_seq``."""
-    return await request(nc, f"{API}.CONSUMER.RESET.{stream}.{consumer}", {"seq": seq})
-
-
-async def delete_message(nc: Client, stream: str, seq: int) -> bool:
-    """Remove one message (no overwrite); False if it was already gone."""
-    try:
-        await request(nc, f"{API}.STREAM.MSG.DELETE.{stream}", {"seq": seq, "no_erase": True})
-    except ApiError as exc:
-        if exc.code == 404 or exc.err_code in (10037, 10057):
-            return False
-        raise
-    return True
 
 
 @dataclass(frozen=True)
