@@ -911,39 +911,62 @@ def _stop_on_signals() -> asyncio.Event:
 def _watch_status(ctx: typer.Context, stream: str, group: str, interval: float) -> int:
     """``status --watch``: a full-screen view redrawn every ``interval`` on a terminal
     (alternate screen, like ``top``); one frame after another, or one JSON object per
-    line with ``--json``, when not on a terminal."""
+    line with ``--json``, when not on a terminal. Once the first view is shown, a failed
+    refresh (server restarting, group deleted and re-created) is shown and retried, never
+    the end of the view; logs stay off the live screen unless --debug."""
     g = _globals(ctx)
     out = sys.stdout
     live = out.isatty() and not g.json
+    if live and not g.debug:
+        logs.configure("critical")  # the screen itself says what goes wrong
 
     async def go() -> int:
         nc = await connect(g.connection)
         stop = _stop_on_signals()
         previous: dict[str, Any] | None = None
+        shown: str | None = None
         last = 0.0
+        last_clock = ""
         if live:
             out.write("\x1b[?1049h\x1b[?25l")  # alternate screen, hide the cursor
         try:
             js = JetStream(nc)
             while not stop.is_set():
-                st, instances = await _status_and_instances(js, stream, group)
-                data = views.status_data(st, instances)
-                info = await js.stream_info(st.group.consume_stream)
-                data["appended"] = int(info.state.last_seq) if info is not None else 0
-                now = time.monotonic()
-                if g.json:
-                    data["time"] = events.iso(time.time())
-                    out.write(json.dumps(data) + "\n")
+                started = time.monotonic()
+                clock = time.strftime("%H:%M:%S")
+                size = shutil.get_terminal_size((100, 40))
+                try:
+                    data = await _watch_read(js, stream, group)
+                except Exception as exc:  # shown, then retried
+                    if previous is None:
+                        raise  # nothing shown yet: a typo or no server, fail at once
+                    problem = _problem(exc)
+                    if g.json:
+                        frame = json.dumps({"time": events.iso(time.time()),
+                                            "error": problem})
+                    else:
+                        frame = views.watch_problem_frame(
+                            stream, group, problem, clock, last_clock,
+                            shown if live else None, size.columns, size.lines)
                 else:
-                    size = shutil.get_terminal_size((100, 40))
-                    frame = views.watch_frame(data, previous, now - last if last else 0.0,
-                                              size.columns, size.lines,
-                                              time.strftime("%H:%M:%S"))
-                    out.write("\x1b[H\x1b[2J" + frame + "\n" if live else frame + "\n\n")
+                    now = time.monotonic()
+                    if g.json:
+                        data["time"] = events.iso(time.time())
+                        frame = json.dumps(data)
+                    else:
+                        frame = shown = views.watch_frame(
+                            data, previous, now - last if last else 0.0, size.columns,
+                            size.lines, clock)
+                    previous, last, last_clock = data, now, clock
+                if live:
+                    out.write("\x1b[H\x1b[2J" + frame + "\n")
+                else:
+                    out.write(frame + ("\n" if g.json else "\n\n"))
                 out.flush()
-                previous, last = data, now
+                # A steady cadence: the refresh itself (discovery wait included) counts.
+                pause = max(0.05, interval - (time.monotonic() - started))
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), interval)
+                    await asyncio.wait_for(stop.wait(), pause)
         finally:
             if live:
                 out.write("\x1b[?25h\x1b[?1049l")
@@ -952,6 +975,24 @@ def _watch_status(ctx: typer.Context, stream: str, group: str, interval: float) 
         return 0
 
     return asyncio.run(go())
+
+
+async def _watch_read(js: JetStream, stream: str, group: str) -> dict[str, Any]:
+    """One refresh of ``status --watch``: the status view plus the work stream's last
+    sequence (for the rates)."""
+    st, instances = await _status_and_instances(js, stream, group)
+    data = views.status_data(st, instances)
+    info = await js.stream_info(st.group.consume_stream)
+    data["appended"] = int(info.state.last_seq) if info is not None else 0
+    return data
+
+
+def _problem(exc: BaseException) -> str:
+    """A one-line description of a failed refresh."""
+    if isinstance(exc, CgroupdError):
+        return str(exc)
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 # -- events ---------------------------------------------------------------------------

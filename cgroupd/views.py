@@ -238,6 +238,19 @@ def watch_frame(data: dict[str, Any], previous: dict[str, Any] | None, elapsed: 
     return "\n".join(line[:width] for line in lines)
 
 
+def watch_problem_frame(stream: str, group: str, problem: str, clock: str,
+                        last_clock: str, last_frame: str | None, width: int,
+                        height: int) -> str:
+    """The screen of ``status --watch`` while refreshing fails: what failed and that it
+    is retried, then (on a terminal) the last good view under it, marked as such."""
+    lines = [f"{stream}/{group}   {clock}   CANNOT REFRESH: {problem}",
+             f"retrying; the view below is from {last_clock}" if last_frame is not None
+             else f"retrying; last refreshed at {last_clock}"]
+    if last_frame is not None:
+        lines += ["", *last_frame.splitlines()]
+    return "\n".join(line[:width] for line in lines[:max(2, height - 1)])
+
+
 def _ownership_line(data: dict[str, Any]) -> str:
     unowned = data["unowned_partitions"]
     if data["idle"]:

@@ -138,3 +138,21 @@ def test_replay_text() -> None:
 def test_duration() -> None:
     assert [views.duration(x) for x in (0.04, 9.96, 59, 61, 3661, 90000, None)] == [
         "0.0s", "10.0s", "59s", "1m01s", "1h01m", "1d01h", "-"]
+
+
+def test_watch_problem_frame_keeps_the_last_view_within_the_terminal() -> None:
+    """A failed refresh says what failed first and keeps the last good view under it,
+    marked with its time, still within the terminal's lines and width; without a view to
+    keep (not a terminal) it is the two problem lines."""
+    good = views.watch_frame(_data(1000), None, 0.0, 80, 30, "12:00:00")
+    problem = "no consumer group 'g' on stream 'S' " + "x" * 100
+    frame = views.watch_problem_frame("S", "g", problem, "12:00:05", "12:00:00", good, 80,
+                                      30).splitlines()
+    assert frame[0].startswith("S/g   12:00:05   CANNOT REFRESH: no consumer group 'g'")
+    assert frame[1] == "retrying; the view below is from 12:00:00"
+    assert frame[3] == good.splitlines()[0]
+    assert len(frame) <= 29 and max(len(line) for line in frame) <= 80
+    bare = views.watch_problem_frame("S", "g", "timeout", "12:00:05", "12:00:00", None,
+                                     80, 30).splitlines()
+    assert bare == ["S/g   12:00:05   CANNOT REFRESH: timeout",
+                    "retrying; last refreshed at 12:00:00"]

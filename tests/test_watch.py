@@ -3,9 +3,12 @@ screen as a person would see it, send-keys types Ctrl-C."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import secrets
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +17,8 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 
+from cgroupd import admin
+from cgroupd.config import ElasticGroupConfig, PartitioningFilter
 from cgroupd.jetstream import JetStream
 from tests.fixtures_cli.support import ROOT, JoinProcess, child_env
 from tests.groups import eventually, make_group, publish_keyed
@@ -114,3 +119,75 @@ async def test_watch_view_in_a_real_terminal(tmux_available: None, nats_server: 
         assert "PARTITION" not in after, "the alternate screen is left on exit"
     finally:
         term.close()
+
+
+class Watcher:
+    """``cgroupd --json status ORDERS g --watch`` in a child process (not on a terminal:
+    one JSON object a line), its output in a file."""
+
+    def __init__(self, url: str, path: Path) -> None:
+        self.path = path
+        self._out = open(path, "w")  # closed in close()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cgroupd", "--server", url, "--json", "status", "ORDERS",
+             "g", "--watch", "--interval", "0.2"], cwd=ROOT, env=child_env(),
+            stdout=self._out, stderr=subprocess.DEVNULL)
+
+    def frames(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue  # a line being written
+        return out
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+        self._out.close()
+
+
+async def test_watch_outlives_a_server_restart_and_a_recreated_group(
+        nats_server: NatsServer, jetstream: JetStream, tmp_path: Path,
+        closing: list[Any]) -> None:
+    """A missing group fails at once (exit 1, one line). Once the view runs it never ends
+    by itself: through a nats-server restart it comes back with fresh frames; while the
+    group is deleted each refresh reports the error; the re-created group (other member,
+    other partition count) is shown; Ctrl-C exits 0."""
+    await make_group(jetstream, partitions=2, members=("m1",))
+    missing = subprocess.run(
+        [sys.executable, "-m", "cgroupd", "--server", nats_server.url, "status", "ORDERS",
+         "nope", "--watch"], cwd=ROOT, env=child_env(), capture_output=True, text=True,
+        timeout=30, check=False)
+    assert missing.returncode == 1, missing
+    assert missing.stdout == "" and missing.stderr.count("\n") == 1
+    assert "no consumer group 'nope'" in missing.stderr
+
+    watch = Watcher(nats_server.url, tmp_path / "watch.jsonl")
+    closing.append(watch)
+    await eventually(lambda: len(watch.frames()) >= 2, 20, 0.05, "the first frames")
+
+    await asyncio.to_thread(nats_server.restart)
+    after = len(watch.frames())
+    await eventually(lambda: [f for f in watch.frames()[after:] if "error" not in f], 20,
+                     0.05, "a frame after the restart")
+    assert watch.proc.poll() is None
+
+    await admin.delete_group(jetstream, "ORDERS", "g")
+    errors = await eventually(
+        lambda: [f for f in watch.frames() if "no consumer group 'g'" in f.get("error", "")],
+        20, 0.05, "a refresh reporting the deleted group")
+    assert errors[0]["time"].endswith("Z")
+    config = ElasticGroupConfig(max_members=3, partitioning_filters=(
+        PartitioningFilter("orders.*", (1,)),), members=("m9",))
+    await admin.create_elastic_group(jetstream, "ORDERS", "g", config)
+
+    def recreated() -> list[dict[str, Any]]:
+        return [f for f in watch.frames() if "partitions" in f
+                and [p["member"] for p in f["partitions"]] == ["m9", "m9", "m9"]]
+
+    await eventually(recreated, 20, 0.05, "the re-created group on the view")
+    watch.proc.send_signal(signal.SIGINT)
+    assert await asyncio.to_thread(watch.proc.wait, 10) == 0
