@@ -119,6 +119,7 @@ class Daemon:
         self.settings = settings
         self.handler_options = handler
         self.metrics = Metrics(options.stream, options.group, options.member)
+        self.metrics.count_ignored_input(lambda: self.member.stats if self.member else {})
         self.nc: Client | None = None
         self.member: Member | None = None
         self._stop = asyncio.Event()

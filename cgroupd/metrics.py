@@ -11,13 +11,14 @@ read (unowned partitions: the ADR's "partitions nobody consumes" alert), and fro
 periodic lag read of the partitions this instance consumes while it is active (each
 partition is measured by its one active instance, so a fleet makes one request per
 partition per interval; ``max by (stream, group)`` over the partition series is the
-group's lag, see deploy/monitoring/).
+group's lag, see deploy/monitoring/), and at scrape time from the runtime's counts of
+bad input it ignored (``cgroupd_ignored_input_total``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -27,6 +28,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 PREFIX = "cgroupd_"
 LABELS = ("stream", "group", "member")
@@ -35,9 +38,39 @@ OUTCOMES = ("ack", "nak", "term", "dead_letter")
 #: Step-down reason that starts a rebalance (the member runtime's ``StepDown`` value).
 REBALANCE_REASON = "config-changed"
 
+#: Bad input the member runtime ignores (and logs each time), by the ``kind`` label of
+#: ``cgroupd_ignored_input_total``, from the runtime's stats key that counts it.
+IGNORED_INPUT = {
+    # the group record does not decode or validate: the last good config stays in force
+    "invalid_group_record": "invalid_group_records",
+    # an elastic group record whose shape (partitions, filters) changed under a running
+    # member, i.e. the group was replaced: ignored, the last good config stays
+    "replaced_group_record": "replaced_group_records",
+    # a delivery that is not a JetStream message (no ack reply subject to parse)
+    "not_jetstream_message": "not_jetstream",
+}
+
 _HANDLER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                     10.0, 30.0, 60.0)
 _REBALANCE_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
+
+
+class _IgnoredInput(Collector):
+    """``cgroupd_ignored_input_total`` read at scrape time from the runtime's counts."""
+
+    def __init__(self, labels: Mapping[str, str]) -> None:
+        self._labels = list(labels.values())
+        self.counts: Callable[[], Mapping[str, int]] = dict
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            PREFIX + "ignored_input", "Bad input ignored (and logged) by the member "
+            "runtime, by kind: invalid_group_record, replaced_group_record, "
+            "not_jetstream_message.", labels=[*LABELS, "kind"])
+        counts = self.counts()
+        for kind, key in IGNORED_INPUT.items():
+            family.add_metric([*self._labels, kind], counts.get(key, 0))
+        yield family
 
 
 class Metrics:
@@ -118,6 +151,8 @@ class Metrics:
                                "this instance published, by kind.", (*LABELS, "kind"),
                                registry=r)
         self._idle.labels(**self._labels).set_function(self.seconds_since_last_message)
+        self._ignored = _IgnoredInput(self._labels)
+        r.register(self._ignored)
 
     # -- membership ---------------------------------------------------------------------
     def became_active(self, partitions: Sequence[int]) -> float | None:
@@ -205,6 +240,11 @@ class Metrics:
 
     def lag_failed(self) -> None:
         self._lag_errors.labels(**self._labels).inc()
+
+    def count_ignored_input(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        """Export the member runtime's counts of ignored bad input (its ``stats``), read
+        at each scrape; the keys are the values of :data:`IGNORED_INPUT`."""
+        self._ignored.counts = counts
 
     def event_published(self, kind: str) -> None:
         self._events.labels(**self._labels, kind=kind).inc()

@@ -16,7 +16,8 @@ from nats.js import api
 from cgroupd import admin
 from cgroupd.config import StaticGroupConfig
 from cgroupd.jetstream import JetStream
-from cgroupd.lag import PartitionLag, read_lag
+from cgroupd.jsapi import FirstMatch
+from cgroupd.lag import PartitionLag, _merge, max_lag, partition_subjects, read_lag
 from cgroupd.metrics import Metrics
 from tests.fixtures_cli.support import JoinProcess, parse_metrics, poll
 from tests.groups import eventually, make_group
@@ -116,6 +117,27 @@ def test_metrics_report_only_current_partitions() -> None:
     m.clear_lag()
     assert not [k for k in parse_metrics(m.render().decode())
                 if k[0].startswith("cgroupd_partition_lag")]
+
+
+def test_partition_lag_pure_parts() -> None:
+    """Without a server: a partition's filters (a static group's per-filter subjects,
+    deduplicated), merging per-filter reads (counts add up, the oldest is the lowest
+    sequence among filters that have messages), the age clamped at 0 when the server's
+    clock runs ahead and 0 when nothing waits, and the group maximum."""
+    static = StaticGroupConfig(max_members=4, members=("m1",),
+                               filters=("orders.a", "orders.b", "orders.a"))
+    assert partition_subjects(static, 3) == ["3.orders.a", "3.orders.b"]
+    assert partition_subjects(StaticGroupConfig(max_members=4, members=("m1",)), 2) == [
+        "2.>"]
+    merged = _merge(1, [FirstMatch(2, 9, 100.0), FirstMatch(0), FirstMatch(3, 4, 150.0)])
+    assert (merged.messages, merged.oldest_seq, merged.oldest_time) == (5, 4, 150.0)
+    assert _merge(0, [FirstMatch(0), FirstMatch(0)]) == PartitionLag(0, 0)
+    assert merged.seconds(now=160.0) == 10.0
+    assert merged.seconds(now=140.0) == 0.0  # a server clock ahead of ours
+    assert PartitionLag(0, 0, 100.0, 1).seconds(now=500.0) == 0.0  # nothing waits
+    lags = [merged, PartitionLag(2, 9, 155.0, 20), PartitionLag(3, 0)]
+    assert max_lag(lags, now=160.0) == (9, 10.0)
+    assert max_lag([], now=1.0) == (0, 0.0)
 
 
 @pytest.mark.slow

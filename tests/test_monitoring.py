@@ -95,6 +95,8 @@ def test_every_alert_is_tested_firing_and_quiet() -> None:
     ("CgroupdHandlerErrors", ("> 0.05", "> 0.5")),
     ("CgroupdDeadLetters", ("dead_letter|term", "term")),
     ("CgroupdNatsDisconnected", ("for: 2m", "for: 10m")),
+    ("CgroupdBadGroupRecord", ("invalid_group_record|replaced_group_record",
+                               "invalid_group_record")),
 ])
 def test_unit_tests_catch_a_broken_rule(tmp_path: Path, alert: str,
                                         change: tuple[str, str]) -> None:

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from cgroupd import events, views
 from cgroupd.cli import app, parse_duration, parse_time
-from cgroupd.replay import PartitionPlan, Plan, Target
+from cgroupd.replay import PartitionPlan, Plan, Target, _origin_seq
 
 runner = CliRunner()
 
@@ -156,3 +156,29 @@ def test_watch_problem_frame_keeps_the_last_view_within_the_terminal() -> None:
                                      80, 30).splitlines()
     assert bare == ["S/g   12:00:05   CANNOT REFRESH: timeout",
                     "retrying; last refreshed at 12:00:00"]
+
+
+def test_event_subjects_kinds_and_ids() -> None:
+    """Subjects per kind under one group filter, unknown kinds refused before anything is
+    published, a foreign ``type`` passed through as its own kind, fresh ids."""
+    subjects = [events.event_subject("S", "g", k) for k in events.KINDS]
+    assert all(s.startswith("_CGROUPD.event.S.g.") for s in subjects)
+    assert events.events_filter("S", "g") == "_CGROUPD.event.S.g.>"
+    assert events.info_subject("S", "g") == "_CGROUPD.info.S.g"
+    with pytest.raises(ValueError):
+        events.event_subject("S", "g", "exploded")
+    a, b = (events.make_event("active", "S", "g") for _ in range(2))
+    assert a["id"] != b["id"] and events.kind_of(a) == "active"
+    assert events.kind_of({"type": "something.else"}) == "something.else"
+    assert events.kind_of({}) == ""
+
+
+def test_origin_sequence_of_a_sourced_message() -> None:
+    """The origin sequence is the second field of Nats-Stream-Source; a missing or
+    mangled header (a publisher's own, or an unsourced message) gives None, never a
+    wrong number."""
+    assert _origin_seq({"Nats-Stream-Source": "ORDERS 42 orders.* 0.> orders.k abc"}) == 42
+    for headers in ({}, {"Nats-Stream-Source": "ORDERS"},
+                    {"Nats-Stream-Source": "ORDERS -3 x"},
+                    {"Nats-Stream-Source": "ORDERS 4x2 x"}):
+        assert _origin_seq(headers) is None
