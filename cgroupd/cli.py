@@ -1039,9 +1039,11 @@ def events_(
                                          return_when=asyncio.FIRST_COMPLETED)
             for task in (following, stopping):
                 task.cancel()
+            # Let them end before the connection closes (the follower unsubscribes).
+            await asyncio.gather(following, stopping, return_exceptions=True)
             if following in done:
                 following.result()
-            elif count and not stopping.done():
+            elif count and stopping not in done:
                 _error_line(f"{seen} of {count} events within {timeout:g}s")
                 return FAILURE
             return 0

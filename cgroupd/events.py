@@ -140,8 +140,9 @@ async def discover(nc: Client, stream: str, group: str,
             info = json.loads(msg.data)
         except ValueError:
             return
-        if isinstance(info, dict) and info.get("type") == INFO_TYPE:
-            answers.append(info)
+        clean = clean_info(info)
+        if clean is not None:
+            answers.append(clean)
 
     sub = await nc.subscribe(inbox, cb=on_msg)
     try:
@@ -151,6 +152,38 @@ async def discover(nc: Client, stream: str, group: str,
     finally:
         await sub.unsubscribe()
     return sorted(answers, key=lambda a: (str(a.get("member")), str(a.get("instance"))))
+
+
+_INFO_TEXT = ("stream", "group", "member", "instance", "state", "host", "since",
+              "exclusivity", "version")
+_INFO_COUNTS = ("pid", "in_flight")
+#: Longest text field kept from an instance's answer (a table cell, not a payload).
+_INFO_TEXT_MAX = 200
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def clean_info(info: Any) -> dict[str, Any] | None:
+    """An instance's answer reduced to its known fields with their types, or None when it
+    is not one: anyone allowed to publish may answer discovery, and a malformed answer
+    must not break ``status`` or ``member ls``. Wrong-typed optional fields become None."""
+    if not isinstance(info, dict) or info.get("type") != INFO_TYPE:
+        return None
+    parts = info.get("partitions", [])
+    if (not isinstance(info.get("member"), str) or not isinstance(info.get("instance"), str)
+            or not isinstance(parts, list) or not all(_count(p) for p in parts)):
+        return None
+    out: dict[str, Any] = {"type": INFO_TYPE}
+    for key in _INFO_TEXT:
+        value = info.get(key)
+        out[key] = value[:_INFO_TEXT_MAX] if isinstance(value, str) else None
+    for key in _INFO_COUNTS:
+        value = info.get(key)
+        out[key] = value if _count(value) else None
+    out["partitions"] = sorted(set(parts))
+    return out
 
 
 def instance_info(**fields: Any) -> dict[str, Any]:

@@ -13,6 +13,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
 
 from cgroupd import admin, events
 from cgroupd.jetstream import JetStream
@@ -163,6 +165,74 @@ async def test_events_command_errors(nats_server: NatsServer, jetstream: JetStre
     quiet = await cli(nats_server.url, "events", "ORDERS", "g", "--count", "1",
                       "--timeout", "0.3")
     assert quiet.exit_code == 1 and "0 of 1 events within 0.3s" in quiet.stderr
+
+
+async def test_hostile_advisories_and_discovery_answers(
+        nats_server: NatsServer, jetstream: JetStream, nc: Client, tmp_path: Path,
+        closing: list[Any]) -> None:
+    """Anyone allowed to publish can write on the advisory subjects and answer discovery.
+    `cgroupd events` shows junk advisories (not JSON, unknown type, wrong field types) as
+    such, keeps following and prints the real one after them, and exits 0 on Ctrl-C
+    without a stray error; `member ls` and `status` drop malformed discovery answers, keep
+    the well-formed one, and exit 0."""
+    await make_group(jetstream, partitions=2, members=("m1",))
+    human = Follower(nats_server.url, tmp_path / "events.txt")
+    closing.append(human)
+    await eventually(lambda: any("following events of" in line for line in human.lines()),
+                     20, what="the follower to subscribe")
+    subject = events.event_subject("ORDERS", "g", "active")
+    good = events.make_event("active", "ORDERS", "g", member="m1", instance="real",
+                             host="h", partitions=[0, 1])
+    for junk in (b"\xff not json", b"[1, 2]", json.dumps({"type": "x.y"}).encode(),
+                 json.dumps({**good, "partitions": "abc"}).encode(),
+                 json.dumps({**good, "partitions": [1, "a"]}).encode(),
+                 json.dumps(events.make_event("rebalanced", "ORDERS", "g",
+                                              seconds="soon")).encode(),
+                 json.dumps(events.make_event("unowned", "ORDERS", "g",
+                                              members_without_instance=[1])).encode(),
+                 json.dumps(good).encode()):
+        await nc.publish(subject, junk)
+    await eventually(lambda: any("ACTIVE m1 instance real" in line for line in human.lines()),
+                     20, what="the real advisory after the junk")
+    lines = human.lines()
+    assert sum("INVALID advisory" in line for line in lines) == 2
+    assert sum("UNKNOWN advisory" in line for line in lines) == 1
+    assert sum("MALFORMED" in line for line in lines) == 4
+    assert human.proc.poll() is None
+    human.close()
+    assert human.proc.returncode == 0
+    after = human.path.read_text().splitlines()
+    assert not [line for line in after if "exception" in line.lower()
+                or "error" in line.lower()], after
+
+    well_formed = events.instance_info(member="m1", instance="i1", state="standby",
+                                       since="2026-01-01T00:00:00.000Z", partitions=[],
+                                       in_flight=0, version="x")
+
+    async def answer(msg: Msg) -> None:
+        for reply in (b"junk", b"{}", json.dumps({**well_formed, "partitions": "abc"}),
+                      json.dumps({**well_formed, "instance": 7}),
+                      json.dumps({**well_formed, "partitions": [0, -1]}),
+                      json.dumps({**well_formed, "pid": "many", "host": ["x"],
+                                  "instance": "i2"}),
+                      json.dumps(well_formed)):
+            await nc.publish(msg.reply, reply if isinstance(reply, bytes) else reply.encode())
+
+    sub = await nc.subscribe(events.info_subject("ORDERS", "g"), cb=answer)
+    try:
+        described = await cli(nats_server.url, "--json", "member", "ls", "ORDERS", "g")
+        assert described.exit_code == 0, described.output
+        instances = json.loads(described.stdout)[0]["instances"]
+        assert sorted(i["instance"] for i in instances) == ["i1", "i2"]
+        i2 = next(i for i in instances if i["instance"] == "i2")
+        assert (i2["pid"], i2["host"]) == (None, None)
+        text = await cli(nats_server.url, "member", "ls", "ORDERS", "g")
+        assert text.exit_code == 0 and "i1" in text.stdout and "i2" in text.stdout, text.output
+        status = await cli(nats_server.url, "--json", "status", "ORDERS", "g")
+        assert status.exit_code == 0, status.output
+        assert len(json.loads(status.stdout)["instances"]) == 2
+    finally:
+        await sub.unsubscribe()
 
 
 async def test_unowned_advisory_publisher_is_chosen_by_member_not_pin() -> None:

@@ -84,7 +84,7 @@ def test_event_lines() -> None:
                              members_without_instance=["m1"], idle=True, pending=7)
     assert "THE GROUP IS IDLE: partitions 0-1 have no active instance (members without " \
            "one: m1; 7 messages waiting there)" in views.event_line(idle)
-    assert views.event_line({"type": "invalid", "data": "x"}).count("invalid") >= 1
+    assert "INVALID advisory" in views.event_line({"type": "invalid", "data": "x"})
     with pytest.raises(ValueError):
         events.make_event("exploded", "S", "g")
     stamp = active["timestamp"]
@@ -182,3 +182,39 @@ def test_origin_sequence_of_a_sourced_message() -> None:
                     {"Nats-Stream-Source": "ORDERS -3 x"},
                     {"Nats-Stream-Source": "ORDERS 4x2 x"}):
         assert _origin_seq(headers) is None
+
+
+@pytest.mark.parametrize("event", [
+    {"type": events.TYPE_PREFIX + "active", "partitions": "abc"},
+    {"type": events.TYPE_PREFIX + "active", "partitions": [1, "a"]},
+    {"type": events.TYPE_PREFIX + "rebalanced", "seconds": "x"},
+    {"type": events.TYPE_PREFIX + "rebalanced", "gained": {"a": 1}},
+    {"type": events.TYPE_PREFIX + "unowned", "members_without_instance": [1, 2]},
+    {"type": 5}, {}, {"type": "invalid", "subject": "s", "data": "\ufffd"},
+])
+def test_event_line_never_raises_on_hostile_advisories(event: dict[str, object]) -> None:
+    """Whatever arrives on an advisory subject reads as one line saying what it is."""
+    line = views.event_line(event)
+    assert "\n" not in line
+    assert any(w in line for w in ("MALFORMED", "UNKNOWN", "INVALID"))
+
+
+def test_discovery_answers_are_cleaned() -> None:
+    """Discovery answers keep their known fields with the right types: not an instance
+    answer (wrong type, no member or instance, bad partitions) gives None; wrong-typed
+    optional fields become None; long text is cut."""
+    good = {"type": events.INFO_TYPE, "member": "m1", "instance": "i", "state": "active",
+            "host": "h" * 500, "pid": 12, "since": "t", "partitions": [3, 1, 1],
+            "in_flight": 2, "version": "1", "extra": {"big": "x"}}
+    clean = events.clean_info(good)
+    assert clean is not None
+    assert clean["partitions"] == [1, 3] and clean["pid"] == 12 and "extra" not in clean
+    assert len(clean["host"]) == 200
+    for bad in ([], "x", {**good, "type": "other"}, {**good, "member": None},
+                {**good, "instance": 3}, {**good, "partitions": "0-3"},
+                {**good, "partitions": [True]}, {**good, "partitions": [-1]},
+                {**good, "partitions": [1.5]}):
+        assert events.clean_info(bad) is None, bad
+    odd = events.clean_info({**good, "pid": "x", "in_flight": -1, "state": 1, "host": None})
+    assert odd is not None and (odd["pid"], odd["in_flight"], odd["state"], odd["host"]) == (
+        None, None, None, None)
