@@ -41,6 +41,7 @@ from cgroupd.errors import (
     ConflictError,
     GroupExists,
     GroupNotFound,
+    InstanceIdInUse,
     JetStreamNotEnabled,
     LeaseLost,
     LeaseUnavailable,
@@ -54,6 +55,7 @@ from cgroupd.message import Message
 from cgroupd.partitions import assignment, member_partitions
 from cgroupd.settings import Exclusivity, MemberSettings
 
+#: The version, written only here (pyproject.toml reads it when building).
 __version__ = "0.1.0"
 
 __all__ = [
@@ -70,6 +72,7 @@ __all__ = [
     "GroupExists",
     "GroupNotFound",
     "GroupStatus",
+    "InstanceIdInUse",
     "JetStream",
     "JetStreamNotEnabled",
     "LeaseLost",

@@ -18,7 +18,13 @@ from nats.aio.msg import Msg
 
 from cgroupd import admin, events
 from cgroupd.jetstream import JetStream
-from tests.fixtures_cli.support import ROOT, JoinProcess, child_env, poll
+from tests.fixtures_cli.support import (
+    ROOT,
+    JoinProcess,
+    child_env,
+    poll,
+    restore_logging,  # noqa: F401 - autouse fixture
+)
 from tests.groups import eventually, make_group
 from tests.natsserver import NatsServer
 from tests.test_daemon import cli

@@ -17,6 +17,7 @@ from cgroupd.config import StaticGroupConfig
 from cgroupd.jetstream import JetStream
 from cgroupd.partitions import partition_of
 from cgroupd.replay import ReplayRefused, Target
+from tests.fixtures_cli.support import restore_logging  # noqa: F401 - autouse fixture
 from tests.groups import Fleet, Record, check, eventually, make_group, publish_keyed
 
 pytestmark = pytest.mark.slow
