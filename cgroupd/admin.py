@@ -38,6 +38,7 @@ from cgroupd.errors import (
     StreamNotFound,
 )
 from cgroupd.jetstream import JetStream
+from cgroupd.lag import read_lag
 from cgroupd.member import INSTANCE_KEY, MEMBER_KEY
 from cgroupd.partitions import SYNC_PREFIX, owners, transform_destination
 from cgroupd.settings import PRIORITY_GROUP
@@ -80,6 +81,9 @@ class ConsumerView:
     num_ack_pending: int
     num_waiting: int
     pinned_id: str | None = None
+    #: Stream sequences of the last delivered message and of the ack floor.
+    delivered_seq: int = 0
+    ack_floor_seq: int = 0
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,12 @@ class PartitionStatus:
     partition: int
     member: str | None
     instance: str | None
+    #: Unprocessed messages (the partition's lag in messages).
     pending: int
+    #: Age in seconds of the oldest unprocessed message (0 when none waits).
+    lag_seconds: float = 0.0
+    #: Delivered to the active instance, not yet acknowledged (None: not read).
+    in_flight: int | None = None
 
 
 @dataclass(frozen=True)
@@ -395,6 +404,8 @@ def _view(info: dict[str, Any]) -> ConsumerView:
         num_ack_pending=int(info.get("num_ack_pending", 0)),
         num_waiting=int(info.get("num_waiting", 0)),
         pinned_id=pinned,
+        delivered_seq=int((info.get("delivered") or {}).get("stream_seq", 0)),
+        ack_floor_seq=int((info.get("ack_floor") or {}).get("stream_seq", 0)),
     )
 
 
@@ -410,31 +421,51 @@ async def group_consumers(js: JetStream, stream: str, group: str) -> list[Consum
 async def partition_pending(js: JetStream, stream: str, group: str) -> dict[int, int]:
     """Messages waiting in each partition of the group's stream (its lag)."""
     stored = await get_group(js, stream, group)
-    counts = {p: 0 for p in range(stored.config.max_members)}
-    info = await js.subject_counts(stored.consume_stream)
-    for subject, n in info.items():
-        head = subject.split(".", 1)[0]
-        if head.isdigit() and int(head) in counts:
-            counts[int(head)] += n
-    return counts
+    lags = await read_lag(js, stored.consume_stream, stored.config,
+                          range(stored.config.max_members))
+    return {p: lag.messages for p, lag in lags.items()}
 
 
-async def group_status(js: JetStream, stream: str, group: str) -> GroupStatus:
-    """Per partition: its member, that member's active instance, and pending messages."""
-    stored = await get_group(js, stream, group)
-    consumers = await group_consumers(js, stream, group)
-    pending = await partition_pending(js, stream, group)
+def _holders(consumers: list[ConsumerView]
+             ) -> tuple[dict[int, ConsumerView], dict[int, ConsumerView]]:
+    """Per partition: the consumer of its active instance, and the consumer whose
+    position counts for it (a static member's consumer, active or not)."""
     active: dict[int, ConsumerView] = {}
+    position: dict[int, ConsumerView] = {}
     for view in consumers:
         if view.role == "data" or (view.role == "pinned" and view.pinned_id):
             for p in view.partitions:
                 active[p] = view
+        if view.role in ("data", "pinned"):
+            for p in view.partitions:
+                position.setdefault(p, view)
+    position.update(active)
+    return active, position
+
+
+async def group_status(js: JetStream, stream: str, group: str,
+                       in_flight: bool = False) -> GroupStatus:
+    """Per partition: its member, that member's active instance, and its lag (messages,
+    and the age of the oldest; with ``in_flight``, one more request per busy partition
+    tells how many of them its active instance is handling)."""
+    stored = await get_group(js, stream, group)
+    consumers = await group_consumers(js, stream, group)
+    active, position = _holders(consumers)
+    n = stored.config.max_members
+    # A static stream keeps processed messages: only what follows the ack floor waits.
+    floors = {p: v.ack_floor_seq for p, v in position.items()} if stored.static else {}
+    delivered = ({p: v.delivered_seq for p, v in active.items() if v.num_ack_pending}
+                 if in_flight else {})
+    lags = await read_lag(js, stored.consume_stream, stored.config, range(n), floors,
+                          delivered)
     by_partition = owners(stored.config)
     rows = []
-    for p in range(stored.config.max_members):
-        holder = active.get(p)
+    for p in range(n):
+        holder, lag = active.get(p), lags[p]
+        flight = (lag.in_flight or 0) if in_flight and holder else (0 if in_flight else None)
         rows.append(PartitionStatus(p, by_partition.get(p),
-                                    holder.instance if holder else None, pending.get(p, 0)))
+                                    holder.instance if holder else None, lag.messages,
+                                    lag.seconds(), flight))
     missing = sorted({r.member for r in rows if r.member and r.instance is None})
     return GroupStatus(stored, rows, consumers, missing)
 

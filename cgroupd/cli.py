@@ -8,7 +8,9 @@ Commands::
       member       add | drop | ls
       mapping      set | clear
       step-down    ask a member's active instance to hand over to a standby
-      status       per partition: member, active instance, pending messages
+      status       per partition: member, active instance, lag; --watch, --members
+      events       follow the group's advisories
+      replay       reprocess from a sequence or a time (dry run unless --execute)
       demo         a self-contained demo with an embedded nats-server
 
 Exit codes: 0 success, 1 operational failure (server unreachable, group missing, any
@@ -21,14 +23,19 @@ come from ``NATS_URL``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
+import shutil
+import signal
 import socket
 import sys
+import time
 import traceback
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
@@ -37,7 +44,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 import cgroupd
-from cgroupd import admin, logs
+from cgroupd import admin, events, logs, replay, views
 from cgroupd.config import (
     MAX_PARTITIONS,
     ElasticGroupConfig,
@@ -62,6 +69,7 @@ from cgroupd.handlers import (
 from cgroupd.jetstream import JetStream
 from cgroupd.partitions import assignment, key_function
 from cgroupd.settings import Exclusivity, MemberSettings
+from cgroupd.views import ranges, table
 
 T = TypeVar("T")
 
@@ -205,29 +213,6 @@ def pair_filters(args: Sequence[str]) -> list[tuple[str, str | None]]:
             else:
                 pairs[-1][1] = value
     return [(str(f), w) for f, w in pairs]
-
-
-def ranges(partitions: Iterable[int]) -> str:
-    """``[0, 1, 2, 5]`` → ``"0-2,5"``."""
-    parts = sorted(partitions)
-    out: list[str] = []
-    i = 0
-    while i < len(parts):
-        j = i
-        while j + 1 < len(parts) and parts[j + 1] == parts[j] + 1:
-            j += 1
-        out.append(str(parts[i]) if i == j else f"{parts[i]}-{parts[j]}")
-        i = j + 1
-    return ",".join(out) or "-"
-
-
-def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    """A plain aligned text table."""
-    cells = [[str(c) for c in row] for row in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
-    return "\n".join(lines)
 
 
 # -- error handling ---------------------------------------------------------------------
@@ -539,6 +524,11 @@ def join(
     instance_id: Annotated[str | None, typer.Option(
         "--instance-id", envvar="CGROUPD_INSTANCE_ID", metavar="ID",
         help="Id of this instance (default: random).")] = None,
+    status_interval: Annotated[float, typer.Option(
+        "--status-interval", envvar="CGROUPD_STATUS_INTERVAL", min=0.1, max=3600,
+        metavar="SEC", help="Refresh the group status (unowned-partitions gauge and "
+                            "advisory) and this instance's partition lag this "
+                            "often.")] = 10.0,
 ) -> None:
     """Run one instance of a member: consume its partitions while active, stand by
     otherwise. SIGTERM/SIGINT hands over to a standby and exits 0."""
@@ -593,7 +583,8 @@ def join(
             sys.path.insert(0, os.getcwd())
         function = load_handler(handler)
     options = JoinOptions(stream, group, member, static=static, instance_id=instance_id,
-                          metrics_port=metrics_port, metrics_host=metrics_host)
+                          metrics_port=metrics_port, metrics_host=metrics_host,
+                          status_interval=status_interval)
     spec = HandlerOptions(function=function, reference=handler, webhook=hook,
                           dead_letter=dead_letter)
     for problem in drain_problems(settings, spec):
@@ -835,26 +826,16 @@ def member_ls(
     stream: Annotated[str, typer.Argument(metavar="STREAM", help="Origin stream.")],
     group: Annotated[str, typer.Argument(metavar="GROUP", help="Group name.")],
 ) -> None:
-    """List members, their partitions and their active instance."""
+    """Members (like Kafka's --describe --members): partitions, lag, active instance, and
+    every running instance with its state, host, pid, since when and partitions."""
     _check_names(stream=stream, group=group)
-    status = _admin(ctx, lambda js: admin.group_status(js, stream, group))
-    config = status.group.config
-    owned = assignment(config)
-    rows: list[dict[str, Any]] = []
-    for name in dict.fromkeys([*config.member_names, *owned]):
-        parts = owned.get(name, ())
-        instances = {r.instance for r in status.partitions
-                     if r.member == name and r.instance is not None}
-        rows.append({
-            "member": name, "partitions": list(parts),
-            "active_instance": sorted(instances)[0] if instances else None,
-            "pending": sum(r.pending for r in status.partitions if r.member == name),
-        })
-    _emit(ctx, rows, lambda: table(
-        ["MEMBER", "PARTITIONS", "ACTIVE INSTANCE", "PENDING"],
-        [(r["member"], ranges(r["partitions"]),
-          r["active_instance"] or ("-" if not r["partitions"] else "NONE (not consumed)"),
-          r["pending"]) for r in rows]) if rows else f"{stream}/{group} has no members")
+
+    async def op(js: JetStream) -> tuple[admin.GroupStatus, list[dict[str, Any]]]:
+        return await _status_and_instances(js, stream, group, events.DISCOVERY_WAIT)
+
+    st, instances = _admin(ctx, op)
+    rows = views.members_data(st, instances)
+    _emit(ctx, rows, lambda: views.members_text(stream, group, rows))
 
 
 # -- mapping ------------------------------------------------------------------------
@@ -911,44 +892,290 @@ def status(
     ctx: typer.Context,
     stream: Annotated[str, typer.Argument(metavar="STREAM", help="Origin stream.")],
     group: Annotated[str, typer.Argument(metavar="GROUP", help="Group name.")],
+    members: Annotated[bool, typer.Option(
+        "--members", help="Per member and instance instead (as `member ls`).")] = False,
+    watch: Annotated[bool, typer.Option(
+        "--watch", "-w", help="Refresh until Ctrl-C: lag bars, trends, rates.")] = False,
+    interval: Annotated[float, typer.Option(
+        "--interval", min=0.2, max=3600, metavar="SEC",
+        help="Seconds between refreshes of --watch.")] = 2.0,
 ) -> None:
-    """Per partition: owning member, its active instance, pending messages."""
+    """Per partition: member, active instance and its host, lag in messages and time,
+    in flight."""
     _check_names(stream=stream, group=group)
-    st = _admin(ctx, lambda js: admin.group_status(js, stream, group))
-    config = st.group.config
-    data = {
-        "stream": stream, "group": group, "type": _kind(config),
-        "partitions": [{"partition": r.partition, "member": r.member,
-                        "instance": r.instance, "pending": r.pending}
-                       for r in st.partitions],
-        "pending": sum(r.pending for r in st.partitions),
-        "unowned_partitions": st.unowned_partitions,
-        "members_without_instance": st.members_without_instance,
-        "consumers": [{"name": c.name, "member": c.member, "instance": c.instance,
-                       "role": c.role, "partitions": list(c.partitions),
-                       "pending": c.num_pending, "ack_pending": c.num_ack_pending}
-                      for c in st.consumers],
-    }
+    if members:
+        member_ls(ctx, stream, group)
+        return
+    if watch:
+        raise typer.Exit(_watch_status(ctx, stream, group, interval))
 
-    def human() -> str:
-        lines = [f"{stream}/{group} ({_kind(config)}): {config.max_members} partitions, "
-                 f"{data['pending']} pending", ""]
-        lines.append(table(["PARTITION", "MEMBER", "INSTANCE", "PENDING"], [
-            (r.partition, r.member or "-", r.instance or "-", r.pending)
-            for r in st.partitions]))
-        if st.members_without_instance:
-            owned = assignment(config)
-            lines += ["", "members with no active instance (partitions not consumed): "
-                      + ", ".join(f"{m} ({ranges(owned.get(m, ()))})"
-                                  for m in st.members_without_instance)]
-        unassigned = [r.partition for r in st.partitions if r.member is None]
-        if unassigned:
-            lines += ["", f"partitions with no member: {ranges(unassigned)}"]
-        if not st.unowned_partitions:
-            lines += ["", "every partition has an active instance"]
-        return "\n".join(lines)
+    async def op(js: JetStream) -> tuple[admin.GroupStatus, list[dict[str, Any]]]:
+        return await _status_and_instances(js, stream, group)
 
-    _emit(ctx, data, human)
+    st, instances = _admin(ctx, op)
+    data = views.status_data(st, instances)
+    _emit(ctx, data, lambda: views.status_text(data, st))
+
+
+#: Seconds ``status`` listens for instances answering discovery (hosts, standbys).
+STATUS_DISCOVERY_WAIT = 0.25
+
+
+async def _status_and_instances(js: JetStream, stream: str, group: str,
+                                wait: float = STATUS_DISCOVERY_WAIT
+                                ) -> tuple[admin.GroupStatus, list[dict[str, Any]]]:
+    st = await admin.group_status(js, stream, group, in_flight=True)
+    found = await events.discover(js.nc, stream, group, wait) if wait > 0 else []
+    return st, found
+
+
+def _stop_on_signals() -> asyncio.Event:
+    """An event set by SIGINT/SIGTERM: Ctrl-C ends a following command normally (exit 0).
+    Outside the main thread (tests) the default handling stays."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(RuntimeError, ValueError, NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+def _watch_status(ctx: typer.Context, stream: str, group: str, interval: float) -> int:
+    """``status --watch``: a full-screen view redrawn every ``interval`` on a terminal
+    (alternate screen, like ``top``); one frame after another, or one JSON object per
+    line with ``--json``, when not on a terminal. Once the first view is shown, a failed
+    refresh (server restarting, group deleted and re-created) is shown and retried, never
+    the end of the view; logs stay off the live screen unless --debug."""
+    g = _globals(ctx)
+    out = sys.stdout
+    live = out.isatty() and not g.json
+    if live and not g.debug:
+        logs.configure("critical")  # the screen itself says what goes wrong
+
+    async def go() -> int:
+        nc = await connect(g.connection)
+        stop = _stop_on_signals()
+        previous: dict[str, Any] | None = None
+        shown: str | None = None
+        last = 0.0
+        last_clock = ""
+        if live:
+            out.write("\x1b[?1049h\x1b[?25l")  # alternate screen, hide the cursor
+        try:
+            js = JetStream(nc)
+            while not stop.is_set():
+                started = time.monotonic()
+                clock = time.strftime("%H:%M:%S")
+                size = shutil.get_terminal_size((100, 40))
+                try:
+                    data = await _watch_read(js, stream, group)
+                except Exception as exc:  # shown, then retried
+                    if previous is None:
+                        raise  # nothing shown yet: a typo or no server, fail at once
+                    problem = _problem(exc)
+                    if g.json:
+                        frame = json.dumps({"time": events.iso(time.time()),
+                                            "error": problem})
+                    else:
+                        frame = views.watch_problem_frame(
+                            stream, group, problem, clock, last_clock,
+                            shown if live else None, size.columns, size.lines)
+                else:
+                    now = time.monotonic()
+                    if g.json:
+                        data["time"] = events.iso(time.time())
+                        frame = json.dumps(data)
+                    else:
+                        frame = shown = views.watch_frame(
+                            data, previous, now - last if last else 0.0, size.columns,
+                            size.lines, clock)
+                    previous, last, last_clock = data, now, clock
+                if live:
+                    out.write("\x1b[H\x1b[2J" + frame + "\n")
+                else:
+                    out.write(frame + ("\n" if g.json else "\n\n"))
+                out.flush()
+                # A steady cadence: the refresh itself (discovery wait included) counts.
+                pause = max(0.05, interval - (time.monotonic() - started))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), pause)
+        finally:
+            if live:
+                out.write("\x1b[?25h\x1b[?1049l")
+                out.flush()
+            await nc.close()
+        return 0
+
+    return asyncio.run(go())
+
+
+async def _watch_read(js: JetStream, stream: str, group: str) -> dict[str, Any]:
+    """One refresh of ``status --watch``: the status view plus the work stream's last
+    sequence (for the rates)."""
+    st, instances = await _status_and_instances(js, stream, group)
+    data = views.status_data(st, instances)
+    info = await js.stream_info(st.group.consume_stream)
+    data["appended"] = int(info.state.last_seq) if info is not None else 0
+    return data
+
+
+def _problem(exc: BaseException) -> str:
+    """A one-line description of a failed refresh."""
+    if isinstance(exc, CgroupdError):
+        return str(exc)
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+# -- events ---------------------------------------------------------------------------
+@app.command("events", no_args_is_help=True)
+def events_(
+    ctx: typer.Context,
+    stream: Annotated[str, typer.Argument(metavar="STREAM", help="Origin stream.")],
+    group: Annotated[str, typer.Argument(metavar="GROUP", help="Group name.")],
+    count: Annotated[int, typer.Option(
+        "--count", "-n", min=0, metavar="N", help="Exit after N events (0: never).")] = 0,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", min=0, metavar="SEC",
+        help="Exit (code 1) if fewer than --count events came within this (0: wait "
+             "forever).")] = 0,
+) -> None:
+    """Follow the group's advisories (became active, stepped down, partitions moved,
+    partitions nobody consumes), like `nats events`; --json prints one object a line."""
+    _check_names(stream=stream, group=group)
+    g = _globals(ctx)
+
+    async def go() -> int:
+        nc = await connect(g.connection)
+        seen = 0
+        stop = _stop_on_signals()
+
+        def ready() -> None:
+            # On stderr in both forms: once it shows, no later event is missed.
+            typer.echo(f"following events of {stream}/{group} "
+                       f"({events.events_filter(stream, group)}); Ctrl-C to stop", err=True)
+
+        async def consume() -> None:
+            nonlocal seen
+            async for event in events.follow(nc, stream, group, ready):
+                typer.echo(json.dumps(event) if g.json else views.event_line(event))
+                seen += 1
+                if count and seen >= count:
+                    return
+
+        try:
+            await admin.get_group(JetStream(nc), stream, group)  # a typo fails at once
+            following = asyncio.ensure_future(consume())
+            stopping = asyncio.ensure_future(stop.wait())
+            done, _ = await asyncio.wait({following, stopping}, timeout=timeout or None,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            for task in (following, stopping):
+                task.cancel()
+            # Let them end before the connection closes (the follower unsubscribes).
+            await asyncio.gather(following, stopping, return_exceptions=True)
+            if following in done:
+                following.result()
+            elif count and stopping not in done:
+                _error_line(f"{seen} of {count} events within {timeout:g}s")
+                return FAILURE
+            return 0
+        finally:
+            await nc.close()
+
+    raise typer.Exit(asyncio.run(go()))
+
+
+# -- replay ---------------------------------------------------------------------------
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|d|h|m|s)")
+_ISO_DURATION = re.compile(r"P(?:(\d+(?:\.\d+)?)D)?(?:T(?:(\d+(?:\.\d+)?)H)?"
+                           r"(?:(\d+(?:\.\d+)?)M)?(?:(\d+(?:\.\d+)?)S)?)?")
+
+
+def parse_duration(text: str) -> float:
+    """``90s``, ``1h30m``, ``2d``, ``500ms`` or ISO 8601 ``PT1H30M`` / ``P1DT2H`` (Kafka's
+    ``--by-duration`` form) → seconds; ValueError on anything else or on zero."""
+    t = text.strip()
+    seconds = 0.0
+    iso = _ISO_DURATION.fullmatch(t.upper())
+    if iso and t.upper() not in ("P", "PT") and any(iso.groups()):
+        d, h, m, s = (float(x) if x else 0.0 for x in iso.groups())
+        seconds = d * 86400 + h * 3600 + m * 60 + s
+    else:
+        pos = 0
+        units = {"d": 86400, "h": 3600, "m": 60, "s": 1, "ms": 0.001}
+        for match in _DURATION.finditer(t):
+            if match.start() != pos:
+                break
+            seconds += float(match.group(1)) * units[match.group(2)]
+            pos = match.end()
+        if pos != len(t) or not t:
+            raise ValueError(f"{text!r} is not a duration like 90s, 1h30m, 2d or PT1H30M")
+    if not seconds > 0 or seconds > 10 * 365 * 86400:
+        raise ValueError(f"duration {text!r} must be positive (and under ten years)")
+    return seconds
+
+
+def parse_time(text: str) -> float:
+    """An ISO 8601 time (``2026-05-01T10:00:00Z``, with an offset, or local time when it
+    has none) → Unix seconds; ValueError otherwise."""
+    t = text.strip()
+    try:
+        when = datetime.fromisoformat(t[:-1] + "+00:00" if t.endswith(("Z", "z")) else t)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a time like 2026-05-01T10:00:00Z") from None
+    if when.tzinfo is None:
+        when = when.astimezone()  # local time, as Kafka's --to-datetime
+    return when.timestamp()
+
+
+@app.command("replay", no_args_is_help=True)
+def replay_(
+    ctx: typer.Context,
+    stream: Annotated[str, typer.Argument(metavar="STREAM", help="Origin stream.")],
+    group: Annotated[str, typer.Argument(metavar="GROUP", help="Group name.")],
+    to_earliest: Annotated[bool, typer.Option(
+        "--to-earliest", help="From the oldest message still stored.")] = False,
+    to_sequence: Annotated[int | None, typer.Option(
+        "--to-sequence", min=1, metavar="SEQ",
+        help="From this stream sequence (of the origin stream).")] = None,
+    to_time: Annotated[str | None, typer.Option(
+        "--to-time", metavar="TIME",
+        help="From the first message stored at or after this ISO 8601 time "
+             "(2026-05-01T10:00:00Z; local time without an offset).")] = None,
+    by_duration: Annotated[str | None, typer.Option(
+        "--by-duration", metavar="DURATION",
+        help="From this long ago: 90s, 1h30m, 2d or PT1H30M.")] = None,
+    members: Annotated[list[str] | None, typer.Option(
+        "--member", metavar="M", help="Static groups: only this member (repeatable).")] = None,
+    execute: Annotated[bool, typer.Option(
+        "--execute", help="Do it (default: a dry run that only shows the plan).")] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Only show the plan (the default).")] = False,
+) -> None:
+    """Process messages again from a point ("reset offsets"): a static group's member
+    consumers move there, an elastic group's work-queue stream is sourced again from
+    there. Shows per partition what would be processed again; changes nothing without
+    --execute, and refuses while the group's instances run."""
+    _check_names(stream=stream, group=group, member=members or [])
+    if execute and dry_run:
+        usage("give --execute or --dry-run, not both")
+    try:
+        when = (parse_time(to_time) if to_time is not None else
+                time.time() - parse_duration(by_duration) if by_duration is not None
+                else None)
+        target = replay.Target(earliest=to_earliest, sequence=to_sequence, time=when)
+    except ValueError as exc:
+        usage(str(exc) if "exactly one" not in str(exc) else
+              "give exactly one of --to-earliest, --to-sequence, --to-time or --by-duration")
+
+    async def op(js: JetStream) -> replay.Plan:
+        if execute:
+            return await replay.execute(js, stream, group, target, members or None)
+        return await replay.plan(js, stream, group, target, members or None)
+
+    done = _admin(ctx, op)
+    data = done.to_json()
+    _emit(ctx, data, lambda: views.replay_text(data))
 
 
 # -- demo -----------------------------------------------------------------------------

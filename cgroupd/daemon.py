@@ -17,6 +17,12 @@ NATS is connected, the member runtime and its config watch run, no release is st
 handler that does not return, and the event loop was not blocked for longer than
 ``JoinOptions.max_loop_lag`` in the last ``LAG_WINDOW`` seconds; 503 with the problems
 otherwise), ``/readyz`` (200 once joined: standby or active).
+
+Operations (:mod:`cgroupd.events`): the runtime's callbacks become advisories (became
+active, stepped down and why, partitions moved); every ``--status-interval`` the group
+status refreshes the unowned-partitions gauge (and the active instance of the lowest
+consumed partition publishes the "unowned" advisory while any is), and an active
+instance reads the lag of its own partitions; the instance answers discovery requests.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
+import os
 import signal
 import time
 from collections import deque
@@ -34,13 +42,16 @@ import aiohttp
 import structlog
 from aiohttp import web
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 
-from cgroupd import admin, logs
+import cgroupd
+from cgroupd import admin, events, logs
 from cgroupd.config import STATIC_BUCKET, group_key, name_problems
 from cgroupd.connect import ConnectionOptions, connect
 from cgroupd.errors import BucketNotFound, CgroupdError, ConfigError, GroupNotFound
 from cgroupd.handlers import HandlerOptions, Publish, build_handler
 from cgroupd.jetstream import JetStream
+from cgroupd.lag import read_lag
 from cgroupd.member import Member, MemberState
 from cgroupd.metrics import Metrics
 from cgroupd.partitions import member_partitions
@@ -92,7 +103,8 @@ class JoinOptions:
             problems += name_problems("instance", self.instance_id)
         if not 0 <= self.metrics_port <= 65535:
             problems.append(f"metrics port {self.metrics_port} is outside 0..65535")
-        if self.status_interval <= 0 or self.start_timeout <= 0:
+        if not all(math.isfinite(x) and x > 0
+                   for x in (self.status_interval, self.start_timeout)):
             problems.append("status interval and start timeout must be positive")
         if problems:
             raise ConfigError(problems)
@@ -162,6 +174,7 @@ class Daemon:
         self.settings = settings
         self.handler_options = handler
         self.metrics = Metrics(options.stream, options.group, options.member)
+        self.metrics.count_ignored_input(lambda: self.member.stats if self.member else {})
         self.loop_monitor = LoopMonitor()
         self.nc: Client | None = None
         self.member: Member | None = None
@@ -176,6 +189,12 @@ class Daemon:
         self._session: aiohttp.ClientSession | None = None
         self._log = log.bind(stream=options.stream, group=options.group,
                              member=options.member)
+        self._events: events.Publisher | None = None
+        #: Partitions held while active and since when this instance is in its state.
+        self._held: tuple[int, ...] = ()
+        self._since = time.time()
+        self._info_sub: Any = None
+        self._publishing: set[asyncio.Task[None]] = set()
 
     # -- signals --------------------------------------------------------------------
     def _on_signal(self, sig: signal.Signals) -> None:
@@ -223,11 +242,14 @@ class Daemon:
                                 publish=publish, metrics=self.metrics,
                                 context={"stream": o.stream, "group": o.group,
                                          "member": o.member})
+        self._events = events.Publisher(self.nc, o.stream, o.group)
         member = self.member = Member(
             js, o.stream, o.group, o.member, handler.handle, self.settings, static=static,
             instance_id=o.instance_id, on_active=self._on_active,
             on_standby=self._on_standby, on_rebalance=self._on_rebalance)
         structlog.contextvars.bind_contextvars(instance=member.instance_id)
+        self._info_sub = await self.nc.subscribe(events.info_subject(o.stream, o.group),
+                                                 cb=self._answer_info)
         self._spawn(self.loop_monitor.run(), "cgroupd-loop-monitor")
         if o.metrics_port:
             await self._start_http()
@@ -242,6 +264,7 @@ class Daemon:
             self._log.warning("this member owns no partitions (not listed in the group?); "
                               "standing by until the membership changes")
         self._spawn(self._status_loop(js), "cgroupd-status")
+        self._spawn(self._lag_loop(js), "cgroupd-lag")
         # Never cancel this future: wait_stopped() awaits the runtime's supervisor task,
         # and cancelling a task that awaits another task cancels that one too.
         stopped = asyncio.ensure_future(member.wait_stopped())
@@ -320,6 +343,7 @@ class Daemon:
                            f"read within {self.options.start_timeout:g}s")
 
     async def _shutdown(self) -> None:
+        await self._flush_events()
         for task in list(self._tasks):
             # Python 3.11's wait_for can swallow a cancellation that races with its own
             # result (seen after SIGCONT + SIGTERM): cancel again until the task ends.
@@ -330,6 +354,7 @@ class Daemon:
         if self.member is not None and self._signals < 2:
             with contextlib.suppress(Exception):  # idempotent; also closes the config watch
                 await self.member.stop()
+            await self._flush_events()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -353,17 +378,98 @@ class Daemon:
         if took is not None:
             self._log.info("rebalance", phase="done", seconds=round(took, 3),
                            partitions=list(partitions))
+        self._held, self._since = tuple(partitions), time.time()
+        self._event("active", partitions=list(partitions))
 
     def _on_standby(self, reason: str) -> None:
         # A full rejoin (pinned mode, or a change incremental rebalance cannot apply):
         # measured from this step-down to the next activation.
         if self.metrics.stepped_down(reason):
             self._log.info("rebalance", phase="started")
+        self.metrics.clear_lag()
+        released, self._held, self._since = self._held, (), time.time()
+        self._event("stepped_down", reason=reason, partitions=list(released))
 
     def _on_rebalance(self, moved: tuple[tuple[int, ...], float]) -> None:
         # In place, without a step-down; the runtime logs "rebalanced" itself.
         partitions, seconds = moved
         self.metrics.rebalanced(partitions, seconds)
+        before, self._held = set(self._held), tuple(partitions)
+        self._event("rebalanced", partitions=list(partitions), seconds=round(seconds, 4),
+                    gained=sorted(set(partitions) - before),
+                    lost=sorted(before - set(partitions)))
+
+    # -- events and discovery ------------------------------------------------------
+    def _who(self) -> dict[str, Any]:
+        m = self.member
+        return {"member": self.options.member,
+                "instance": m.instance_id if m is not None else None,
+                "host": events.hostname(), "pid": os.getpid()}
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        """Publish an advisory without holding up the runtime's callback."""
+        publisher = self._events
+        if publisher is None:
+            return
+
+        async def publish() -> None:
+            await publisher.publish(kind, **self._who(), **fields)
+            self.metrics.event_published(kind)
+
+        task = asyncio.create_task(publish(), name=f"cgroupd-event-{kind}")
+        self._publishing.add(task)
+        task.add_done_callback(self._publishing.discard)
+
+    async def _flush_events(self) -> None:
+        """Let advisories already raised (a step-down while stopping) go out."""
+        if self._publishing:
+            await asyncio.wait(set(self._publishing), timeout=1.0)
+
+    async def _answer_info(self, msg: Msg) -> None:
+        if not msg.reply or self.member is None:
+            return
+        m = self.member
+        info = events.instance_info(
+            stream=self.options.stream, group=self.options.group, member=self.options.member,
+            instance=m.instance_id, state=m.state.value, since=events.iso(self._since),
+            partitions=list(m.partitions), exclusivity=m.settings.exclusivity.value,
+            in_flight=self.metrics.in_flight(), version=cgroupd.__version__)
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await self.nc.publish(msg.reply, json.dumps(info).encode())
+
+    async def _lag_loop(self, js: JetStream) -> None:
+        """While active, export the lag of this instance's partitions: one direct get
+        per partition per interval (a static member's consumer info besides)."""
+        o = self.options
+        member = self.member
+        assert member is not None
+        while True:
+            await asyncio.sleep(o.status_interval)
+            partitions = member.partitions if member.active else ()
+            if not partitions:
+                self.metrics.clear_lag()
+                continue
+            started = time.monotonic()
+            try:
+                stored = await admin.get_group(js, o.stream, o.group)
+                floors: dict[int, int] = {}
+                if stored.static:
+                    info = await js.consumer_info(stored.consume_stream, member.sync_consumer)
+                    floor = int(((info or {}).get("ack_floor") or {}).get("stream_seq", 0))
+                    floors = dict.fromkeys(partitions, floor)
+                lags = await read_lag(js, stored.consume_stream, stored.config, partitions,
+                                      floors)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                self.metrics.lag_failed()
+                self._log.warning("lag read failed", error=str(exc) or repr(exc))
+                continue
+            if member.active and member.partitions == partitions:
+                now = time.time()
+                self.metrics.set_lag({p: (x.messages, x.seconds(now)) for p, x in lags.items()},
+                                     time.monotonic() - started)
 
     async def _disconnected(self) -> None:
         self.metrics.set_connected(False)
@@ -385,12 +491,32 @@ class Daemon:
             try:
                 status = await admin.group_status(js, o.stream, o.group)
                 self.metrics.set_unowned_partitions(len(status.unowned_partitions))
+                self._unowned_advisory(status)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001
                 self.metrics.status_failed()
                 self._log.warning("group status read failed", error=str(exc) or repr(exc))
             await asyncio.sleep(o.status_interval)
+
+    def _unowned_advisory(self, status: admin.GroupStatus) -> None:
+        """The ADR's timed "nobody consumes these partitions" advisory: published by the
+        active instance of the lowest partition that has one, or, when none has (the group
+        is idle), by every instance."""
+        if not status.unowned_partitions:
+            return
+        owned = [r for r in status.partitions if r.instance is not None]
+        # By member and state, not instance id: pinned consumers name the pin instead.
+        mine = (self.member is not None and self.member.active
+                and bool(owned) and owned[0].member == self.options.member)
+        if owned and not mine:
+            return
+        unowned = set(status.unowned_partitions)
+        self._event("unowned", unowned_partitions=sorted(unowned),
+                    members_without_instance=status.members_without_instance,
+                    idle=not owned,
+                    pending=sum(r.pending for r in status.partitions
+                                if r.partition in unowned))
 
     # -- HTTP -----------------------------------------------------------------------
     @property

@@ -348,6 +348,7 @@ class Dispatcher:
         except Exception as exc:  # noqa: BLE001 - not a JetStream delivery: nothing to ack
             self._log.warning("ignored a message that is not a JetStream delivery",
                               subject=raw.subject, error=repr(exc))
+            self._stats["not_jetstream"] = self._stats.get("not_jetstream", 0) + 1
             return
         seq = message.stream_sequence
         if self.accept is not None and message.partition not in self.accept:

@@ -350,6 +350,33 @@ class JetStream:
         self._pullers.add(puller)
         return puller
 
+    # -- lag and replay ----------------------------------------------------------------
+    async def first_matches(self, stream: str, queries: list[tuple[str, int]],
+                            concurrency: int = 64) -> list[jsapi.FirstMatch]:
+        """Per ``(filter, start sequence)``: matching messages from there, and the first
+        one's sequence and time (one direct get each; see :func:`jsapi.first_matches`)."""
+        with self._translated(f"reading stream {stream}"):
+            return await jsapi.first_matches(self.nc, stream, queries,
+                                             concurrency=concurrency)
+
+    async def update_stream(self, config: api.StreamConfig) -> api.StreamInfo:
+        with self._translated(f"updating stream {config.name}"):
+            return await self.jsm.update_stream(config)
+
+    async def get_message(self, stream: str, seq: int = 0, next_subject: str | None = None,
+                          start_time: float | None = None) -> jsapi.StoredMessage | None:
+        """A stored message by sequence, or the first at/after ``seq`` (or ``start_time``)
+        matching ``next_subject``; None if there is none."""
+        with self._translated(f"reading stream {stream}"):
+            return await jsapi.msg_get(self.nc, stream, seq, next_subject, start_time)
+
+    async def scan_subjects(self, stream: str, filters: list[str],
+                            start_seq: int) -> AsyncIterator[tuple[int, str]]:
+        """``(sequence, subject)`` of the messages from ``start_seq`` matching ``filters``."""
+        with self._translated(f"scanning stream {stream}"):
+            async for item in jsapi.scan_subjects(self.nc, stream, filters, start_seq):
+                yield item
+
     async def message_stored(self, stream: str, seq: int) -> bool:
         """Whether ``stream`` still holds the message with sequence ``seq``."""
         with self._translated(f"looking up message {seq} of {stream}"):

@@ -504,6 +504,7 @@ class Member:
         except ConfigError as exc:
             self._log.error("invalid group record ignored", revision=record.revision,
                             problems=exc.problems)
+            self.stats["invalid_group_records"] = self.stats.get("invalid_group_records", 0) + 1
             if self.config is None and not self._first_config.done():
                 self._first_config.set_exception(exc)
             return
@@ -514,6 +515,8 @@ class Member:
             # replaced under us. Keep the last good config and say so loudly.
             self._log.error("group record changed more than membership; ignored",
                             revision=record.revision)
+            self.stats["replaced_group_records"] = self.stats.get("replaced_group_records",
+                                                                  0) + 1
             return
         first = self.config is None
         self.config = config

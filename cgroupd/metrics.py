@@ -7,13 +7,18 @@ the demo). Every series carries ``stream``, ``group`` and ``member`` labels.
 The daemon feeds it from the member runtime's callbacks (``on_active``, ``on_standby``,
 ``on_rebalance``),
 from the handler wrapper (outcomes, durations, in-flight) and from a periodic group status
-read (unowned partitions: the ADR's "partitions nobody consumes" alert).
+read (unowned partitions: the ADR's "partitions nobody consumes" alert), and from a
+periodic lag read of the partitions this instance consumes while it is active (each
+partition is measured by its one active instance, so a fleet makes one request per
+partition per interval; ``max by (stream, group)`` over the partition series is the
+group's lag, see deploy/monitoring/), and at scrape time from the runtime's counts of
+bad input it ignored (``cgroupd_ignored_input_total``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -23,6 +28,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 PREFIX = "cgroupd_"
 LABELS = ("stream", "group", "member")
@@ -31,9 +38,39 @@ OUTCOMES = ("ack", "nak", "term", "dead_letter")
 #: Step-down reason that starts a rebalance (the member runtime's ``StepDown`` value).
 REBALANCE_REASON = "config-changed"
 
+#: Bad input the member runtime ignores (and logs each time), by the ``kind`` label of
+#: ``cgroupd_ignored_input_total``, from the runtime's stats key that counts it.
+IGNORED_INPUT = {
+    # the group record does not decode or validate: the last good config stays in force
+    "invalid_group_record": "invalid_group_records",
+    # an elastic group record whose shape (partitions, filters) changed under a running
+    # member, i.e. the group was replaced: ignored, the last good config stays
+    "replaced_group_record": "replaced_group_records",
+    # a delivery that is not a JetStream message (no ack reply subject to parse)
+    "not_jetstream_message": "not_jetstream",
+}
+
 _HANDLER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                     10.0, 30.0, 60.0)
 _REBALANCE_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
+
+
+class _IgnoredInput(Collector):
+    """``cgroupd_ignored_input_total`` read at scrape time from the runtime's counts."""
+
+    def __init__(self, labels: Mapping[str, str]) -> None:
+        self._labels = list(labels.values())
+        self.counts: Callable[[], Mapping[str, int]] = dict
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            PREFIX + "ignored_input", "Bad input ignored (and logged) by the member "
+            "runtime, by kind: invalid_group_record, replaced_group_record, "
+            "not_jetstream_message.", labels=[*LABELS, "kind"])
+        counts = self.counts()
+        for kind, key in IGNORED_INPUT.items():
+            family.add_metric([*self._labels, kind], counts.get(key, 0))
+        yield family
 
 
 class Metrics:
@@ -50,6 +87,7 @@ class Metrics:
         self._started = clock()
         self._last_message: float | None = None
         self._rebalance_started: float | None = None
+        self._holding = 0
         r = self.registry
 
         def gauge(name: str, doc: str) -> Gauge:
@@ -95,7 +133,26 @@ class Metrics:
         self._rebalances.labels(**self._labels)
         self._rebalance_seconds.labels(**self._labels)
         self._status_errors.labels(**self._labels)
+        # Lag of the partitions this instance consumes (kafka-lag-exporter's names).
+        self._lag_messages = Gauge(PREFIX + "partition_lag_messages", "Unprocessed "
+                                   "messages of a partition this instance consumes.",
+                                   (*LABELS, "partition"), registry=r)
+        self._lag_seconds = Gauge(PREFIX + "partition_lag_seconds", "Age of the oldest "
+                                  "unprocessed message of a partition this instance "
+                                  "consumes (0 when none waits).", (*LABELS, "partition"),
+                                  registry=r)
+        self._lag_partitions: set[str] = set()
+        self._lag_read = gauge("lag_read_duration_seconds", "How long the last lag read "
+                               "of this instance's partitions took.")
+        self._lag_errors = Counter(PREFIX + "lag_read_errors", "Failed lag reads.", LABELS,
+                                   registry=r)
+        self._lag_errors.labels(**self._labels)
+        self._events = Counter(PREFIX + "events_published", "Group events (advisories) "
+                               "this instance published, by kind.", (*LABELS, "kind"),
+                               registry=r)
         self._idle.labels(**self._labels).set_function(self.seconds_since_last_message)
+        self._ignored = _IgnoredInput(self._labels)
+        r.register(self._ignored)
 
     # -- membership ---------------------------------------------------------------------
     def became_active(self, partitions: Sequence[int]) -> float | None:
@@ -129,15 +186,21 @@ class Metrics:
     # -- messages -----------------------------------------------------------------------
     def message_started(self) -> None:
         self._in_flight_child.inc()
+        self._holding += 1
 
     def message_finished(self, outcome: str, seconds: float) -> None:
         counter = self._processed_by.get(outcome)
         if counter is None:
             raise ValueError(f"unknown outcome {outcome!r}")
         self._in_flight_child.dec()
+        self._holding -= 1
         counter.inc()
         self._duration_child.observe(seconds)
         self._last_message = self._clock()
+
+    def in_flight(self) -> int:
+        """Messages being handled now."""
+        return self._holding
 
     def seconds_since_last_message(self) -> float:
         since = self._last_message if self._last_message is not None else self._started
@@ -153,6 +216,38 @@ class Metrics:
     def status_failed(self) -> None:
         # The gauge keeps its last known value; the error counter says it is stale.
         self._status_errors.labels(**self._labels).inc()
+
+    # -- lag ----------------------------------------------------------------------------
+    def set_lag(self, lags: Mapping[int, tuple[int, float]], took: float) -> None:
+        """The lag (messages, seconds) of exactly the partitions this instance consumes
+        now; series of partitions it no longer consumes are removed, so a moved
+        partition is reported by its new owner alone."""
+        current = {str(p) for p in lags}
+        for gone in self._lag_partitions - current:
+            for gauge in (self._lag_messages, self._lag_seconds):
+                try:
+                    gauge.remove(*self._labels.values(), gone)
+                except KeyError:
+                    pass
+        for p, (messages, seconds) in lags.items():
+            self._lag_messages.labels(**self._labels, partition=str(p)).set(messages)
+            self._lag_seconds.labels(**self._labels, partition=str(p)).set(seconds)
+        self._lag_partitions = current
+        self._lag_read.labels(**self._labels).set(took)
+
+    def clear_lag(self) -> None:
+        self.set_lag({}, 0.0)
+
+    def lag_failed(self) -> None:
+        self._lag_errors.labels(**self._labels).inc()
+
+    def count_ignored_input(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        """Export the member runtime's counts of ignored bad input (its ``stats``), read
+        at each scrape; the keys are the values of :data:`IGNORED_INPUT`."""
+        self._ignored.counts = counts
+
+    def event_published(self, kind: str) -> None:
+        self._events.labels(**self._labels, kind=kind).inc()
 
     def render(self) -> bytes:
         """The text exposition format of every metric in this registry."""

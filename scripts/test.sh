@@ -7,6 +7,13 @@ VENV=${CGROUPD_VENV:-.venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[dev]'
 export PATH="$PWD/$VENV/bin:$PATH"
+
+# Prometheus server and promtool (Debian's prometheus package) for tests/test_monitoring.py:
+# installed when missing, if we may (root with apt-get). Without them those tests fail in
+# CI (CI=true) and are skipped elsewhere, saying how to get them.
+if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
+    bash scripts/install-prometheus.sh || true
+fi
 "$VENV/bin/python" -m ruff check cgroupd tests bench
 "$VENV/bin/python" -m mypy
 "$VENV/bin/python" -m pytest "$@"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
@@ -28,6 +29,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cluster: uses a 3-node nats-server cluster (nats_cluster)")
     config.addinivalue_line(
         "markers", "slow: takes seconds (failover, timeouts); deselect with -m 'not slow'"
+    )
+    config.addinivalue_line(
+        "markers", "prometheus: needs promtool / the Prometheus server (Debian's prometheus "
+                   "package, installed by scripts/test.sh)"
     )
     config.addinivalue_line(
         "markers", "interop: runs the reference implementation (natsio-pcgroups, in a "
@@ -96,3 +101,15 @@ async def fleet(nats_server: NatsServer) -> AsyncIterator[Fleet]:
         yield f
     finally:
         await f.close()
+
+
+@pytest.fixture
+def closing() -> Iterator[list[Any]]:
+    """Append anything with ``close()`` (child processes, followers): all closed after the
+    test, whatever happened."""
+    things: list[Any] = []
+    try:
+        yield things
+    finally:
+        for thing in things:
+            thing.close()

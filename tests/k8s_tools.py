@@ -53,7 +53,8 @@ _BINARIES = {"helm": "helm/helm", "kubectl": "kubectl/kubectl"}
 #: Schemas to validate against (kubernetes-validate ships 1.x schemas; kubectl is 1.35).
 KUBERNETES_VERSION = "1.35.0"
 #: Custom resources kubernetes-validate has no schema for, with the fields they need.
-CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"): ("selector", "endpoints")}
+CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"): ("selector", "endpoints"),
+                ("monitoring.coreos.com/v1", "PrometheusRule"): ("groups",)}
 
 
 class ToolUnavailable(RuntimeError):

@@ -233,13 +233,16 @@ def test_human_output_is_readable(server: NatsServer) -> None:
     status = cli(url, "status", "HU", "g").stdout
     lines = status.splitlines()
     assert lines[0] == "HU/g (elastic): 3 partitions, 3 pending"
-    assert lines[2].split() == ["PARTITION", "MEMBER", "INSTANCE", "PENDING"]
-    assert lines[3].split()[:3] == ["0", "m1", "-"]
+    assert lines[1].startswith("max lag ") and lines[1].endswith("; 0 in flight")
+    assert lines[3].split() == ["PARTITION", "MEMBER", "INSTANCE", "HOST", "PENDING",
+                                "LAG-TIME", "IN-FLIGHT"]
+    assert lines[4].split()[:4] == ["0", "m1", "-", "-"]
     assert "members with no active instance (partitions not consumed): m1 (0,2), m2 (1)" \
         in status
 
     members = cli(url, "member", "ls", "HU", "g").stdout.splitlines()
-    assert members[0].split() == ["MEMBER", "PARTITIONS", "ACTIVE", "INSTANCE", "PENDING"]
+    assert members[0].split() == ["MEMBER", "PARTITIONS", "ACTIVE", "INSTANCE", "PENDING",
+                                  "LAG-TIME", "INSTANCES"]
     assert "NONE (not consumed)" in members[1]
     assert cli(url, "group", "ls", "HU").stdout.splitlines()[1].split() == [
         "g", "elastic", "3", "m1,", "m2"]

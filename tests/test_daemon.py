@@ -26,6 +26,7 @@ from typer.testing import CliRunner, Result
 
 from cgroupd import admin
 from cgroupd.cli import app
+from cgroupd.config import ELASTIC_BUCKET, group_key
 from cgroupd.jetstream import JetStream
 from tests.fixtures_cli.support import (
     JoinProcess,
@@ -224,8 +225,10 @@ async def test_webhook_without_dead_letter_subject_terms(
 async def test_group_deletion_ends_the_process_with_0(
         nats_server: NatsServer, jetstream: JetStream, tmp_path: Path,
         http: aiohttp.ClientSession) -> None:
-    """A membership change is a measured rebalance; deleting the group then stops the
-    member: the daemon logs it and exits 0."""
+    """A membership change is a measured rebalance; a record that does not decode and
+    one that changes the group's shape are each logged, counted in
+    cgroupd_ignored_input_total and ignored (the member stays active on its partition);
+    deleting the group then stops the member: the daemon logs it and exits 0."""
     await make_group(jetstream, partitions=2, members=("m1",))
     proc = JoinProcess(nats_server.url, tmp_path, "d", "--stream", "ORDERS", "--group", "g",
                        "--member", "m1", "--handler", HANDLER)
@@ -244,6 +247,31 @@ async def test_group_deletion_ends_the_process_with_0(
         # counted once and logged once.
         steps = [e for e in proc.events() if e["event"] in ("rebalanced", "rebalance")]
         assert [e.get("phase", "done") for e in steps][-1] == "done", proc.log_text()
+
+        async def put(value: bytes) -> None:
+            rec = await jetstream.get_record(ELASTIC_BUCKET, group_key("ORDERS", "g"))
+            await jetstream.update_record(ELASTIC_BUCKET, group_key("ORDERS", "g"), value,
+                                          last=rec.revision if rec else 0)
+
+        def ignored(kind: str) -> Any:
+            return proc.metric(http, "cgroupd_ignored_input_total", kind=kind)
+
+        assert await ignored("invalid_group_record") == 0
+        await put(b'{"max_members": "four", ')
+        await poll(lambda: ignored("invalid_group_record"), 10, "the invalid record counted")
+        reshaped = json.dumps({"max_members": 5, "members": ["m1", "m2"],
+                               "partitioning_filters": [
+                                   {"filter": "orders.*", "partitioning_wildcards": [1]}]})
+        await put(reshaped.encode())
+        await poll(lambda: ignored("replaced_group_record"), 10, "the reshaped record counted")
+        metrics = await proc.metrics(http)
+        assert metrics[("cgroupd_ignored_input_total", (("kind", "invalid_group_record"),))] == 1
+        assert metrics[("cgroupd_ignored_input_total", (("kind", "not_jetstream_message"),))] == 0
+        assert metrics[("cgroupd_member_active", ())] == 1
+        assert metrics[("cgroupd_partitions_owned", ())] == 1
+        logged = [e["event"] for e in proc.events()]
+        assert "invalid group record ignored" in logged
+        assert "group record changed more than membership; ignored" in logged
         await admin.delete_group(jetstream, "ORDERS", "g")
         assert await proc.wait_exit() == 0
         assert "group deleted; exiting" in [e["event"] for e in proc.events()]

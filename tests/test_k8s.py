@@ -61,8 +61,10 @@ from tests.k8s_tools import (
     validate_object,
 )
 from tests.natsserver import client_options, find_free_port, running_server
+from tests.prometheus_tools import check_rules
 
 FULL_VALUES = CHART / "ci" / "full-values.yaml"
+MONITORING = DEPLOY / "monitoring"
 SECRET_WORDS = re.compile(r"PASSWORD|TOKEN|SECRET|CREDS|NKEY|SEED|PRIVATE", re.I)
 
 
@@ -285,7 +287,8 @@ def test_rendered_objects_are_valid(helm: Helm, variant: str) -> None:
 
 def test_full_values_render_valid_objects(full_objects: list[dict[str, Any]]) -> None:
     """The full example values render every kind, each valid."""
-    assert kinds(full_objects) == sorted(["ConfigMap", "Job", "PodDisruptionBudget", "Service",
+    assert kinds(full_objects) == sorted(["ConfigMap", "ConfigMap", "Job",
+                                          "PodDisruptionBudget", "PrometheusRule", "Service",
                                           "Service", "ServiceMonitor", "StatefulSet"])
     for obj in full_objects:
         validate_object(obj)
@@ -487,6 +490,31 @@ def test_service_monitor_only_when_enabled(default_objects: list[dict[str, Any]]
     assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
 
 
+def test_monitoring_objects_only_when_enabled(default_objects: list[dict[str, Any]],
+                                             full_objects: list[dict[str, Any]],
+                                             tmp_path: Path) -> None:
+    """No PrometheusRule or dashboard by default; when enabled, the PrometheusRule carries
+    exactly deploy/monitoring's rules (which promtool accepts as rendered) and the
+    dashboard ConfigMap exactly its dashboard, with the labels the Prometheus Operator and
+    Grafana's sidecar select on; the chart's copies equal deploy/monitoring's files."""
+    for name in ("cgroupd.rules.yaml", "cgroupd-dashboard.json"):
+        assert (CHART / "files" / name).read_bytes() == (MONITORING / name).read_bytes(), \
+            f"helm/cgroupd/files/{name} differs from deploy/monitoring/{name}"
+    assert "PrometheusRule" not in kinds(default_objects)
+    assert not [o for o in default_objects if o["metadata"]["name"].endswith("-dashboard")]
+    rule = one(full_objects, "PrometheusRule")
+    assert rule["spec"] == yaml.safe_load((MONITORING / "cgroupd.rules.yaml").read_text())
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    dashboard = next(o for o in full_objects if o["kind"] == "ConfigMap"
+                     and o["metadata"]["name"].endswith("-dashboard"))
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["cgroupd-dashboard.json"]) == json.loads(
+        (MONITORING / "cgroupd-dashboard.json").read_text())
+    rendered = tmp_path / "rendered.rules.yaml"
+    rendered.write_text(yaml.safe_dump(rule["spec"]))
+    check_rules(rendered)
+
+
 def test_group_create_job(helm: Helm, default_objects: list[dict[str, Any]],
                           image: Image) -> None:
     """A Job runs `cgroupd group create` with the group's definition; stream and group come
@@ -612,7 +640,10 @@ def test_every_deploy_file_is_validated(binaries: dict[str, Path]) -> None:
                 covered.add(path)
         for patch in k.get("patches", []):
             covered.add((directory / patch["path"]).resolve())
-    files = {p.resolve() for p in DEPLOY.rglob("*") if p.is_file()}
+    # deploy/monitoring holds Prometheus rules and a Grafana dashboard, not Kubernetes
+    # objects: tests/test_monitoring.py checks them with promtool and a real Prometheus.
+    files = {p.resolve() for p in DEPLOY.rglob("*")
+             if p.is_file() and MONITORING not in p.parents}
     assert files - covered == set(), "files in deploy/ no kustomization uses"
 
 
