@@ -33,6 +33,7 @@ from cgroupd.config import (
 )
 from cgroupd.errors import (
     AckNotConfirmed,
+    AckOutcomeUnknown,
     ApiError,
     BucketNotFound,
     CgroupdError,
@@ -59,6 +60,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AckNotConfirmed",
+    "AckOutcomeUnknown",
     "ApiError",
     "BucketNotFound",
     "CgroupdError",

@@ -262,11 +262,12 @@ class Daemon:
                            f"read within {self.options.start_timeout:g}s")
 
     async def _shutdown(self) -> None:
-        for task in self._tasks:
-            task.cancel()
         for task in list(self._tasks):
-            with contextlib.suppress(BaseException):
-                await task
+            # Python 3.11's wait_for can swallow a cancellation that races with its own
+            # result (seen after SIGCONT + SIGTERM): cancel again until the task ends.
+            while not task.done():
+                task.cancel()
+                await asyncio.wait({task}, timeout=0.1)
         self._tasks.clear()
         if self.member is not None and self._signals < 2:
             with contextlib.suppress(Exception):  # idempotent; also closes the config watch

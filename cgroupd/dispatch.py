@@ -13,7 +13,13 @@ Ordering modes (``MemberSettings.ordering``):
 
 A handler that returns acks its message (unless it settled it itself); one that raises is
 retried. Messages not started when the period ends stay unacknowledged, and the server
-gives them to the next owner in stream order.
+gives them to the next owner in stream order (or, on a consumer shared by several
+instances, :meth:`Dispatcher.hand_back` naks them in stream order).
+
+The member can close a *gate* (:meth:`Dispatcher.pause`): held messages then wait, kept
+alive, until it opens again; meanwhile :meth:`Dispatcher.discard_unstarted` can drop them
+(the consumer is about to deliver them again, e.g. after a consumer reset). Within a key,
+messages wait in stream order even when a redelivery arrives after later messages.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from cgroupd.message import Message, Outcome
+from cgroupd.message import AckGuard, Message, Outcome
 
 Handler = Callable[[Message], Awaitable[None] | None]
 KeyOf = Callable[[str, Mapping[str, str], int | None], str]
@@ -117,8 +123,10 @@ class Dispatcher:
         on_settled: Callable[[], Awaitable[None]],
         log: Any,
         stats: dict[str, int],
+        guard: AckGuard | None = None,
     ) -> None:
         self._nc = nc
+        self._guard = guard
         self._handler = handler
         self._handler_is_async = is_async(handler)
         self._ordering = ordering
@@ -135,6 +143,29 @@ class Dispatcher:
         self._workers: set[asyncio.Task[None]] = set()
         self._closing = asyncio.Event()
         self._keepalive: asyncio.Task[None] | None = None
+        #: Set while handlers may start; cleared by pause().
+        self._open = asyncio.Event()
+        self._open.set()
+        #: Messages whose handler is running now (by stream sequence).
+        self._running: dict[int, Message] = {}
+        #: Handlers cut off by the drain timeout: their work may still go on elsewhere.
+        self._abandoned: set[int] = set()
+        #: Keep deliveries that arrive while closing (to hand them back in order) instead
+        #: of naking them at once.
+        self._hold_late = False
+        #: Partitions whose messages are taken (None: all). A delivery of another partition
+        #: is a late one for a partition this instance gave away: never run, and acked
+        #: only with ``ack_not_owned`` (a static group's consumer: the ack clears it from
+        #: our consumer alone; on a work queue it would delete the next owner's message).
+        self.accept: set[int] | None = None
+        self.ack_not_owned = False
+        #: Messages processed already (a static group's consumer after a reset): acked
+        #: without running.
+        self.skip: Callable[[Message], bool] | None = None
+        #: Highest stream sequence delivered per partition, and the last message acked or
+        #: termed (its ack confirmed again proves every earlier one applied).
+        self.highest: dict[int, int] = {}
+        self.last_settled: Message | None = None
 
     def start(self) -> None:
         """Begin keeping held messages alive; paired with :meth:`drain`."""
@@ -144,6 +175,58 @@ class Dispatcher:
     def holding(self) -> int:
         """Messages delivered to us and not yet settled."""
         return len(self._held)
+
+    @property
+    def running(self) -> int:
+        """Handlers running now."""
+        return len(self._running)
+
+    @property
+    def paused(self) -> bool:
+        return not self._open.is_set()
+
+    def pause(self) -> None:
+        """Start no handler until :meth:`resume`; held messages wait (kept alive)."""
+        self._open.clear()
+
+    def resume(self) -> None:
+        self._open.set()
+
+    async def idle(self, timeout: float) -> bool:
+        """Wait until no handler runs (after :meth:`pause`); False after ``timeout``."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self._running:
+            if asyncio.get_running_loop().time() > deadline:
+                return False
+            await asyncio.sleep(0.002)
+        return True
+
+    def discard_unstarted(self) -> list[Message]:
+        """Forget every held message whose handler is not running (the consumer will
+        deliver them again); returned in stream order. Use while paused."""
+        dropped = sorted((m for seq, m in self._held.items() if seq not in self._running),
+                         key=lambda m: m.stream_sequence)
+        for m in dropped:
+            del self._held[m.stream_sequence]
+        for queue in self._keys.values():
+            kept = [m for m in queue if m.stream_sequence in self._held
+                    and self._held[m.stream_sequence] is m]
+            queue.clear()
+            queue.extend(kept)
+        return dropped
+
+    async def hand_back(self) -> int:
+        """After :meth:`drain`: nak every held message no handler is working on, in stream
+        order, so the next holder of a shared consumer gets them back at once and in
+        order. Returns how many."""
+        back = sorted((m for seq, m in self._held.items()
+                       if seq not in self._running and seq not in self._abandoned
+                       and m.outcome is None), key=lambda m: m.stream_sequence)
+        for m in back:
+            await self._settle(m.nak())
+            self._held.pop(m.stream_sequence, None)
+        self._stats["naked"] += len(back)
+        return len(back)
 
     async def settle(self, partitions: set[int], timeout: float) -> bool:
         """Wait until no message of ``partitions`` is held; False if that takes too long."""
@@ -156,18 +239,36 @@ class Dispatcher:
 
     def submit(self, raw: Msg) -> None:
         """Take a delivery from the data consumer (called from the puller's callback)."""
+        if self._closing.is_set() and self._hold_late:
+            # Closing on a shared consumer: keep it, hand_back() returns it in order.
+            with contextlib.suppress(Exception):
+                late = Message.from_msg(self._nc, raw, self._guard)
+                self._held.setdefault(late.stream_sequence, late)
+            return
         if self._closing.is_set():
             # Not ours to start any more: hand it back now rather than after the ack wait.
             if raw.reply:
                 self._spawn(self._settle(self._nc.publish(raw.reply, b"-NAK")))
             return
         try:
-            message = Message.from_msg(self._nc, raw)
+            message = Message.from_msg(self._nc, raw, self._guard)
         except Exception as exc:  # noqa: BLE001 - not a JetStream delivery: nothing to ack
             self._log.warning("ignored a message that is not a JetStream delivery",
                               subject=raw.subject, error=repr(exc))
             return
         seq = message.stream_sequence
+        if self.accept is not None and message.partition not in self.accept:
+            # A late delivery of a partition given away: its new owner runs it.
+            self._stats["not_owned"] = self._stats.get("not_owned", 0) + 1
+            if self.ack_not_owned:
+                self._spawn(self._settle(message.ack()))
+            return
+        if message.partition is not None and seq > self.highest.get(message.partition, 0):
+            self.highest[message.partition] = seq
+        if self.skip is not None and seq not in self._held and self.skip(message):
+            self._stats["skipped"] = self._stats.get("skipped", 0) + 1
+            self._spawn(self._settle(message.ack()))
+            return
         if seq in self._held:
             # The server redelivered a message we still hold (ack wait passed while it ran
             # or waited): the held copy settles it, running it twice would break order.
@@ -181,19 +282,25 @@ class Dispatcher:
         key = self._key_of(message.subject, message.headers, message.partition)
         queue = self._keys.get(key)
         if queue is not None:
-            queue.append(message)
+            _insert_in_order(queue, message, self._running)
             return
         self._keys[key] = deque([message])
         self._spawn(self._run_key(key))
 
-    async def drain(self, timeout: float) -> None:
-        """Start nothing new; let running handlers finish for up to ``timeout``."""
+    async def drain(self, timeout: float, hold_late: bool = False) -> None:
+        """Start nothing new; let running handlers finish for up to ``timeout``.
+
+        ``hold_late``: deliveries arriving from now on are kept for :meth:`hand_back`
+        instead of being nak'ed at once."""
+        self._hold_late = hold_late
         self._closing.set()
+        self._open.set()  # let parked workers see the closing and end
         if self._keepalive is not None:
             self._keepalive.cancel()
         tasks = set(self._workers)
         if tasks:
             _, late = await asyncio.wait(tasks, timeout=timeout)
+            self._abandoned.update(self._running)
             for task in late:
                 task.cancel()
             if late:
@@ -226,8 +333,10 @@ class Dispatcher:
                     if self._closing.is_set():
                         return
                     message.delivery_count += 1
-                queue.popleft()
-                self._held.pop(message.stream_sequence, None)
+                if queue and queue[0] is message:
+                    queue.popleft()
+                if self._held.get(message.stream_sequence) is message:
+                    del self._held[message.stream_sequence]
                 await self._on_settled()
         finally:
             if self._keys.get(key) is queue:
@@ -237,15 +346,28 @@ class Dispatcher:
         if not await self._invoke(message) and not self._closing.is_set():
             await self._settle(message.nak(self._backoff(message.delivery_count)))
             self._count(message.outcome)
-        self._held.pop(message.stream_sequence, None)
+        if self._held.get(message.stream_sequence) is message:
+            del self._held[message.stream_sequence]
         await self._on_settled()
 
     async def _invoke(self, message: Message) -> bool:
         """Run the handler once. True when the message is settled (acked, termed, nak'ed)."""
         async with self._slots:
+            if not self._open.is_set():
+                await self._open.wait()
+            if self._held.get(message.stream_sequence) is not message:
+                return True  # discarded while it waited: the consumer delivers it again
             if self._closing.is_set() or not await self._before_start():
                 self._closing.set()
                 return False
+            seq = message.stream_sequence
+            if self._held.get(seq) is not message:
+                return True  # discarded while the start was being checked
+            if self.skip is not None and self.skip(message):
+                self._stats["skipped"] = self._stats.get("skipped", 0) + 1
+                await self._settle(message.ack())
+                return True
+            self._running[seq] = message
             try:
                 if self._handler_is_async:
                     result = await self._handler(message)  # type: ignore[misc]
@@ -263,6 +385,10 @@ class Dispatcher:
             else:
                 if message.outcome is None:
                     await self._settle(message.ack())
+            finally:
+                self._running.pop(seq, None)
+        if message.outcome in (Outcome.ACK, Outcome.TERM):
+            self.last_settled = message
         self._count(message.outcome)
         return True
 
@@ -284,3 +410,19 @@ class Dispatcher:
             for message in list(self._held.values()):
                 if message.outcome is None:
                     await self._settle(message.in_progress())
+
+
+def _insert_in_order(queue: deque[Message], message: Message,
+                     running: Mapping[int, Message]) -> None:
+    """Queue ``message`` behind its key's messages of lower stream sequence (a message
+    handed back by a previous holder can arrive after later ones); never ahead of one
+    whose handler already runs."""
+    seq = message.stream_sequence
+    if not queue or queue[-1].stream_sequence < seq:
+        queue.append(message)
+        return
+    floor = 1 if queue[0].stream_sequence in running else 0
+    at = len(queue)
+    while at > floor and queue[at - 1].stream_sequence > seq:
+        at -= 1
+    queue.insert(at, message)

@@ -12,6 +12,7 @@
     ├── ConflictError                 a CAS update lost too many races (retriable)
     ├── ApiError                      any other ``$JS.API`` error: status code and err_code
     ├── AckNotConfirmed               ``double_ack`` was not confirmed by the server
+    │   └── AckOutcomeUnknown         it may have been applied all the same: reconcile
     ├── LeaseUnavailable              a Spark query cannot hold a member another holder has
     ├── LeaseLost                     a running Spark query lost a member it reads
     ├── DataLoss                      messages a Spark query had to read are gone
@@ -104,6 +105,13 @@ class ApiError(CgroupdError):
 
 class AckNotConfirmed(CgroupdError):
     """The server did not confirm an ack: this instance may no longer own the message."""
+
+
+class AckOutcomeUnknown(AckNotConfirmed):
+    """The ack was sent but whether it was applied cannot be known (its confirmation came
+    after this instance could no longer prove it owned the message). Rolling back may lose
+    the message (it is gone if the ack was applied); keeping the work may duplicate it (the
+    new owner gets it if not): reconcile, e.g. by an idempotency key."""
 
 
 class LeaseUnavailable(CgroupdError):

@@ -288,6 +288,11 @@ class JetStream:
         with self._translated(f"listing consumers of {stream}"):
             return await jsapi.list_consumers(self.nc, stream)
 
+    async def reset_consumer(self, stream: str, consumer: str, seq: int = 0) -> dict[str, Any]:
+        """Redeliver from ``seq`` (0: the ack floor) in stream order; the info after it."""
+        with self._translated(f"resetting consumer {consumer}"):
+            return await jsapi.reset_consumer(self.nc, stream, consumer, seq)
+
     async def unpin(self, stream: str, consumer: str, group: str) -> None:
         with self._translated(f"unpinning {consumer}"):
             await jsapi.unpin(self.nc, stream, consumer, group)

@@ -160,6 +160,15 @@ async def list_consumers(nc: Client, stream: str) -> list[dict[str, Any]]:
             return out
 
 
+async def reset_consumer(nc: Client, stream: str, consumer: str,
+                         seq: int = 0) -> dict[str, Any]:
+    """Move a consumer back to stream sequence ``seq`` (0: just past its ack floor), as if
+    nothing above it had been delivered: its pending messages are dropped and delivered
+    again, in stream order (server >= 2.14). The reply is the consumer info after it."""
+    return await request(nc, f"{API}.CONSUMER.RESET.{stream}.{consumer}",
+                         {"seq": seq} if seq else {})
+
+
 async def unpin(nc: Client, stream: str, consumer: str, group: str) -> None:
     """Clear a pinned client so the server picks another (priority groups ADR)."""
     await request(nc, f"{API}.CONSUMER.UNPIN.{stream}.{consumer}", {"group": group})

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import random
 import secrets
 import time
@@ -45,15 +46,29 @@ from cgroupd.config import (
     work_queue_stream,
 )
 from cgroupd.dispatch import Dispatcher, Handler
-from cgroupd.errors import ApiError, CgroupdError, ConfigError, GroupNotFound
+from cgroupd.errors import (
+    AckNotConfirmed,
+    AckOutcomeUnknown,
+    ApiError,
+    CgroupdError,
+    ConfigError,
+    GroupNotFound,
+    JetStreamNotEnabled,
+)
 from cgroupd.jetstream import JetStream, Record
 from cgroupd.partitions import (
+    group_subjects,
+    hold_filters,
+    idle_filter,
     key_function,
+    member_consumer_filters,
     member_filters,
     member_partitions,
     partition_filters,
+    reference_filters,
     sync_filters,
 )
+from cgroupd.pinning import PinLease, SkipRules
 from cgroupd.pull import PullEnd, Puller, PullOptions
 from cgroupd.settings import PRIORITY_GROUP, Exclusivity, MemberSettings
 
@@ -67,6 +82,23 @@ RebalanceCallback = Callable[[tuple[tuple[int, ...], float]], Awaitable[None] | 
 #: Metadata key carrying the instance id in the consumers this runtime creates.
 INSTANCE_KEY = "cgroupd_instance"
 MEMBER_KEY = "cgroupd_member"
+#: Static groups, member consumer metadata: how far each partition this member gave away
+#: was processed, and which redelivered messages were processed already (SkipRules).
+RELEASED_KEY = "cgroupd_released"
+SKIP_KEY = "cgroupd_skip"
+#: Pinned mode: a standby changed the member consumer's filters while nobody held the pin
+#: (pinning needs a delivery); the next holder resets it before running anything.
+RESET_KEY = "cgroupd_reset"
+
+
+def _json_map(info: dict[str, Any], key: str) -> dict[str, Any]:
+    """A JSON object kept in a consumer's metadata (empty if absent or unreadable)."""
+    text = ((info.get("config") or {}).get("metadata") or {}).get(key)
+    try:
+        value = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 class MemberState(Enum):
@@ -137,6 +169,17 @@ class Generation:
     target: tuple[int, ...] = ()
     retarget: asyncio.Event = field(default_factory=asyncio.Event)
     rebalances: int = 0
+    #: Pinned mode: this instance's lease on the pin (see :mod:`cgroupd.pinning`), when the
+    #: first pinned delivery came, and the renewal in progress (one at a time).
+    lease: PinLease | None = None
+    pinned_at: float = 0.0
+    renewal: asyncio.Future[bool] | None = None
+    #: Static groups: per partition, the stream sequence up to which it is processed
+    #: (what a release records), and the messages redelivered that were processed.
+    processed: dict[int, int] = field(default_factory=dict)
+    skip: SkipRules = field(default_factory=SkipRules)
+    #: The member consumer must be brought to the config again (see RESET_KEY).
+    reconcile: bool = False
 
     def __post_init__(self) -> None:
         self.target = self.partitions
@@ -146,6 +189,30 @@ class Generation:
     def end(self, why: StepDown, detail: str = "") -> None:
         if not self.ended.done():
             self.ended.set_result((why, detail))
+
+
+class _PinnedAcks:
+    """Acks on a consumer shared by several instances count only while this instance
+    provably holds the pin: the server applies and confirms them from anyone."""
+
+    def __init__(self, member: Member, gen: Generation) -> None:
+        self._member = member
+        self._gen = gen
+
+    async def _ours(self) -> bool:
+        lease = self._gen.lease
+        return lease is not None and (lease.valid or await self._member._renew(self._gen))
+
+    async def before_ack(self) -> None:
+        if not await self._ours():
+            raise AckNotConfirmed("this instance no longer holds the pin: the ack was not "
+                                  "sent, the message goes to the instance holding it now")
+
+    async def after_confirm(self) -> None:
+        if not await self._ours():
+            raise AckOutcomeUnknown(
+                "the ack was confirmed only after this instance lost the pin: it may also "
+                "be delivered to the new holder")
 
 
 class Member:
@@ -502,31 +569,54 @@ class Member:
 
     def _incremental(self, gen: Generation, new: tuple[int, ...]) -> bool:
         """Can this change be applied by moving only the partitions that change?"""
+        if self.settings.exclusivity is Exclusivity.PINNED:
+            # The member consumer is shared and never deleted (issue 13 item 3): the
+            # pinned instance moves partitions in place, even to none.
+            return True
         return (self.settings.incremental_rebalance
-                and self.settings.exclusivity is Exclusivity.SYNC
                 and bool(new) and bool(set(new) & set(gen.partitions)))
 
     async def _rebalance_loop(self, gen: Generation) -> None:
         """Apply membership changes in place: release lost partitions once their messages
         are settled, then claim gained ones as soon as their previous owner let go."""
+        pinned = self.settings.exclusivity is Exclusivity.PINNED
+        retry_until: float | None = None
         while not gen.ended.done():
             await gen.retarget.wait()
             gen.retarget.clear()
             target = gen.target
-            if target == gen.partitions:
+            if target == gen.partitions and not gen.reconcile:
+                retry_until = None
                 continue
+            gen.reconcile = False
             started = self._clock()
+            move = self._move_pinned if pinned else self._move_partitions
             try:
-                done = await self._move_partitions(gen, target)
+                done = await move(gen, target)
             except CgroupdError as exc:
-                self._log.warning("rebalance failed; rejoining", error=str(exc))
+                self._log.warning("rebalance step failed", error=str(exc))
                 done = False
             if not done:
-                if gen.target == target:
-                    gen.end(StepDown.CONFIG_CHANGED, "incremental rebalance not possible")
+                if gen.target != target:
+                    continue  # superseded: the loop goes again
+                if pinned:
+                    # Every attempt starts from the member consumer as it is: one that
+                    # met a passing conflict (another member mid-move) is tried again.
+                    if retry_until is None:
+                        retry_until = started + self.settings.drain_timeout
+                    if self._clock() < retry_until:
+                        gen.reconcile = True
+                        gen.retarget.set()
+                        await self._sleep(0.1)
+                        continue
+                gen.end(StepDown.CONFIG_CHANGED, "incremental rebalance not possible")
                 continue
+            retry_until = None
             self.partitions = gen.partitions
             self.stats["rebalances"] += 1
+            if not gen.partitions:
+                gen.end(StepDown.CONFIG_CHANGED, "this member owns no partition any more")
+                continue
             elapsed = self._clock() - started
             self._log.info("rebalanced", partitions=list(gen.partitions),
                            seconds=round(elapsed, 3))
@@ -534,38 +624,41 @@ class Member:
                 await self._callback(self.on_rebalance, (gen.partitions, elapsed))
 
     async def _move_partitions(self, gen: Generation, target: tuple[int, ...]) -> bool:
-        """One incremental rebalance; False means fall back to a full rejoin."""
+        """One incremental rebalance; False means fall back to a full rejoin.
+
+        Losing: the data consumer's filters drop the lost partitions; every delivery made
+        before (numbered at most what the update answers) is taken in and finished, our
+        acks are confirmed applied, and only then does the sync consumer let them go, so
+        the next owner never gets a message we still hold or finished. Late deliveries of
+        them are never run (issue 13 item 11). Gaining: once the sync consumer holds them,
+        the member's data consumer is replaced, at a quiet point, by one fresh consumer
+        for all its partitions, so the member keeps one consumer and its in-flight limit
+        (max in flight 1 keeps the member in stream order)."""
         s = self.settings
+        assert gen.dispatcher is not None
         kept = tuple(p for p in gen.partitions if p in target)
         lost = set(gen.partitions) - set(target)
         if not kept:
             return False
         if lost:
-            # Stop deliveries of the lost partitions, take in what was already sent,
-            # finish it, and only then let the next owner claim them (per-key order).
-            emptied = []
             for name, parts in list(gen.data.items()):
                 left = tuple(p for p in parts if p not in lost)
                 if left == parts:
                     continue
-                if left:
-                    await self._update_filters(name, partition_filters(left))
-                    gen.data[name] = left
-                else:
-                    emptied.append(name)
-            for puller in gen.pullers:
-                if puller.consumer in emptied:
-                    await puller.stop()
-                await puller.flush_received()
-            assert gen.dispatcher is not None
+                if not left:
+                    return False  # a consumer of lost partitions only: rejoin instead
+                reply = await self._update_filters(name, partition_filters(left))
+                delivered = int((reply.get("delivered") or {}).get("consumer_seq", 0))
+                puller = next((p for p in gen.pullers if p.consumer == name), None)
+                if puller is None or not await puller.received_through(
+                        delivered, s.drain_timeout):
+                    return False
+                gen.data[name] = left
             if not await gen.dispatcher.settle(lost, s.drain_timeout):
                 return False
-            for name in emptied:
-                if not await self._acks_applied(name):
-                    return False
-                await self.js.delete_consumer(self._consume_stream, name)
-                del gen.data[name]
-                gen.pullers = [p for p in gen.pullers if p.consumer != name]
+            if not await self._acks_confirmed(gen):
+                return False
+            gen.dispatcher.accept = set(kept)
             await self._update_filters(self.sync_consumer, sync_filters(kept))
             gen.partitions = kept
         gained = tuple(p for p in target if p not in gen.partitions)
@@ -581,10 +674,331 @@ class Member:
                     if exc.err_code != jsapi.ERR_WQ_NOT_UNIQUE or self._clock() > deadline:
                         raise
                 await self._sleep(0.05)
-            gen.rebalances += 1
-            await self._add_data_consumer(gen, f"{self.data_consumer}-{gen.rebalances}", gained)
+            # Claimed: the previous owners are done with them, but an abandoned data
+            # consumer may still hold them; only then pause for the swap.
+            while not await self._reclaim_released(gen, set(gained)):
+                if gen.ended.done() or gen.target != target:
+                    return gen.target != target
+                if self._clock() > deadline:
+                    return False
+                await self._sleep(0.05)
+            if not await self._replace_data_consumer(gen, target):
+                return False
             gen.partitions = target
         return True
+
+    async def _replace_data_consumer(self, gen: Generation, target: tuple[int, ...]) -> bool:
+        """At a quiet point (nothing running, our acks applied), swap the data consumer(s)
+        for one fresh consumer of ``target``: it delivers what is left of every partition
+        in stream order. What we held but had not started goes back with the old one."""
+        s = self.settings
+        assert gen.dispatcher is not None
+        dispatcher = gen.dispatcher
+        dispatcher.pause()
+        try:
+            old = list(gen.data)
+            for puller in [p for p in gen.pullers if p.consumer in old]:
+                await puller.stop()  # nothing of the old consumer arrives any more
+            gen.pullers = [p for p in gen.pullers if p.consumer not in old]
+            if not await dispatcher.idle(s.drain_timeout):
+                return False
+            dispatcher.discard_unstarted()
+            if not await self._acks_confirmed(gen):
+                return False
+            for name in old:
+                del gen.data[name]  # first: a self-check must not miss it as "lost"
+                await self.js.delete_consumer(self._consume_stream, name)
+            dispatcher.last_settled = None
+            dispatcher.accept = set(target)
+            gen.rebalances += 1
+            await self._add_data_consumer(gen, f"{self.data_consumer}-{gen.rebalances}",
+                                          target)
+            return True
+        finally:
+            dispatcher.resume()
+
+    async def _reclaim_released(self, gen: Generation, partitions: set[int]) -> bool:
+        """Data consumers of *other* members that still hold partitions we now own, whose
+        instance is gone (issue 13 item 12): a member killed and then dropped leaves one
+        that the server keeps for its unacknowledged messages' ack wait. The sync consumer
+        is ours, so only an abandoned one can be in the way: one whose instance the server
+        says is gone is deleted, any other (a live previous owner still finishing) waited
+        for. True when none is left."""
+        wanted = set(partition_filters(sorted(partitions)))
+        free = True
+        try:
+            for info in await self.js.list_consumers(self._consume_stream):
+                config = info.get("config") or {}
+                meta = config.get("metadata") or {}
+                owner, name = meta.get(INSTANCE_KEY), info.get("name", "")
+                filters = set(config.get("filter_subjects") or [config.get("filter_subject")])
+                if name in gen.data or not filters & wanted:
+                    continue
+                # Only an instance the server says is gone (no responders): one slow to
+                # answer under load may be alive and finishing.
+                alive = await self._presence(owner) if owner else None
+                if owner and alive is False and not gen.ended.done():
+                    self._log.warning("reclaiming a released member's abandoned data "
+                                      "consumer", consumer=name, instance=owner)
+                    await self.js.delete_consumer(self._consume_stream, name)
+                else:
+                    free = False
+        except CgroupdError as exc:
+            self._log.warning("could not inspect a previous owner's consumer", error=str(exc))
+            return False
+        return free
+
+    # -- pinned mode: moving partitions on the shared member consumer ------------------
+    async def _move_pinned(self, gen: Generation, target: tuple[int, ...]) -> bool:
+        """Bring the member consumer to ``target`` in place (issue 13 items 3 and 4); False
+        means fall back to a rejoin. Only the pinned instance changes the consumer.
+
+        Losing: the lost partitions are *held* (a filter that claims them but delivers
+        nothing), what was delivered of them is finished, our acks confirmed, and only then
+        are they let go (a static group records how far they were processed). Gaining:
+        claim them (held) once their previous owner let go, then, at a quiet point (nothing
+        running, nothing of ours in flight), take them and reset the consumer so it
+        delivers their messages from where the previous owner left off (a work queue holds
+        exactly what is left; a static group skips what was processed, see SkipRules).
+        """
+        info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
+        if info is None or gen.dispatcher is None:
+            return False
+        config = info.get("config") or {}
+        real, held = member_consumer_filters(
+            config.get("filter_subjects") or [config.get("filter_subject") or ""])
+        if (config.get("metadata") or {}).get(RESET_KEY) \
+                and not await self._quiet_reset(gen, real):
+            return False
+        want = set(target)
+        lost, gained = real - want, want - real
+        if not lost and not gained and not held:
+            gen.partitions = tuple(sorted(want))
+            gen.dispatcher.accept = want
+            return True
+        if (lost or held - gained) and not await self._release_partitions(
+                gen, real & want, lost, held & gained):
+            return False
+        if gained and not await self._take_partitions(gen, real & want, gained):
+            return False
+        gen.partitions = tuple(sorted(want))
+        gen.dispatcher.accept = want
+        return True
+
+    def _member_filters(self, real: set[int], held: set[int]) -> list[str]:
+        """The member consumer's filters: the reference's for the partitions it delivers
+        (it shares this consumer and rewrites one whose filters differ from its own), and
+        hold filters for those it claims without delivering."""
+        assert self.config is not None
+        if real == set(member_partitions(self.config, self.member)):
+            delivered = member_filters(self.config, self.member)
+        else:
+            delivered = reference_filters(self.config, sorted(real))
+        subjects = group_subjects(self.config)
+        filters = delivered + hold_filters(sorted(held - real), subjects)
+        return filters or [idle_filter(self.member)]
+
+    async def _release_partitions(self, gen: Generation, kept: set[int], lost: set[int],
+                                  claiming: set[int]) -> bool:
+        """Stop delivering ``lost``, finish what we hold of them, then let them go."""
+        s = self.settings
+        assert gen.dispatcher is not None
+        puller = next(p for p in gen.pullers if p.delivers)
+        reply = await self._update_config(self.sync_consumer, self._member_filters(
+            kept, lost | claiming))
+        delivered = int((reply.get("delivered") or {}).get("consumer_seq", 0))
+        # Every delivery of a lost partition is numbered at most `delivered`: take them all
+        # in before settling, or one arriving late would run beside its next owner.
+        if not await puller.received_through(delivered, s.drain_timeout):
+            return False
+        if not await gen.dispatcher.settle(lost, s.drain_timeout):
+            return False
+        if not await self._acks_confirmed(gen):
+            return False
+        meta: dict[str, str] = {}
+        if self.static:
+            released = _json_map(reply, RELEASED_KEY)
+            for p in lost:
+                done = max(gen.processed.get(p, 0), gen.dispatcher.highest.get(p, 0))
+                released[str(p)] = max(done, int(released.get(str(p), 0)))
+            meta[RELEASED_KEY] = json.dumps(released, separators=(",", ":"), sort_keys=True)
+        gen.dispatcher.accept = set(kept)
+        await self._update_config(self.sync_consumer, self._member_filters(kept, claiming),
+                                  meta)
+        return True
+
+    async def _take_partitions(self, gen: Generation, kept: set[int], gained: set[int]) -> bool:
+        """Claim ``gained`` once free, then take them at a quiet point (see _move_pinned)."""
+        starts = await self._claim_partitions(gen, kept, gained)
+        if starts is None:
+            return False
+        return await self._quiet_reset(gen, kept, starts)
+
+    async def _quiet_reset(self, gen: Generation, kept: set[int],
+                           starts: dict[int, int] | None = None) -> bool:
+        """At a quiet point (nothing running, our acks applied, no pull of ours open) set
+        the filters to ``kept`` plus the partitions in ``starts`` (how far each was
+        processed) and reset the consumer so it delivers what is left of them, in order.
+        A work queue holds exactly what is left; a static group's consumer goes back to
+        the lowest sequence still needed and skips what was processed (SkipRules)."""
+        s = self.settings
+        assert gen.dispatcher is not None
+        dispatcher = gen.dispatcher
+        starts = starts or {}
+        partitions = kept | set(starts)
+        puller = next(p for p in gen.pullers if p.delivers)
+        was_open = not dispatcher.paused
+        puller.hush()
+        dispatcher.pause()
+        try:
+            if not await dispatcher.idle(s.drain_timeout):
+                return False
+            pending = dispatcher.discard_unstarted()
+            if not await self._acks_confirmed(gen):
+                return False
+            deadline = self._clock() + s.pull_expires + 1.0
+            while puller.outstanding > 0 and self._clock() < deadline:
+                await self._sleep(0.01)
+            if puller.outstanding > 0:
+                return False
+            pending += dispatcher.discard_unstarted()
+            meta: dict[str, str] = {RESET_KEY: ""}
+            seq = 1  # a work queue holds exactly what is left to do
+            if self.static:
+                info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
+                upto = int(((info or {}).get("delivered") or {}).get("stream_seq", 0))
+                for p in kept:
+                    gen.skip.processed_through(
+                        p, upto, (m.stream_sequence for m in pending if m.partition == p))
+                for p, done in starts.items():
+                    gen.skip.processed_through(p, done)
+                    gen.processed[p] = done
+                meta[SKIP_KEY] = gen.skip.to_json()
+                seq = gen.skip.lowest_needed(partitions)
+            await self._update_config(self.sync_consumer,
+                                      self._member_filters(partitions, set()), meta)
+            dispatcher.accept = partitions
+            await self._reset_pinned(gen, seq)
+            return True
+        finally:
+            puller.hush(False)
+            if was_open:
+                dispatcher.resume()
+
+    async def _claim_partitions(self, gen: Generation, kept: set[int],
+                                gained: set[int]) -> dict[int, int] | None:
+        """Hold ``gained`` as soon as no other consumer has them; for a static group, also
+        how far each was processed (the previous owners' release records). None if they
+        are not free in time."""
+        s = self.settings
+        deadline = self._clock() + s.drain_timeout + 2 * s.retry_interval
+        while not gen.ended.done() and gained <= set(gen.target):
+            starts, busy = await self._previous_owners(gained)
+            if not busy:
+                try:
+                    await self._update_config(self.sync_consumer,
+                                              self._member_filters(kept, gained))
+                    return starts
+                except ApiError as exc:
+                    if exc.err_code != jsapi.ERR_WQ_NOT_UNIQUE:
+                        raise
+            if self._clock() > deadline:
+                self._log.info("partitions not released in time", partitions=sorted(gained),
+                               held_by=sorted(busy))
+                return None
+            await self._sleep(0.05)
+        return None
+
+    async def _previous_owners(self, gained: set[int]) -> tuple[dict[int, int], set[str]]:
+        """How far each of ``gained`` was processed (static release records), and the
+        other consumers that still deliver or hold any of them (reclaimed if nobody has
+        pulled on them for a while: their member is gone)."""
+        starts = {p: 0 for p in gained}
+        busy: set[str] = set()
+        for info in await self.js.list_consumers(self._consume_stream):
+            name = info.get("name", "")
+            config = info.get("config") or {}
+            owner = (config.get("metadata") or {}).get(MEMBER_KEY)
+            # A static stream may carry other groups' consumers: ours are named after
+            # their member (as admin reads them; the Go reference's carry no metadata).
+            ours = name == f"{self.group}-{owner}" or (
+                owner is None and name.startswith(f"{self.group}-"))
+            if name == self.sync_consumer or (self.static and not ours):
+                continue
+            if self.static:
+                for key, done in _json_map(info, RELEASED_KEY).items():
+                    if key.isdigit() and int(key) in starts:
+                        starts[int(key)] = max(starts[int(key)], int(done))
+            real, held = member_consumer_filters(
+                config.get("filter_subjects") or [config.get("filter_subject") or ""])
+            if (real | held) & gained:
+                if await self._reclaim_member_consumer(info):
+                    for p in (real | held) & gained:
+                        floor = int((info.get("ack_floor") or {}).get("stream_seq", 0))
+                        starts[p] = max(starts[p], floor)
+                    continue
+                busy.add(name)
+        return starts, busy
+
+    async def _reclaim_member_consumer(self, info: dict[str, Any]) -> bool:
+        """Another member's consumer that holds partitions now ours, and nobody pulls on
+        it: all its instances are gone (issue 13 item 12). On a work queue it is deleted
+        (its unacknowledged messages stay in the stream for us); on a static stream it is
+        left alone (partitions do not conflict there) and we start after its ack floor."""
+        name = info.get("name", "")
+
+        def abandoned(view: dict[str, Any]) -> bool:
+            # No pull waiting (a standby or the holder would have one), and no holder: a
+            # live holder may pause its pulls for a moment, but keeps its pin.
+            return int(view.get("num_waiting", 0)) == 0 and not any(
+                g.get("pinned_client_id") for g in view.get("priority_groups") or [])
+
+        if not abandoned(info):
+            return False
+        await self._sleep(self.settings.pull_expires)  # a live instance pulls by then
+        again = await self.js.consumer_info(self._consume_stream, name)
+        if again is None:
+            return True
+        if not abandoned(again):
+            return False
+        self._log.warning("taking partitions from a member consumer nobody pulls on",
+                          consumer=name)
+        if not self.static:
+            await self.js.delete_consumer(self._consume_stream, name)
+        return True
+
+    async def _acks_confirmed(self, gen: Generation) -> bool:
+        """Every ack we sent on the member consumer is applied: the server applies one
+        consumer's acks in order, so a confirmed repeat of the last one proves it."""
+        last = gen.dispatcher.last_settled if gen.dispatcher is not None else None
+        if last is None:
+            return True
+        try:
+            reply = await self.js.nc.request(last.reply, b"+ACK",
+                                             timeout=self.settings.drain_timeout)
+        except (nats.errors.Error, TimeoutError) as exc:
+            self._log.info("acks not confirmed", error=repr(exc))
+            return False
+        return not (reply.headers or {}).get("Status")
+
+    async def _update_config(self, name: str, filters: list[str],
+                             metadata: dict[str, str] | None = None) -> dict[str, Any]:
+        """Change one of our consumers in place: its filters, and metadata entries."""
+        info = await self.js.consumer_info(self._consume_stream, name)
+        if info is None:
+            raise ApiError(404, jsapi.ERR_CONSUMER_NOT_FOUND, f"consumer {name} disappeared")
+        config = dict(info["config"])
+        config["filter_subjects"] = filters
+        config.pop("filter_subject", None)
+        if metadata:
+            config["metadata"] = {**(config.get("metadata") or {}), **metadata}
+        try:
+            return await self.js.create_consumer(self._consume_stream, name, config,
+                                                 action="update")
+        except ApiError as exc:
+            self._log.info("consumer update refused", consumer=name, filters=filters,
+                           error=str(exc))
+            raise
 
     async def _acks_applied(self, name: str, unsettled: int = 0,
                             timeout: float | None = None) -> bool:
@@ -601,15 +1015,10 @@ class Member:
                 return False
             await self._sleep(0.005)
 
-    async def _update_filters(self, name: str, filters: list[str]) -> None:
-        """Change the filters of one of our consumers in place (consumer update)."""
-        info = await self.js.consumer_info(self._consume_stream, name)
-        if info is None:
-            raise ApiError(404, jsapi.ERR_CONSUMER_NOT_FOUND, f"consumer {name} disappeared")
-        config = dict(info["config"])
-        config["filter_subjects"] = filters
-        config.pop("filter_subject", None)
-        await self.js.create_consumer(self._consume_stream, name, config, action="update")
+    async def _update_filters(self, name: str, filters: list[str]) -> dict[str, Any]:
+        """Change the filters of one of our consumers in place (consumer update); the
+        consumer info it answers with."""
+        return await self._update_config(name, filters)
 
     async def _reclaim_abandoned(self, gen: Generation) -> bool:
         """Delete data consumers of this member whose instance is gone.
@@ -661,7 +1070,11 @@ class Member:
                 await self.js.nc.publish(msg.reply, self.instance_id.encode())
 
     async def _acquire_pinned(self, partitions: tuple[int, ...]) -> Generation | None:
-        """Pinned mode: ensure the shared member consumer exists, pull until pinned."""
+        """Pinned mode: ensure the shared member consumer exists, pull until pinned.
+
+        Only the pinned instance changes the consumer (:meth:`_move_pinned` brings its
+        filters to the config); a standby that finds it with other filters leaves it be.
+        Nothing starts before :meth:`_take_over` opens the dispatcher."""
         s = self.settings
         name = self.sync_consumer
         extra: dict[str, Any] = {
@@ -673,39 +1086,47 @@ class Member:
             extra["durable_name"] = name
         else:
             extra["inactive_threshold"] = int(max(s.ack_wait, s.inactive_threshold) * 1e9)
-        # The reference's filters for this member: its instances share this consumer,
-        # and each side replaces a consumer whose filters differ from its own.
-        assert self.config is not None
-        wanted = member_filters(self.config, self.member)
-        cfg = self._consumer_config(wanted, **extra)
+        cfg = self._consumer_config(self._member_filters(set(partitions), set()), **extra)
+        if self.static:
+            # A new durable starts each partition where its previous owners left it
+            # (issue 13 item 4), and not before they let it go (no conflict tells us).
+            try:
+                starts, busy = await self._previous_owners(set(partitions))
+            except CgroupdError as exc:
+                self._log.warning("could not read previous owners", error=str(exc))
+                return None
+            if busy:
+                return None
+            cfg["metadata"][SKIP_KEY] = SkipRules(
+                {p: (done, frozenset()) for p, done in starts.items() if done}).to_json()
         try:
             await self.js.create_consumer(self._consume_stream, name, cfg)
         except ApiError as exc:
+            if exc.err_code == jsapi.ERR_WQ_NOT_UNIQUE:
+                with contextlib.suppress(CgroupdError):
+                    await self._previous_owners(set(partitions))  # reclaims abandoned ones
+                return None
             if exc.err_code != jsapi.ERR_CONSUMER_EXISTS:
                 self._log.warning("member consumer create failed", error=str(exc))
                 return None
-            # It exists (made by another instance, maybe the reference's): share it,
-            # moving its filters to the partitions the current config gives this member.
+            # It exists (made by another instance, maybe the reference's): share it.
             info = await self.js.consumer_info(self._consume_stream, name)
             existing = (info or {}).get("config", {})
             if PRIORITY_GROUP not in (existing.get("priority_groups") or []):
                 self._log.warning("member consumer exists without priority group",
                                   consumer=name)
                 return None
-            filters = existing.get("filter_subjects") or [existing.get("filter_subject")]
-            if sorted(filters) != sorted(wanted):
-                try:
-                    await self.js.create_consumer(
-                        self._consume_stream, name,
-                        {**existing, "filter_subjects": wanted,
-                         "filter_subject": None}, action="update")
-                except CgroupdError as exc2:
-                    self._log.info("member consumer filters not updated yet", error=str(exc2))
-                    return None
+            if not await self._retarget_unpinned(info or {}, partitions):
+                return None
         except CgroupdError as exc:
             self._log.warning("member consumer create failed", error=str(exc))
             return None
         gen = self._gen = self._generation(partitions)
+        if self._stopping or self._deleted:  # stop() came while we were creating it
+            gen.end(StepDown.STOPPING)
+        gen.lease = PinLease(s.pinned_ttl, self._clock)
+        assert gen.dispatcher is not None
+        gen.dispatcher.pause()
         pinned = asyncio.get_running_loop().create_future()
         gen.pullers.append(await self._start_puller(
             gen, name, s.max_in_flight, StepDown.PIN_LOST, deliver=True, pinned=pinned))
@@ -720,11 +1141,17 @@ class Member:
     def _generation(self, partitions: tuple[int, ...]) -> Generation:
         s = self.settings
         gen = Generation(partitions)
+        pinned = s.exclusivity is Exclusivity.PINNED
         gen.dispatcher = Dispatcher(
             self.js.nc, self.handler, ordering=s.ordering, max_in_flight=s.max_in_flight,
             ack_wait=s.ack_wait, backoff=s.backoff,
             key_of=key_function(s.key, self.config), before_start=lambda: self._fence(gen),
-            on_settled=lambda: self._refill(gen), log=self._log, stats=self.stats)
+            on_settled=lambda: self._refill(gen), log=self._log, stats=self.stats,
+            guard=_PinnedAcks(self, gen) if pinned else None)
+        gen.dispatcher.accept = set(partitions)
+        if pinned and self.static:
+            gen.dispatcher.ack_not_owned = True
+            gen.dispatcher.skip = lambda m: gen.skip.covers(m.partition, m.stream_sequence)
         gen.dispatcher.start()
         return gen
 
@@ -736,6 +1163,7 @@ class Member:
 
         def on_message(msg: Msg) -> None:
             if pinned is not None and not pinned.done():
+                gen.pinned_at = self._clock()
                 pinned.set_result(None)
             if deliver and gen.dispatcher is not None:
                 gen.received += 1
@@ -775,6 +1203,8 @@ class Member:
             self._last_tick = self._clock()
             for work in (self._rebalance_loop, self._verify_loop, self._watch_clock):
                 self._spawn(gen, work(gen), work.__name__)
+        else:
+            self._spawn(gen, self._hold_pin(gen), "_hold_pin")
         if self._stopping or self._deleted:
             gen.end(StepDown.STOPPING if self._stopping else StepDown.GROUP_DELETED)
         why, detail = await gen.ended
@@ -811,27 +1241,13 @@ class Member:
         for task in gen.tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        pinned = self.settings.exclusivity is Exclusivity.PINNED
-        handing_over = pinned and self.state is MemberState.STEPPING_DOWN
-        # Pinned: the consumer outlives us, so stop pulling first and answer any delivery
-        # still coming with a nak while the server moves the pin, as handlers finish.
-        retiring = [asyncio.create_task(p.retire(self.settings.pull_expires))
-                    for p in gen.pullers] if handing_over else []
-        if handing_over:
-            retiring.append(asyncio.create_task(self._unpin(gen)))
+        if self.settings.exclusivity is Exclusivity.PINNED:
+            await self._release_pinned(gen)
+            return
         if gen.dispatcher is not None:
             await gen.dispatcher.drain(self.settings.drain_timeout)
-        await asyncio.gather(*retiring)
         for puller in gen.pullers:
             await puller.stop()
-        if pinned:
-            # The member consumer is shared by all instances: keep it, but give up the pin
-            # at once so the server picks a standby without waiting for the pinned TTL.
-            if gen.ended.result()[0] is StepDown.CONFIG_CHANGED:
-                # ADR Transitioning: drop it; it is recreated with the new filters.
-                with contextlib.suppress(CgroupdError):
-                    await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
-            return
         # Data consumer first: its unacked messages become available to the next owner,
         # who can only create its data consumer once ours is gone. Acks are applied by
         # the server asynchronously: wait for ours, or the next owner would get (and
@@ -845,13 +1261,231 @@ class Member:
             with contextlib.suppress(CgroupdError):
                 await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
 
-    async def _unpin(self, gen: Generation) -> None:
+    async def _release_pinned(self, gen: Generation) -> None:
+        """Pinned mode: the member consumer is shared by every instance and outlives us.
+
+        Running handlers finish while we keep pulling (so the pin stays ours); what
+        arrives meanwhile is kept, not started. Then we give up the pin and hand back
+        every message not started, in stream order: the next holder gets them before
+        anything later of their keys (issue 13 item 2). Handing back is safe only within
+        one pinned TTL of the unpin: the next holder takes back what we still hold by a
+        consumer reset no earlier than that (see :meth:`_take_over`).
+        """
+        s = self.settings
+        if gen.dispatcher is not None:
+            await gen.dispatcher.drain(s.drain_timeout, hold_late=True)
+        asked = self._clock()
+        unpinned = await self._unpin(gen)
+        lease = gen.lease
+        safe_until = asked + s.pinned_ttl - (lease.margin if lease is not None else 0.0)
+        if unpinned and gen.dispatcher is not None and self._clock() < safe_until:
+            back = await gen.dispatcher.hand_back()
+            if back:
+                self._log.info("handed back messages not started", count=back)
+        for puller in gen.pullers:
+            if unpinned and puller.delivers:
+                # Deliveries already on their way are nak'ed as they come.
+                await puller.retire(min(0.2, max(0.0, safe_until - self._clock())))
+            await puller.stop()
+
+    async def _unpin(self, gen: Generation) -> bool:
         """Give up the pin at once so the server picks a standby without waiting for the
-        pinned TTL (not after losing it: that would unpin the new holder)."""
-        if gen.ended.result()[0] in (StepDown.PIN_LOST, StepDown.CONFIG_CHANGED):
-            return
-        with contextlib.suppress(CgroupdError):
+        pinned TTL; only while the pin is provably ours: unpinning after losing it would
+        unpin the new holder (issue 13)."""
+        lease = gen.lease
+        if lease is None or lease.lost or not gen.ended.done() \
+                or gen.ended.result()[0] is StepDown.PIN_LOST:
+            return False
+        if lease.remaining() < 2 * lease.margin and not await self._renew(gen):
+            return False
+        try:
             await self.js.unpin(self._consume_stream, self.sync_consumer, PRIORITY_GROUP)
+        except CgroupdError as exc:
+            self._log.info("could not unpin", error=str(exc))
+            return False
+        lease.lose()
+        return True
+
+    # -- pinned mode: the lease and the takeover ---------------------------------------
+    async def _hold_pin(self, gen: Generation) -> None:
+        """Pinned mode, while active: take over, then renew the lease every quarter of
+        the pinned TTL (so handlers never wait for it) and apply membership changes."""
+        if not await self._take_over(gen):
+            return
+        self._spawn(gen, self._rebalance_loop(gen), "_rebalance_loop")
+        period = self.settings.pinned_ttl / 4
+        while not gen.ended.done():
+            await self._sleep(period)
+            if not await self._renew(gen):
+                gen.end(StepDown.PIN_LOST, "the pin could not be proven ours any more")
+
+    async def _renew(self, gen: Generation) -> bool:
+        """Prove the pin is still ours and extend the lease; one renewal at a time."""
+        if gen.renewal is None or gen.renewal.done():
+            gen.renewal = asyncio.ensure_future(self._renew_once(gen))
+        return await asyncio.shield(gen.renewal)
+
+    async def _renew_once(self, gen: Generation) -> bool:
+        """A pull carrying our pin id, a round trip proving the server read it, then the
+        consumer info showing our pin id still (see :mod:`cgroupd.pinning`)."""
+        lease = gen.lease
+        puller = next((p for p in gen.pullers if p.delivers), None)
+        if lease is None or lease.lost or puller is None:
+            return False
+        pin = puller.pin_id
+        if pin is None or puller.ended.done():
+            lease.lose()
+            return False
+        await puller.pull_one()
+        sent = puller.pin_pulled_at
+        try:
+            await self.js.nc.flush(timeout=max(1, int(self.settings.pull_expires)))
+            info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
+        except (CgroupdError, nats.errors.Error, TimeoutError) as exc:
+            self._log.info("pin lease not renewed: no answer", error=repr(exc))
+            return lease.valid
+        holder = next((g.get("pinned_client_id") for g in (info or {}).get(
+            "priority_groups") or [] if g.get("group") == PRIORITY_GROUP), None)
+        if info is None or holder != pin:
+            lease.lose()
+            return False
+        lease.renewed(pin, sent)
+        if ((info.get("config") or {}).get("metadata") or {}).get(RESET_KEY):
+            gen.reconcile = True  # a standby retargeted it before we held the pin
+            gen.retarget.set()
+        return lease.valid
+
+    async def _take_over(self, gen: Generation) -> bool:
+        """A newly pinned instance starts nothing while the member consumer holds messages
+        delivered to someone else: a previous holder's, unfinished or being handed back.
+        Handed back, they come to us and wait in stream order among their keys. If they do
+        not come, then one pinned TTL after we were pinned, when no previous holder can
+        trust an ack any more, we reset the consumer to its ack floor: everything not
+        acknowledged is delivered again, in stream order (issue 13 item 1)."""
+        s = self.settings
+        assert gen.dispatcher is not None
+        if not await self._renew(gen):
+            gen.end(StepDown.PIN_LOST, "pinned, but could not prove it")
+            return False
+        puller = next(p for p in gen.pullers if p.delivers)
+        deadline = gen.pinned_at + s.pinned_ttl
+        # Before a reset no pull of ours may be open, or a delivery made before it could
+        # arrive after it and run ahead of (and twice with) its redelivery. So requests
+        # stop one pull expiry before the reset; the pin stays ours a TTL past the last.
+        hush_at = max(gen.pinned_at, deadline - s.pull_expires - 0.25)
+        can_reset = True
+        try:
+            while not gen.ended.done():
+                try:
+                    info = await self.js.consumer_info(self._consume_stream,
+                                                       self.sync_consumer)
+                    if info is None:
+                        gen.end(StepDown.PIN_LOST, "member consumer deleted")
+                        return False
+                    if self.static:
+                        self._load_static_state(gen, info)
+                    foreign = int(info.get("num_ack_pending", 0)) - gen.dispatcher.holding
+                    if foreign <= 0:
+                        break
+                    now = self._clock()
+                    if now >= hush_at and can_reset:
+                        puller.hush()
+                    if now >= deadline and puller.outstanding == 0 and can_reset:
+                        self._log.info("taking back messages a previous holder left "
+                                       "unfinished", count=foreign)
+                        try:
+                            await self._reset_pinned(gen)
+                        except (ApiError, JetStreamNotEnabled) as exc:
+                            # No consumer reset (nats-server < 2.14): they come back once
+                            # their ack wait runs out; nothing starts before.
+                            self._log.error("consumer reset unavailable; waiting for the "
+                                            "previous holder's messages to time out",
+                                            error=str(exc), count=foreign)
+                            can_reset = False
+                            puller.hush(False)
+                            continue
+                        break
+                except CgroupdError as exc:
+                    self._log.info("takeover check failed; retrying", error=str(exc))
+                await self._sleep(0.02)
+        finally:
+            puller.hush(False)
+        if gen.ended.done():
+            return False
+        # The consumer may have the filters of another config, or have been retargeted by
+        # a standby (RESET_KEY): bring it to ours before anything starts.
+        try:
+            moved = await self._move_pinned(gen, gen.target)
+        except CgroupdError as exc:
+            self._log.warning("could not bring the member consumer to this config",
+                              error=str(exc))
+            moved = False
+        if not moved:
+            gen.end(StepDown.CONFIG_CHANGED, "member consumer not brought to the config")
+            return False
+        self.partitions = gen.partitions
+        gen.dispatcher.resume()
+        return True
+
+    async def _retarget_unpinned(self, info: dict[str, Any],
+                                 partitions: tuple[int, ...]) -> bool:
+        """A standby found the member consumer with other filters than its config gives.
+        While an instance holds the pin, that one moves them (:meth:`_move_pinned`). While
+        nobody does, no message may pin anyone (pinning takes a delivery), so the standby
+        sets them, marking the consumer so the next holder resets it at a quiet point
+        before running anything. False: not now, try again later."""
+        config = info.get("config") or {}
+        real, held = member_consumer_filters(
+            config.get("filter_subjects") or [config.get("filter_subject") or ""])
+        if real == set(partitions) and not held:
+            return True
+        holder = next((g.get("pinned_client_id") for g in info.get("priority_groups") or []
+                       if g.get("group") == PRIORITY_GROUP), None)
+        if holder:
+            return True  # the holder applies the config; we wait for the pin
+        meta = {RESET_KEY: "1"}
+        if self.static:
+            starts, busy = await self._previous_owners(set(partitions) - real)
+            if busy:
+                return False
+            skip = SkipRules.from_json((config.get("metadata") or {}).get(SKIP_KEY))
+            for p, done in starts.items():
+                if done:
+                    skip.processed_through(p, done)
+            floor = int((info.get("ack_floor") or {}).get("stream_seq", 0))
+            released = _json_map(info, RELEASED_KEY)
+            for p in real - set(partitions):
+                released[str(p)] = max(floor, int(released.get(str(p), 0)))
+            meta[SKIP_KEY] = skip.to_json()
+            meta[RELEASED_KEY] = json.dumps(released, separators=(",", ":"), sort_keys=True)
+        try:
+            await self._update_config(self.sync_consumer,
+                                      self._member_filters(set(partitions), set()), meta)
+        except ApiError as exc:
+            if exc.err_code == jsapi.ERR_WQ_NOT_UNIQUE:
+                await self._previous_owners(set(partitions) - real)  # reclaims abandoned
+            self._log.info("member consumer not retargeted yet", error=str(exc))
+            return False
+        return True
+
+    def _load_static_state(self, gen: Generation, info: dict[str, Any]) -> None:
+        """Static group, on taking over: what the consumer says was processed."""
+        floor = int((info.get("ack_floor") or {}).get("stream_seq", 0))
+        for p in gen.partitions:
+            gen.processed[p] = max(gen.processed.get(p, 0), floor)
+        text = ((info.get("config") or {}).get("metadata") or {}).get(SKIP_KEY)
+        gen.skip.rules = SkipRules.from_json(text).rules
+
+    async def _reset_pinned(self, gen: Generation, seq: int = 0) -> None:
+        """Reset the member consumer to ``seq`` (0: past its ack floor) and forget what we
+        hold: all of it is delivered again, in stream order. Call with no pull of ours
+        open (nothing delivered before the reset may still be on its way)."""
+        assert gen.dispatcher is not None
+        info = await self.js.reset_consumer(self._consume_stream, self.sync_consumer, seq)
+        gen.dispatcher.last_settled = None  # acks before a reset need no proof after it
+        dropped = gen.dispatcher.discard_unstarted()
+        self._log.info("member consumer reset", seq=info.get("reset_seq"),
+                       dropped=len(dropped))
 
     async def _sync_is_ours(self) -> bool:
         try:
@@ -895,10 +1529,11 @@ class Member:
                 gen.end(StepDown.STALLED, "data consumer stopped delivering pending messages")
 
     async def _verify(self, gen: Generation) -> bool:
+        names = list(gen.data)
         try:
             sync = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
             data = [await self.js.consumer_info(self._consume_stream, name)
-                    for name in list(gen.data)]
+                    for name in names]
         except CgroupdError as exc:
             self._log.warning("self-check could not reach the server", error=str(exc))
             return True  # unknown: the pull watchdog and inactivity decide
@@ -906,9 +1541,12 @@ class Member:
         if sync is None or meta.get(INSTANCE_KEY) != self.instance_id:
             gen.end(StepDown.SYNC_LOST, "sync consumer missing or owned by another instance")
             return False
-        if any(info is None for info in data):
+        # A consumer a rebalance replaced meanwhile is not missing.
+        if any(info is None and name in gen.data for name, info in zip(names, data,
+                                                                        strict=True)):
             gen.end(StepDown.DATA_LOST, "data consumer missing")
             return False
+        data = [info for name, info in zip(names, data, strict=True) if name in gen.data]
         gen.data_info = {
             key: sum(int((info or {}).get(key, 0)) for info in data)
             for key in ("num_pending", "num_ack_pending")}
@@ -933,7 +1571,14 @@ class Member:
 
     async def _fence(self, gen: Generation) -> bool:
         """Before a handler starts: if we were not running for a while, another instance
-        may own our partitions by now; check before touching another message."""
+        may own our partitions by now; check before touching another message. Pinned
+        mode: only within the lease on the pin (renewed here if it ran out)."""
+        if self.settings.exclusivity is Exclusivity.PINNED:
+            lease = gen.lease
+            if lease is None or (not lease.valid and not await self._renew(gen)):
+                gen.end(StepDown.PIN_LOST, "cannot prove the pin is still ours")
+                return False
+            return not gen.ended.done()
         fence = self.settings.inactive_threshold / 2
         if self.settings.exclusivity is Exclusivity.SYNC and (
                 gen.suspect or self._clock() - self._last_tick > fence):

@@ -12,14 +12,27 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Protocol
 
 import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from cgroupd import jsapi
-from cgroupd.errors import AckNotConfirmed
+from cgroupd.errors import AckNotConfirmed, AckOutcomeUnknown
 from cgroupd.partitions import strip_partition
+
+
+class AckGuard(Protocol):
+    """Ownership checks around acks, for consumers shared by several instances (pinned
+    mode), where the server applies and confirms acks from any of them."""
+
+    async def before_ack(self) -> None:
+        """Raise AckNotConfirmed when this instance can no longer prove it owns the message
+        (nothing is sent then: the message stays with its owner)."""
+
+    async def after_confirm(self) -> None:
+        """Raise AckOutcomeUnknown when a confirmation cannot be trusted."""
 
 
 class Outcome(Enum):
@@ -43,9 +56,10 @@ class Message:
     _nc: Client = field(repr=False)
     _reply: str = field(repr=False)
     outcome: Outcome | None = None
+    _guard: AckGuard | None = field(default=None, repr=False)
 
     @classmethod
-    def from_msg(cls, nc: Client, msg: Msg) -> Message:
+    def from_msg(cls, nc: Client, msg: Msg, guard: AckGuard | None = None) -> Message:
         """Wrap a JetStream delivery (its reply subject carries sequence and count)."""
         partition, subject = strip_partition(msg.subject)
         meta = msg.metadata
@@ -58,16 +72,24 @@ class Message:
             delivery_count=meta.num_delivered,
             _nc=nc,
             _reply=msg.reply,
+            _guard=guard,
         )
 
     @property
     def acknowledged(self) -> bool:
         return self.outcome is not None
 
+    @property
+    def reply(self) -> str:
+        """The delivery's JetStream reply subject (where acks go)."""
+        return self._reply
+
     async def _send(self, payload: bytes, outcome: Outcome | None) -> None:
         if outcome is not None:
             if self.outcome is not None:
                 return
+            if self._guard is not None and outcome is not Outcome.NAK:
+                await self._guard.before_ack()
             self.outcome = outcome
         await self._nc.publish(self._reply, payload)
 
@@ -83,9 +105,16 @@ class Message:
         """
         if self.outcome is not None and self.outcome is not Outcome.ACK:
             raise AckNotConfirmed(f"message already {self.outcome.value}ed")
+        if self._guard is not None:
+            await self._guard.before_ack()
         try:
             reply = await self._nc.request(self._reply, b"+ACK", timeout=timeout)
-        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+        except nats.errors.TimeoutError as exc:
+            # The ack may have been applied and only its reply lost (or late): in doubt.
+            raise AckOutcomeUnknown(
+                f"ack of stream sequence {self.stream_sequence}: no reply ({exc!r}); it may "
+                "or may not have been applied") from exc
+        except nats.errors.NoRespondersError as exc:
             raise AckNotConfirmed(
                 f"ack of stream sequence {self.stream_sequence} was not confirmed: {exc!r}"
             ) from exc
@@ -97,6 +126,8 @@ class Message:
             raise AckNotConfirmed(f"server refused the ack: status {status.code} "
                                   f"{status.description}".rstrip())
         self.outcome = Outcome.ACK
+        if self._guard is not None:
+            await self._guard.after_confirm()
 
     async def nak(self, delay: float | None = None) -> None:
         """Ask for redelivery, after ``delay`` seconds if given."""

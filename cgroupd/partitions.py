@@ -66,12 +66,26 @@ def member_filters(config: GroupConfig, member: str) -> list[str]:
         # As listed in the mapping (the reference compares filter lists in order).
         listed = [p for m in config.member_mappings if m.member == member
                   for p in m.partitions]
-        return list(dict.fromkeys(f"{p}.>" for p in listed))
-    parts = member_partitions(config, member)
+        return reference_filters(config, listed)
+    return reference_filters(config, member_partitions(config, member))
+
+
+def group_subjects(config: GroupConfig) -> list[str]:
+    """The subjects (behind the partition token) a reference member consumer filters on:
+    the group's filters with a member list, ``>`` with mappings."""
+    if config.member_mappings:
+        return [">"]
     if isinstance(config, ElasticGroupConfig):
-        subjects = [pf.filter for pf in config.partitioning_filters] or [">"]
-    else:
-        subjects = list(config.filters) or [">"]
+        return [pf.filter for pf in config.partitioning_filters] or [">"]
+    return list(config.filters) or [">"]
+
+
+def reference_filters(config: GroupConfig, partitions: Iterable[int]) -> list[str]:
+    """The reference's filters for a member consumer delivering ``partitions`` (in the
+    order given for mappings, ascending otherwise): filter by filter, partition by
+    partition. Repeats are dropped (the server refuses overlapping filters)."""
+    subjects = group_subjects(config)
+    parts = list(partitions) if config.member_mappings else sorted(partitions)
     return list(dict.fromkeys(f"{p}.{subject}" for subject in subjects for p in parts))
 
 
@@ -109,6 +123,43 @@ def partition_of(subject: str, filters: Iterable[PartitioningFilter],
 def sync_filters(partitions: Iterable[int]) -> list[str]:
     """Synchronization consumer filters: overlap like the data filters, match nothing."""
     return [f"{SYNC_PREFIX}.{p}.>" for p in partitions]
+
+
+#: Token of a filter that claims a partition without receiving its messages: on a
+#: work-queue stream it overlaps the partition's filter (so nobody else can take it), yet
+#: matches no message. Pinned mode holds partitions with it while it finishes or takes them.
+HOLD_TOKEN = "_cgroupd_hold"
+#: First token of the filter of a member consumer that owns no partition (it matches
+#: nothing and overlaps nothing; a consumer needs at least one filter).
+IDLE_PREFIX = "_cgroupd_idle"
+
+
+def hold_filters(partitions: Iterable[int], subjects: Iterable[str] = (">",)) -> list[str]:
+    """Filters that claim ``partitions`` without delivering any of their messages.
+
+    One per partition and subject: the subject with each wildcard replaced by the hold
+    token. Such a literal overlaps the partition's filter of that subject, in any form a
+    claim may take (``<p>.>`` or the reference's ``<p>.<filter>``), so a work queue
+    refuses a second claim; it matches only a subject made of hold tokens.
+    """
+    held = [".".join(HOLD_TOKEN if t in ("*", ">") else t for t in s.split("."))
+            for s in subjects]
+    return list(dict.fromkeys(f"{p}.{h}" for p in partitions for h in held))
+
+
+def idle_filter(member: str) -> str:
+    return f"{IDLE_PREFIX}.{member}"
+
+
+def member_consumer_filters(filters: Iterable[str]) -> tuple[set[int], set[int]]:
+    """(partitions delivered, partitions held) by a member consumer's filters."""
+    real: set[int] = set()
+    held: set[int] = set()
+    for f in filters:
+        head, _, rest = f.partition(".")
+        if head.isascii() and head.isdigit():
+            (held if rest.rsplit(".", 1)[-1] == HOLD_TOKEN else real).add(int(head))
+    return real, held
 
 
 def transform_destination(pf: PartitioningFilter, partitions: int) -> str:

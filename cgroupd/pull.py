@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +31,20 @@ PENDING_MSGS = "Nats-Pending-Messages"
 #: Least byte budget of one pull request (see Puller._max_bytes).
 PULL_MAX_BYTES = 8 << 20
 PIN_ID = "Nats-Pin-Id"
+
+
+def delivery_number(reply: str) -> int | None:
+    """The consumer delivery sequence in a JetStream ack subject
+    (``$JS.ACK.<stream>.<consumer>.<count>.<sseq>.<dseq>.<ts>.<pending>``, or the longer
+    form with domain and account hash); None if it is not one."""
+    tokens = reply.split(".")
+    if len(tokens) == 9:
+        dseq = tokens[6]
+    elif len(tokens) >= 11:
+        dseq = tokens[8]
+    else:
+        return None
+    return int(dseq) if dseq.isdigit() else None
 
 
 class PullEnd(Enum):
@@ -92,11 +107,16 @@ class Puller:
         self._pending = 0
         self._pulled_at = 0.0
         self._retiring = False
+        self._hushed = False
         self._quiet_until = 0.0
         self._last_delivery = 0
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self.pin_id: str | None = None
+        #: When the newest pull carrying ``pin_id`` was sent (pinned mode: the lease).
+        self.pin_pulled_at = -math.inf
+        #: Consumer delivery sequence of the newest delivery handed to the callback.
+        self.last_delivery = 0
         self.last_seen = clock()
         self.ended: asyncio.Future[tuple[PullEnd, str]] = (
             asyncio.get_running_loop().create_future()
@@ -120,11 +140,7 @@ class Puller:
     async def stop(self) -> None:
         """Stop pulling and drop the inbox; idempotent."""
         self._end(PullEnd.STOPPED, "stopped")
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._end_task()
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
@@ -138,11 +154,7 @@ class Puller:
         an unpin the server may pick a request of ours that is still waiting.
         """
         self._retiring = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._end_task()
         deadline = self._clock() + timeout
         while self._pending > 0 and self._clock() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
@@ -160,6 +172,25 @@ class Puller:
             await asyncio.sleep(0.001)
         await asyncio.sleep(0)
 
+    async def received_through(self, delivery: int, timeout: float) -> bool:
+        """Wait until the delivery numbered ``delivery`` (or a later one) reached the
+        callback; False after ``timeout``. After a consumer update, every delivery of the
+        old filters is numbered at most the ``delivered.consumer_seq`` it answers with."""
+        deadline = self._clock() + timeout
+        while self.last_delivery < delivery:
+            if self._clock() > deadline or self.ended.done():
+                return False
+            await asyncio.sleep(0.001)
+        return True
+
+    async def _end_task(self) -> None:
+        """Stop the pull loop. Python 3.11's wait_for can swallow a cancellation that
+        races with its timeout (its loop then goes on): cancel until it has ended."""
+        task, self._task = self._task, None
+        while task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.1)
+
     def _end(self, why: PullEnd, description: str) -> None:
         if not self.ended.done():
             self.ended.set_result((why, description))
@@ -174,6 +205,22 @@ class Puller:
         want = room - self._pending
         return want if want > 0 and want >= (self._opts.batch + 1) // 2 else 0
 
+    @property
+    def outstanding(self) -> int:
+        """Messages our pull requests may still bring (0: nothing can be in flight)."""
+        return self._pending
+
+    def hush(self, hushed: bool = True) -> None:
+        """Send no pull request while hushed (requests already made run their course)."""
+        self._hushed = hushed
+        if not hushed:
+            self._wake.set()
+
+    async def pull_one(self) -> None:
+        """Send one more pull request now (pinned mode: it renews the pin's TTL)."""
+        if self._task is not None and not self._retiring:
+            await self._pull(1)
+
     async def refill(self) -> None:
         """Ask for more if there is room (the dispatcher calls this as messages settle)."""
         if self._task is not None and not self._retiring:
@@ -186,7 +233,7 @@ class Puller:
         or when the server went quiet."""
         opts = self._opts
         quiet_limit = opts.heartbeat * 3
-        while not self.ended.done():
+        while not self.ended.done() and not self._retiring:
             want = self._wanted()
             if want:
                 await self._pull(want)
@@ -207,22 +254,30 @@ class Puller:
                 self.last_seen = self._clock()
 
     async def _pull(self, batch: int) -> None:
-        if batch <= 0 or not self._nc.is_connected or self._clock() < self._quiet_until:
+        if batch <= 0 or self._hushed or not self._nc.is_connected \
+                or self._clock() < self._quiet_until:
             return
+        pin = self.pin_id
         body = jsapi.pull_body(batch, self._opts.expires, self._opts.heartbeat,
-                               self._opts.group, self.pin_id, self._max_bytes())
+                               self._opts.group, pin, self._max_bytes())
+        sent = self._clock()
         try:
             await self._nc.publish(self._subject, body, reply=self._inbox)
         except Exception:  # noqa: BLE001 - reconnecting/closed: the watchdog retries
             return
         self._pending += batch
         self._pulled_at = self._clock()
+        if pin is not None and pin == self.pin_id:
+            self.pin_pulled_at = sent
 
     async def _receive(self, msg: Msg) -> None:
         self.last_seen = self._clock()
         status = jsapi.server_status(msg)
         if status is None:
             self._pending = max(0, self._pending - 1)
+            number = delivery_number(msg.reply or "")
+            if number is not None:
+                self.last_delivery = number
             if self._opts.check_gaps and not self._retiring and self._lost_delivery(msg):
                 return
             if self._retiring:

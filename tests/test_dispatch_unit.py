@@ -288,3 +288,125 @@ async def test_odd_return_values_are_failures_not_silent_acks(result: str) -> No
     await eventually(lambda: len(nc.replies(b"+ACK")) == 1, 5)
     await d.drain(1)
     assert stats["retries"] == 1
+
+
+async def test_a_paused_dispatcher_starts_nothing_and_discards_what_waits() -> None:
+    """pause(): held messages wait (nothing starts); discard_unstarted() drops them in
+    stream order (the consumer delivers them again) but never one whose handler runs;
+    after resume() only messages delivered since run."""
+    nc = FakeConnection()
+    release = asyncio.Event()
+    runs: list[int] = []
+
+    async def handler(msg: Message) -> None:
+        runs.append(msg.stream_sequence)
+        if msg.stream_sequence == 1:
+            await release.wait()
+
+    d, _ = dispatcher(nc, handler)
+    d.submit(delivery(nc, 1, "a"))
+    await eventually(lambda: runs == [1], 5)
+    d.pause()
+    for seq, key in ((3, "b"), (2, "a"), (4, "c")):
+        d.submit(delivery(nc, seq, key))
+    await asyncio.sleep(0.02)
+    assert runs == [1] and d.paused
+    assert [m.stream_sequence for m in d.discard_unstarted()] == [2, 3, 4]
+    assert d.holding == 1 and d.running == 1
+    release.set()
+    assert await d.idle(5)
+    d.submit(delivery(nc, 3, "b", delivered=2))
+    d.resume()
+    await eventually(lambda: runs == [1, 3], 5)
+    await d.drain(1)
+    assert {s.split(".")[5] for s in nc.replies(b"+ACK")} == {"1", "3"}
+
+
+async def test_a_redelivery_waits_in_stream_order_behind_its_key() -> None:
+    """Messages of one key arriving out of order (a previous holder handed an earlier one
+    back after later ones came) run in stream order, never ahead of a running one."""
+    nc = FakeConnection()
+    runs: list[int] = []
+
+    async def handler(msg: Message) -> None:
+        runs.append(msg.stream_sequence)
+
+    d, _ = dispatcher(nc, handler)
+    d.pause()
+    for seq in (5, 7, 2, 6, 1):
+        d.submit(delivery(nc, seq, "a"))
+    d.resume()
+    await eventually(lambda: len(runs) == 5, 5)
+    await d.drain(1)
+    assert runs == [1, 2, 5, 6, 7]
+
+
+async def test_hand_back_naks_what_did_not_start_in_stream_order() -> None:
+    """A stopping holder of a shared consumer keeps late deliveries (hold_late) and naks
+    every message it did not start, lowest stream sequence first; never the running one
+    nor one the drain timeout cut off."""
+    nc = FakeConnection()
+    release = asyncio.Event()
+
+    async def handler(msg: Message) -> None:
+        await release.wait()
+
+    d, stats = dispatcher(nc, handler, ordering=Ordering.PARTITION, max_in_flight=1)
+    for seq in (1, 3, 2):
+        d.submit(delivery(nc, seq, "a"))
+    await asyncio.sleep(0.01)
+    draining = asyncio.create_task(d.drain(0.05, hold_late=True))
+    await asyncio.sleep(0.01)
+    d.submit(delivery(nc, 4, "a"))
+    await draining  # the handler of 1 was cut off by the drain timeout
+    assert await d.hand_back() == 3
+    naked = [s.split(".")[5] for s in nc.replies(b"-NAK")]
+    assert naked == ["2", "3", "4"]
+    assert stats["naked"] == 3
+
+
+async def test_partitions_given_away_are_never_run() -> None:
+    """A late delivery of a partition outside ``accept`` is not run; acked only when
+    ``ack_not_owned`` (a static group's own consumer state), never on a work queue."""
+    nc = FakeConnection()
+    runs: list[int] = []
+
+    async def handler(msg: Message) -> None:
+        runs.append(msg.stream_sequence)
+
+    d, stats = dispatcher(nc, handler)
+    d.accept = {0}
+    d.submit(delivery(nc, 1, "a", partition=1))
+    d.submit(delivery(nc, 2, "b", partition=0))
+    await eventually(lambda: runs == [2], 5)
+    assert not any(s.split(".")[5] == "1" for s, _ in nc.published)
+    d.ack_not_owned = True
+    d.submit(delivery(nc, 3, "c", partition=1))
+    await eventually(lambda: any(s.split(".")[5] == "3" for s in nc.replies(b"+ACK")), 5)
+    await d.drain(1)
+    assert runs == [2] and stats["not_owned"] == 2
+
+
+async def test_skipped_messages_are_acked_without_running() -> None:
+    """Skip rules (a static group after a reset): processed messages are acked, not run,
+    whether the rule is known at delivery or only when the message would start."""
+    nc = FakeConnection()
+    runs: list[int] = []
+    skip: set[int] = {1}
+
+    async def handler(msg: Message) -> None:
+        runs.append(msg.stream_sequence)
+
+    d, stats = dispatcher(nc, handler)
+    d.skip = lambda m: m.stream_sequence in skip
+    d.pause()
+    d.submit(delivery(nc, 1, "a"))
+    d.submit(delivery(nc, 2, "a"))
+    d.submit(delivery(nc, 3, "a"))
+    skip.add(2)  # learned while the gate was closed
+    d.resume()
+    await eventually(lambda: runs == [3], 5)
+    await d.drain(1)
+    assert stats["skipped"] == 2
+    assert {s.split(".")[5] for s in nc.replies(b"+ACK")} == {"1", "2", "3"}
+    assert d.last_settled is not None and d.last_settled.stream_sequence == 3

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nats.aio.client import Client
@@ -392,3 +394,65 @@ async def test_static_group_members_consume_their_partitions(
         await jetstream.js.publish(f"{i % 2}.orders.k{i % 8}", json.dumps({"n": i}).encode())
     await eventually(lambda: set(range(48)) <= {e["n"] for e in fleet.record.ends()}, 20)
     assert other.active and c.active
+
+
+async def test_pinned_config_change_never_confirms_a_stale_ack_twice(
+        nats_server: NatsServer, jetstream: JetStream) -> None:
+    """Pinned mode, two instances of m1, exactly-once handler. Instance A holds message
+    #0 (of a partition m1 keeps) in its handler when m2 is added. Whoever else might get
+    #0 during the change gets 4 s to commit it; then A finishes and double-acks.
+
+    Attacks issue 13 item 3: every instance deleted the shared member consumer on a config
+    change and the next one recreated it under the same name, so the standby got #0 again
+    and committed it, and A's ack, addressed to the old incarnation, was confirmed by the
+    new one: committed twice."""
+    import nats as nats_client
+
+    from tests.faults.traffic import partition_of
+    from tests.natsserver import client_options
+
+    await make_group(jetstream, partitions=2, members=("m1",))
+    key = next(f"k{i}" for i in range(32) if partition_of(f"k{i}", 2) == 0)
+    commits: list[str] = []
+    held = asyncio.Event()
+    release = asyncio.Event()
+    conns = []
+    members: list[Member] = []
+
+    def handler_for(name: str) -> Any:
+        async def handler(msg: Message) -> None:
+            if not held.is_set():
+                held.set()
+                await release.wait()
+            await msg.double_ack()  # raises when not confirmed: then it does not commit
+            commits.append(name)
+        return handler
+
+    settings = MemberSettings(exclusivity=Exclusivity.PINNED)
+    try:
+        for name in ("a", "b"):
+            nc = await nats_client.connect(servers=[nats_server.url], **client_options())
+            conns.append(nc)
+            m = Member(JetStream(nc), "ORDERS", "g", "m1", handler_for(name), settings)
+            await m.start()
+            members.append(m)
+        nc = await nats_client.connect(servers=[nats_server.url], **client_options())
+        conns.append(nc)
+        other = Member(JetStream(nc), "ORDERS", "g", "m2", handler_for("m2"), settings)
+        await other.start()
+        members.append(other)
+        await jetstream.js.publish(f"orders.{key}", json.dumps({"n": 0}).encode())
+        await eventually(held.is_set, what="#0 held by a handler")
+        await admin.add_members(jetstream, "ORDERS", "g", ["m2"])
+        with contextlib.suppress(AssertionError):  # nobody else may commit it: look 4 s
+            await eventually(lambda: bool(commits), 4.0, what="another commit of #0")
+        release.set()
+        await eventually(lambda: bool(commits), 10, what="#0 committed")
+        with contextlib.suppress(AssertionError):  # and A's ack must not count again
+            await eventually(lambda: len(commits) > 1, 2.0, what="a second commit")
+        assert len(commits) == 1, f"#0 committed {len(commits)} times: {commits}"
+    finally:
+        for m in members:
+            await m.stop()
+        for nc in conns:
+            await nc.close()

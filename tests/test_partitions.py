@@ -21,16 +21,23 @@ from cgroupd.config import (
     StaticGroupConfig,
 )
 from cgroupd.partitions import (
+    HOLD_TOKEN,
     SYNC_PREFIX,
     assignment,
     fnv1a_32,
+    group_subjects,
+    hold_filters,
+    idle_filter,
+    member_consumer_filters,
     member_filters,
     member_partitions,
     moved_partitions,
     owners,
     partition_filters,
     partition_of,
+    reference_filters,
     strip_partition,
+    subject_matches,
     sync_filters,
     transform_destination,
 )
@@ -519,3 +526,33 @@ def test_member_filters_are_the_references() -> None:
     mapped = StaticGroupConfig(max_members=3, filters=("p.*", "r.*"), member_mappings=(
         MemberMapping("a", (2, 0)), MemberMapping("b", (1,))))
     assert member_filters(mapped, "a") == ["2.>", "0.>"]
+
+
+def test_hold_and_idle_filters_read_back() -> None:
+    """A member consumer's filters: partitions delivered, partitions held (claimed, no
+    message matches), and the idle filter of a member without partitions."""
+    filters = partition_filters([0, 2]) + hold_filters([5]) + [idle_filter("m1")]
+    assert member_consumer_filters(filters) == ({0, 2}, {5})
+    assert member_consumer_filters([]) == (set(), set())
+    # A held partition's filter overlaps the partition's own (so a work queue refuses a
+    # second claim) but matches no message of it.
+    assert subject_matches("5.>", f"5.{HOLD_TOKEN}")
+    assert not subject_matches(f"5.{HOLD_TOKEN}", "5.orders.k1")
+
+
+def test_hold_filters_overlap_every_claim_form_yet_match_only_hold_subjects() -> None:
+    """Pinned mode claims partitions with hold filters while it finishes or takes them;
+    the member consumer's delivering filters take the reference's form <p>.<filter>. A
+    hold must overlap a claim in either form (a work queue then refuses a second claim)
+    and be read back as held, while matching no ordinary subject."""
+    config = ElasticGroupConfig(max_members=4, members=("a", "b"), partitioning_filters=(
+        PartitioningFilter("o.*", (1,)), PartitioningFilter("q.*.>", (1,))))
+    subjects = group_subjects(config)
+    holds = hold_filters([2], subjects)
+    assert holds == [f"2.o.{HOLD_TOKEN}", f"2.q.{HOLD_TOKEN}.{HOLD_TOKEN}"]
+    for claim in [*reference_filters(config, [2]), "2.>"]:
+        assert any(subject_matches(claim, h) for h in holds), claim
+    assert not any(subject_matches(h, "2.o.k1") for h in holds)
+    assert member_consumer_filters(reference_filters(config, [2, 3]) + holds) == (
+        {2, 3}, {2})
+    assert reference_filters(config, [3, 2]) == ["2.o.*", "3.o.*", "2.q.*.>", "3.q.*.>"]

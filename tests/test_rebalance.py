@@ -93,3 +93,34 @@ async def test_rejoin_fallback_still_works_when_incremental_is_off(
     sent = await publish_keyed(jetstream, 50, keys=8)
     await all_done(fleet, sent)
     check(fleet.record, sent, fleet.by_member).assert_ok()
+
+
+async def test_max_in_flight_one_keeps_the_member_in_stream_order_after_a_gain(
+        fleet: Fleet, jetstream: JetStream) -> None:
+    """Partition ordering with max in flight 1 promises the whole member in stream order.
+    m1 gains m2's partitions (m2 is dropped) while both have a backlog: from m1's first
+    message of a gained partition on, m1 starts messages in stream order.
+
+    Attacks issue 13 item 11: each gain added a data consumer with its own max ack
+    pending, so the member had several messages out at once, from two consumers that
+    interleave their streams."""
+    await make_group(jetstream, partitions=4, members=("m1", "m2"))
+    fleet.handler_delay = 0.004
+    m1 = await fleet.add("m1")
+    m2 = await fleet.add("m2")
+    await eventually(lambda: m1.active and m2.active)
+    publisher = asyncio.create_task(publish_keyed(jetstream, 1200, keys=32, rate=500))
+    await eventually(lambda: len(fleet.record.ends()) > 200)
+    await admin.drop_members(jetstream, "ORDERS", "g", ["m2"])
+    sent = await publisher
+    await all_done(fleet, sent, timeout=60)
+    verdict = check(fleet.record, sent, fleet.by_member)
+    verdict.assert_ok()
+    assert verdict.duplicates == 0
+    assert m1.stats["step_downs"] == 0 and m1.partitions == (0, 1, 2, 3)
+    starts = [e for e in fleet.record.events
+              if e["event"] == "start" and e["instance"] == m1.instance_id]
+    first = next(i for i, e in enumerate(starts) if e["partition"] in (2, 3))
+    seqs = [e["seq"] for e in starts[first:]]
+    late = [(a, b) for a, b in itertools.pairwise(seqs) if b < a]
+    assert not late, f"m1 started {len(late)} messages behind later ones, e.g. {late[:3]}"

@@ -15,11 +15,12 @@ Two variants:
 ``exactly_once``
     The ADR's double-ack pattern as a two-phase commit: mark the row ``prepared`` (a
     durable prepare), ``double_ack()``, then mark it ``committed``, or ``aborted`` when the
-    server did not confirm the ack (the runtime retries the message in place while this
+    server did not apply the ack (the runtime retries the message in place while this
     instance still owns it; otherwise the new owner gets it). A process killed between a
-    confirmed ack and the commit leaves a ``prepared`` row: in doubt, resolved by the
-    checker like a recovering transaction manager would (committed unless the message was
-    committed elsewhere).
+    confirmed ack and the commit, or a ``double_ack`` whose outcome cannot be known
+    (:class:`~cgroupd.errors.AckOutcomeUnknown`, noted on the row), leaves a ``prepared``
+    row: in doubt, resolved by the checker like a recovering transaction manager would
+    (committed unless the message was committed elsewhere).
 
 Row statuses: ``started`` (handler began; the only status of work cut short by a crash or
 by a suspension that never resumed), ``done``, ``prepared``, ``committed``, ``aborted``,
@@ -32,7 +33,10 @@ Configuration (environment, set by the harness per process):
 - ``FAULTS_DELAY``: seconds of "work" per message (default 0)
 - ``FAULTS_HOLD_DIR``: where hold markers are created. A message whose payload has
   ``"hold": seconds`` is held that long by the first handler (of any instance) that sees
-  it, so a test can inject a fault while a handler is provably in flight.
+  it, so a test can inject a fault while a handler is provably in flight. One with
+  ``"block": seconds`` makes the first handler that sees it block its process's event
+  loop that long (``time.sleep`` in an ``async def``: what a long GC pause, a blocking
+  library call or a throttled pod does); the row is written before the block.
 - ``FAULTS_POISON``: comma-separated global indexes ``n`` whose handling always raises.
 """
 
@@ -46,7 +50,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cgroupd.errors import AckNotConfirmed
+from cgroupd.errors import AckNotConfirmed, AckOutcomeUnknown
 from cgroupd.message import Message
 
 SCHEMA = """
@@ -106,13 +110,14 @@ class _Store:
         self.db.execute(f"UPDATE work SET status=?, {column}=?, note=? WHERE id=?",
                         (status, time.time(), note, row))
 
-    def hold(self, body: dict[str, Any]) -> float:
-        """Seconds to hold this message: only the first handler to see it holds it."""
-        seconds = float(body.get("hold") or 0)
+    def hold(self, body: dict[str, Any], kind: str = "hold") -> float:
+        """Seconds to hold (or block on) this message: only the first handler to see it
+        does."""
+        seconds = float(body.get(kind) or 0)
         if not seconds or not self.hold_dir:
             return 0.0
         try:
-            fd = os.open(os.path.join(self.hold_dir, f"hold-{body['n']}"),
+            fd = os.open(os.path.join(self.hold_dir, f"{kind}-{body['n']}"),
                          os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
             return 0.0
@@ -131,6 +136,9 @@ def _get() -> _Store:
 
 
 async def _work(store: _Store, message: Message, body: dict[str, Any], row: int) -> None:
+    block = store.hold(body, "block")
+    if block:
+        time.sleep(block)  # noqa: ASYNC251 - on purpose: the event loop stalls
     pause = store.delay + store.hold(body)
     if pause:
         await asyncio.sleep(pause)
@@ -157,6 +165,11 @@ async def exactly_once(message: Message) -> None:
     store.mark(row, "prepared", "t_end")
     try:
         await message.double_ack()
+    except AckOutcomeUnknown as exc:
+        # In doubt: keep the prepared work; the checker resolves it like a transaction
+        # manager (committed unless the message was committed elsewhere).
+        store.mark(row, "prepared", "t_done", f"in doubt: {exc}"[:200])
+        raise
     except AckNotConfirmed as exc:
         store.mark(row, "aborted", "t_done", str(exc)[:200])
         raise

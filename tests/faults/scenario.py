@@ -25,6 +25,7 @@ from nats.aio.client import Client
 from nats.js import api
 
 from cgroupd import admin
+from cgroupd.config import StaticGroupConfig
 from cgroupd.jetstream import JetStream
 from tests.faults.checks import FaultVerdict, Row, committed, judge, load_rows, processed
 from tests.faults.runner import JoinProc
@@ -59,6 +60,8 @@ class Scenario:
         #: Set by a test whose full rejoins may give a member back to an instance that
         #: had it before (see :func:`tests.faults.checks.start_violations`).
         self.returns = False
+        #: Set by make_static_group: the group consumes a limits stream.
+        self.static = False
         self.began = time.monotonic()
         self._excluded: set[int] = set()
         self._settled_at = 0.0
@@ -103,6 +106,21 @@ class Scenario:
                 self.note(f"group creation failed, retrying: {exc!r}")
             await asyncio.sleep(0.2)  # retry pacing
 
+    async def make_static_group(self, partitions: int, members: Iterable[str]) -> None:
+        """A limits stream whose stored subjects start with the partition (a subject
+        transform on the stream: ``orders.k3`` is stored as ``<p>.orders.k3``, the same
+        partition an elastic group would give it) and a static group on it."""
+        assert self.js is not None
+        prefix = self.stream.lower()
+        await self.js.add_stream(api.StreamConfig(
+            name=self.stream, subjects=[f"{prefix}.*"],
+            subject_transform=api.SubjectTransform(
+                src=f"{prefix}.*", dest=f"{{{{partition({partitions},1)}}}}.{prefix}.$1")))
+        await admin.create_static_group(self.js, self.stream, self.group, StaticGroupConfig(
+            max_members=partitions, members=tuple(members)))
+        self.partitions = partitions
+        self.static = True
+
     async def add_stream(self, name: str, subjects: list[str], replicas: int = 1) -> None:
         assert self.js is not None
         await self.js.add_stream(api.StreamConfig(name=name, subjects=subjects,
@@ -116,10 +134,11 @@ class Scenario:
         return proc
 
     def traffic(self, count: int, *, keys: int = 32, rate: float = 200.0,
-                holds: dict[int, float] | None = None) -> KeyedPublisher:
+                holds: dict[int, float] | None = None, window: int = 1) -> KeyedPublisher:
         assert self.nc is not None
         self.publisher = KeyedPublisher(self.nc, count=count, keys=keys, rate=rate,
-                                        prefix=self.stream.lower(), holds=holds)
+                                        prefix=self.stream.lower(), holds=holds,
+                                        window=window)
         return self.publisher
 
     def keys_of(self, partitions: Iterable[int], keys: int = 32) -> list[str]:
@@ -215,6 +234,10 @@ class Scenario:
 
         async def drained() -> bool:
             try:
+                if self.static:  # a limits stream keeps its messages: ask the consumers
+                    views = await admin.group_consumers(js, self.stream, self.group)
+                    return all(v.num_pending + v.num_ack_pending == 0 for v in views
+                               if v.partitions)
                 counts = await admin.partition_pending(js, self.stream, self.group)
             except Exception:  # noqa: BLE001 - server still recovering: look again
                 return False

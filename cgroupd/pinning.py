@@ -1,0 +1,122 @@
+"""How long a pinned instance provably holds its pin (pinned exclusivity).
+
+The server tracks acks per consumer, not per pin: an instance that lost its pin (it was
+suspended past the pinned TTL, cut off, or unpinned) still gets its acks applied and its
+``double_ack`` confirmed. So a pinned instance needs its own proof of ownership before it
+starts a handler or trusts a confirmation. The server unpins a client that sent no pull
+carrying its pin id for the pinned TTL, and resets that timer on every such pull it
+accepts. Hence a *lease*:
+
+- a pull carrying our pin id, sent at ``t`` (our monotonic clock), that the server read
+  (a PING/PONG round trip after it proves that), while the pin was still ours (consumer
+  info shows our pin id after that round trip: pin ids are never reused, so the pin was
+  ours throughout), keeps the pin ours until at least ``t + ttl``, unless someone unpins
+  explicitly;
+- the lease runs until ``t + ttl - margin`` (the margin covers the server's queueing of
+  the pull between reading and applying it); renewing it every ``ttl / 4`` keeps a
+  healthy instance's lease always valid, so handlers never wait for it.
+
+An explicit unpin (an admin step-down, another implementation) is seen by the next
+renewal's consumer info, so a lease never outlives the moment the pin moved by more than
+one ``ttl`` (``lease.until < pinned_at_of_successor + ttl``): a successor that waits one
+``ttl`` before taking back messages someone else holds is never overtaken by a
+confirmation the old holder trusts (see ``Member._takeover``).
+
+Pure: the clock is injected and the member does the I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Iterable
+
+
+class PinLease:
+    """The pin id this instance holds and until when the pin is provably its own."""
+
+    def __init__(self, ttl: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl = ttl
+        #: Server-side delay between reading a pull and applying it, and timer slack.
+        self.margin = min(0.25, ttl / 4)
+        self._clock = clock
+        self.pin_id: str | None = None
+        #: Monotonic time until which the pin is ours (``-inf``: not established).
+        self.until = -math.inf
+        #: Set once the pin is known to have moved: no renewal brings it back.
+        self.lost = False
+
+    @property
+    def valid(self) -> bool:
+        """Whether the pin is provably ours right now."""
+        return not self.lost and self._clock() < self.until
+
+    def remaining(self) -> float:
+        """Seconds the lease still runs (negative once it ran out)."""
+        return -math.inf if self.lost else self.until - self._clock()
+
+    def renewed(self, pin_id: str, pulled_at: float) -> None:
+        """The server read a pull carrying ``pin_id`` sent at ``pulled_at`` while the pin
+        was ours: the lease runs at least until ``pulled_at + ttl - margin``."""
+        if self.lost or (self.pin_id is not None and pin_id != self.pin_id):
+            return
+        self.pin_id = pin_id
+        self.until = max(self.until, pulled_at + self.ttl - self.margin)
+
+    def lose(self) -> None:
+        """The pin moved (or the consumer went): the lease is over for good."""
+        self.lost = True
+        self.until = -math.inf
+
+
+class SkipRules:
+    """Messages a static group's member consumer delivers again that were processed
+    already: after a consumer reset (to take partitions another member released), the
+    consumer redelivers from the lowest sequence anyone still needs.
+
+    Per partition: every message at or below ``upto`` was processed, except the stream
+    sequences in ``pending`` (delivered to us but handed back or not started then). Rules
+    only ever describe work done, so an outdated rule may let a message run twice after
+    a crash, never skip one that was not processed. Stored in the consumer's metadata so a
+    successor applies them too.
+    """
+
+    def __init__(self, rules: dict[int, tuple[int, frozenset[int]]] | None = None) -> None:
+        self.rules: dict[int, tuple[int, frozenset[int]]] = dict(rules or {})
+
+    def covers(self, partition: int | None, seq: int) -> bool:
+        """Whether message ``seq`` of ``partition`` was processed already."""
+        rule = self.rules.get(partition) if partition is not None else None
+        return rule is not None and seq <= rule[0] and seq not in rule[1]
+
+    def processed_through(self, partition: int, upto: int,
+                          pending: Iterable[int] = ()) -> None:
+        """Everything of ``partition`` up to ``upto`` is done but ``pending``; merged with
+        what was known (a rule's old exceptions above ``upto`` still hold)."""
+        old_upto, old_pending = self.rules.get(partition, (0, frozenset()))
+        keep = {s for s in old_pending if s > upto}
+        self.rules[partition] = (max(upto, old_upto), frozenset({*pending, *keep}))
+
+    def lowest_needed(self, partitions: Iterable[int]) -> int:
+        """The first stream sequence a reset must go back to for these partitions."""
+        low = None
+        for p in partitions:
+            upto, pending = self.rules.get(p, (0, frozenset()))
+            first = min([upto + 1, *pending])
+            low = first if low is None else min(low, first)
+        return low or 1
+
+    def to_json(self) -> str:
+        return json.dumps({str(p): [u, sorted(e)] for p, (u, e) in sorted(self.rules.items())},
+                          separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | None) -> SkipRules:
+        """Rules stored by :meth:`to_json`; none for anything unreadable."""
+        try:
+            raw = json.loads(text or "{}")
+            return cls({int(p): (int(v[0]), frozenset(int(x) for x in v[1]))
+                        for p, v in raw.items()})
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            return cls()
