@@ -32,7 +32,12 @@ from cgroupd import admin
 from cgroupd.config import ElasticGroupConfig, PartitioningFilter
 from cgroupd.jetstream import JetStream
 from cgroupd.spark.options import SinkOptions, SourceOptions
-from cgroupd.spark.source import CgroupdDataSource, CgroupdStreamReader, ReadTask
+from cgroupd.spark.source import (
+    CgroupdDataSource,
+    CgroupdStreamReader,
+    ReadTask,
+    schema_for,
+)
 from cgroupd.spark.writer import CgroupdStreamWriter, PublishReport
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -198,6 +203,9 @@ class FlakySource(CgroupdDataSource):
     @classmethod
     def name(cls) -> str:
         return "cgroupd_flaky"
+
+    def schema(self) -> Any:
+        return schema_for(SourceOptions.parse(_without_marker(self.options)))
 
     def streamReader(self, schema: Any) -> FlakyReader:
         return FlakyReader(SourceOptions.parse(_without_marker(self.options)),

@@ -25,7 +25,7 @@ from cgroupd.spark.options import DEFAULT_LEASE_INACTIVE, Connection, SourceOpti
 from cgroupd.spark.source import ReadTask, close_executor_connections, read_task
 from tests.groups import eventually, make_group, publish_keyed
 from tests.natsserver import NatsServer
-from tests.spark_support import TcpProxy
+from tests.spark_support import TcpProxy, wait_sourced
 
 pytestmark = pytest.mark.slow
 
@@ -283,6 +283,7 @@ async def test_a_task_refuses_to_hand_over_rows_once_the_lease_is_gone(
     an operator's step-down handed the partitions to someone else fails, naming it."""
     await make_group(jetstream, partitions=2, members=("m1",))
     await publish_keyed(jetstream, 20, keys=4)
+    await wait_sourced(jetstream, WQ, 20)
     lease = await _lease(jetstream, (0, 1))
     await lease.acquire()
     options = SourceOptions.parse({"servers": nats_server.url, "stream": "ORDERS",
@@ -294,7 +295,7 @@ async def test_a_task_refuses_to_hand_over_rows_once_the_lease_is_gone(
             lambda: list(read_task(options, task))))
         assert rows == 20
         assert await admin.step_down(jetstream, "ORDERS", "g", "m1")
-        with pytest.raises(LeaseLost, match="lease .* is gone: consumer 'm1'"):
+        with pytest.raises(LeaseLost, match=r"lease .* is gone: consumer 'm1'"):
             await asyncio.to_thread(lambda: list(read_task(options, task)))
     finally:
         await lease.release()

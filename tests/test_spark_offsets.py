@@ -13,6 +13,8 @@ import pytest
 pytest.importorskip("pyarrow")
 pytest.importorskip("pyspark")
 
+import itertools
+
 import pyarrow as pa
 from hypothesis import given
 from hypothesis import strategies as st
@@ -105,7 +107,7 @@ def test_slices_cover_the_run_once_and_are_a_function_of_the_offsets(
         assert slices == []
         return
     assert slices[0].start == lo and slices[-1].end == hi
-    assert all(a.end == b.start for a, b in zip(slices, slices[1:], strict=False))
+    assert all(a.end == b.start for a, b in itertools.pairwise(slices))
     assert len(slices) <= tasks and all(s.end > s.start for s in slices)
 
 
@@ -383,7 +385,7 @@ def test_wire_parser_gives_the_same_result_however_reads_are_split(cuts: list[in
     edges = [0, *sorted(cuts), len(_STREAM)]
 
     async def feed() -> None:
-        for a, b in zip(edges, edges[1:], strict=False):
+        for a, b in itertools.pairwise(edges):
             await parser.parse(_STREAM[a:b])
 
     asyncio.run(feed())

@@ -30,8 +30,8 @@ from cgroupd.errors import ConfigError, DataLoss
 from cgroupd.jetstream import JetStream
 from cgroupd.spark.offsets import Offset
 from cgroupd.spark.source import close_executor_connections
-from tests.groups import publish_keyed
-from tests.natsserver import NatsServer, client_options
+from tests.groups import eventually, publish_keyed
+from tests.natsserver import NatsCluster, NatsServer, client_options
 from tests.spark_support import (
     ManualQuery,
     check_rows,
@@ -382,3 +382,69 @@ async def test_offsets_carry_the_stream_identity(nats_server: NatsServer,
     assert offset.stream == "ORDERS" and offset.created
     assert json.dumps(Offset.from_json(json.loads(json.dumps(initial))).to_json()) == \
         json.dumps(initial)
+
+
+# -- replicas --------------------------------------------------------------------------------
+async def test_reads_through_a_follower_under_publish_load_lose_nothing(
+        nats_cluster: NatsCluster) -> None:
+    """An R3 group on the 3-node cluster, read through a follower (whose direct gets
+    that follower answers, lagging or not) while messages keep arriving: in read mode
+    and in workqueue mode (which purges every committed batch) every message is read
+    exactly once. A range is read to its end and checked against the leader, never
+    taken as complete because a replica said so."""
+    client = await nats.connect(servers=nats_cluster.urls, **client_options())
+    try:
+        js = JetStream(client, timeout=10)
+        await make_group(js, partitions=4, members=("m1",), replicas=3)
+        info = await js.stream_info(WQ)
+        assert info is not None and info.cluster is not None
+        leaders = {info.cluster.leader}
+        origin = await js.stream_info("ORDERS")
+        assert origin is not None and origin.cluster is not None
+        leaders.add(origin.cluster.leader)
+        # A node that leads neither stream: its replicas answer its clients' direct gets.
+        follower = next(s for s in nats_cluster.servers if s.server_name not in leaders)
+        total = 3000
+        published = 0
+
+        async def load() -> None:
+            nonlocal published
+            for start in range(0, total, 100):
+                await publish_keyed(js, 100, keys=32, start=start)
+                published = start + 100
+                await asyncio.sleep(0.005)
+
+        def run(query: ManualQuery) -> list[dict[str, object]]:
+            rows: list[dict[str, object]] = []
+            # Batches while the load runs, then until nothing is new once it ended.
+            while published < total:
+                rows.extend(query.step() or [])
+            return rows + query.drain()
+
+        loader = asyncio.create_task(load())
+        read = ManualQuery(servers=follower.url, stream="ORDERS", group="g",
+                           idleWait="0.01", fetchBatch="50")
+        queue = ManualQuery(servers=follower.url, stream="ORDERS", group="g",
+                            mode="workqueue", idleWait="0.01", fetchBatch="50",
+                            leaseInactiveThreshold="2")
+        try:
+            rows, queued = await asyncio.gather(asyncio.to_thread(run, read),
+                                                asyncio.to_thread(run, queue))
+            await loader
+            # The work queue's last messages may be sourced after the query looked last.
+            async def all_sourced() -> bool:
+                wq = await js.stream_info(WQ)
+                return wq is not None and wq.state.last_seq >= total
+
+            await eventually(all_sourced, timeout=20, what="everything sourced")
+            queued += await asyncio.to_thread(queue.drain)
+        finally:
+            loader.cancel()
+            await asyncio.to_thread(read.close)
+            await asyncio.to_thread(queue.close)
+        for got, column in ((rows, "stream_sequence"), (queued, "origin_sequence")):
+            numbers = sorted(json.loads(r["data"])["n"] for r in got)  # type: ignore[arg-type]
+            assert numbers == list(range(total)), (column, len(numbers))
+            assert len({r[column] for r in got}) == total
+    finally:
+        await client.close()

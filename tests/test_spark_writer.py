@@ -22,9 +22,16 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from cgroupd.jetstream import JetStream
-from tests.groups import make_group, publish_keyed
+from tests.groups import publish_keyed
 from tests.natsserver import NatsServer
-from tests.spark_support import finish, source, start_spark, stop_spark, wait_sourced
+from tests.spark_support import (
+    finish,
+    make_group,
+    source,
+    start_spark,
+    stop_spark,
+    wait_sourced,
+)
 
 pytestmark = pytest.mark.slow
 

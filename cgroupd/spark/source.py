@@ -328,9 +328,14 @@ class _ExecutorIO:
 
     async def _client(self, connection: Connection) -> ReaderClient:
         nc = self._clients.get(connection)
-        if nc is not None and not nc.is_closed:
+        if nc is not None and nc.is_connected:
             return nc
-        nc = await connection.connect_reader(reconnect=True)
+        if nc is not None:
+            with contextlib.suppress(Exception):
+                await nc.close()
+        # No reconnecting: a task fails fast (Spark retries it) and the next task
+        # connects anew, rather than a worker retrying a server that went away forever.
+        nc = await connection.connect_reader(reconnect=False)
         self._clients[connection] = nc
         return nc
 
