@@ -216,11 +216,14 @@ async def test_daemon_instance_and_query_exclude_each_other(
         spark: SparkSession, nats_server: NatsServer, jetstream: JetStream,
         tmp_path: Path) -> None:
     """An active daemon instance makes the query fail with its instance id; while a query
-    holds the member, a daemon instance stays standby and takes over once it stops."""
+    holds the member, a daemon instance stays standby and takes over once it stops,
+    without running any message the query read (the query purges its last batch when
+    Spark asks past it, not one batch late)."""
     await _group(jetstream, 50)
+    handled: list[int] = []
 
     def handler(message: Message) -> None:
-        return None
+        handled.append(json.loads(message.data)["n"])
 
     daemon = Member(jetstream, "ORDERS", "g", "m1", handler, instance_id="daemon-1")
     await daemon.start()
@@ -248,9 +251,26 @@ async def test_daemon_instance_and_query_exclude_each_other(
         info = await jetstream.consumer_info(WQ, "m1")
         assert info is not None
         assert info["config"]["metadata"][INSTANCE_KEY].startswith("spark-")
+
+        async def m1_read_and_purged() -> bool:
+            pending = await admin.partition_pending(jetstream, "ORDERS", "g")
+            return pending[0] == pending[1] == 0
+
+        await eventually(m1_read_and_purged, timeout=60, what="m1's partitions read")
         await asyncio.to_thread(query.stop)
+        handled.clear()
         await eventually(lambda: standby.active, timeout=15,
                          what="the daemon instance to take over")
+        await _group(jetstream, 30, start=50)
+
+        async def sourced() -> bool:
+            wq = await jetstream.stream_info(WQ)
+            return wq is not None and wq.state.last_seq >= 80
+
+        await eventually(sourced, timeout=20, what="the new messages in the queue")
+        await eventually(m1_read_and_purged, timeout=30, what="the daemon to consume")
+        assert handled and all(n >= 50 for n in handled), sorted(handled)
+        assert len(handled) == len(set(handled))
     finally:
         await asyncio.to_thread(query.stop)
         await standby.stop()
@@ -269,3 +289,30 @@ async def test_query_fails_when_its_lease_is_taken_away(
     assert await admin.step_down(jetstream, "ORDERS", "g", "m1")
     with pytest.raises(StreamingQueryException, match="lost its lease"):
         await asyncio.to_thread(finish, query, 30.0)
+
+
+async def test_batch_read_between_starting_and_ending_offsets(
+        spark: SparkSession, nats_server: NatsServer, jetstream: JetStream) -> None:
+    """spark.read reads earliest to latest (split by minPartitions), or from
+    startingOffsets (the first sequence to read) to endingOffsets (the first not to
+    read, -1 latest), per partition, as Spark's Kafka source; it cannot consume a work
+    queue."""
+    await _group(jetstream, 300)
+
+    def read(**options: str) -> list[Row]:
+        reader = (spark.read.format("cgroupd").option("servers", nats_server.url)
+                  .option("stream", "ORDERS").option("group", "g"))
+        for key, value in options.items():
+            reader = reader.option(key, value)
+        return reader.load().collect()
+
+    everything = await asyncio.to_thread(read, minPartitions="3")
+    assert sorted(r.stream_sequence for r in everything) == list(range(1, 301))
+    part = await asyncio.to_thread(
+        read, startingOffsets=json.dumps({"0": 51, "1": 51, "2": 51, "3": -2}),
+        endingOffsets=json.dumps({"0": 201, "1": 201, "2": 201, "3": -1}))
+    want = sorted(r.stream_sequence for r in everything
+                  if r.partition == 3 or 51 <= r.stream_sequence < 201)
+    assert sorted(r.stream_sequence for r in part) == want
+    with pytest.raises(Exception, match="cannot consume a work queue"):
+        await asyncio.to_thread(read, mode="workqueue")
