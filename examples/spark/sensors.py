@@ -210,10 +210,10 @@ def _spark(name: str) -> Any:
 
 
 def start_archive(spark: Any, url: str, out: Path, *, available_now: bool) -> Any:
-    """Every reading of SENSORS to Parquet, read mode (nothing consumed), 500 a batch."""
+    """Every reading of SENSORS to Parquet, read mode (nothing consumed), 200 a batch."""
     writer = (spark.readStream.format("cgroupd")
               .option("servers", url).option("stream", STREAM)
-              .option("maxOffsetsPerTrigger", "500").load()
+              .option("maxOffsetsPerTrigger", "200").load()
               .select("stream_sequence", "subject", "data", "timestamp")
               .writeStream.format("parquet")
               .option("path", str(out / "archive"))
