@@ -81,6 +81,31 @@ def start_spark(tmp: Path) -> SparkSession:
     return spark
 
 
+_SHARED: SparkSession | None = None
+
+
+def shared_spark() -> SparkSession:
+    """One local SparkSession for every Spark test module of this process (starting one
+    costs 5-15 s), stopped with its JVM when the process exits."""
+    global _SHARED
+    if _SHARED is None:
+        import atexit
+        import tempfile
+
+        tmp = Path(tempfile.mkdtemp(prefix="cgroupd-spark-tests-"))
+        _SHARED = start_spark(tmp)
+
+        def stop() -> None:
+            import shutil
+
+            if _SHARED is not None:
+                stop_spark(_SHARED)
+            shutil.rmtree(tmp, ignore_errors=True)
+
+        atexit.register(stop)
+    return _SHARED
+
+
 def stop_spark(spark: SparkSession) -> None:
     """Stop every query, the session, and the JVM with its Python workers."""
     from pyspark import SparkContext

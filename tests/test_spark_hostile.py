@@ -43,9 +43,8 @@ from tests.spark_support import (
     check_rows,
     finish,
     publish_hostile,
+    shared_spark,
     source,
-    start_spark,
-    stop_spark,
     to_parquet,
     wait_for,
 )
@@ -93,14 +92,11 @@ class Env:
     def __init__(self, server: NatsServer, tmp: Path) -> None:
         self.server = server
         self.tmp = tmp
-        self._spark: SparkSession | None = None
         self._names = itertools.count()
 
     @property
     def spark(self) -> SparkSession:
-        if self._spark is None:
-            self._spark = start_spark(self.tmp / "spark")
-        return self._spark
+        return shared_spark()
 
     def name(self) -> str:
         return f"P{next(self._names)}"
@@ -109,8 +105,6 @@ class Env:
         return asyncio.run(coro)
 
     def close(self) -> None:
-        if self._spark is not None:
-            stop_spark(self._spark)
         close_executor_connections()
 
 

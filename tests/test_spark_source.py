@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,9 +29,8 @@ from tests.natsserver import NatsServer
 from tests.spark_support import (
     finish,
     make_group,
+    shared_spark,
     source,
-    start_spark,
-    stop_spark,
     to_parquet,
     wait_for,
     wait_sourced,
@@ -44,12 +42,8 @@ WQ = "ORDERS-g"
 
 
 @pytest.fixture(scope="module")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
-    session = start_spark(tmp_path_factory.mktemp("spark"))
-    try:
-        yield session
-    finally:
-        stop_spark(session)
+def spark() -> SparkSession:
+    return shared_spark()
 
 
 async def _group(js: JetStream, count: int, partitions: int = 4,

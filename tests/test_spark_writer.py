@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,9 +26,8 @@ from tests.natsserver import NatsServer
 from tests.spark_support import (
     finish,
     make_group,
+    shared_spark,
     source,
-    start_spark,
-    stop_spark,
     wait_sourced,
 )
 
@@ -37,12 +35,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
-    session = start_spark(tmp_path_factory.mktemp("spark"))
-    try:
-        yield session
-    finally:
-        stop_spark(session)
+def spark() -> SparkSession:
+    return shared_spark()
 
 
 async def _out_stream(js: JetStream) -> None:
