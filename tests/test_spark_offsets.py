@@ -160,7 +160,7 @@ def test_unknown_options_are_refused_naming_the_close_match() -> None:
     cases = {"maxOffsetPerTrigger": "maxOffsetsPerTrigger",
              "startingOffset": "startingOffsets", "failondataloss2": "failOnDataLoss",
              "kafka.bootstrap.servers": "servers", "subscribe": "stream",
-             "includeHeader": "includeHeaders"}
+             "includeHeader": "includeHeaders", "partitionsPerTask": "minPartitions"}
     for given_name, suggestion in cases.items():
         with pytest.raises(ConfigError) as err:
             SourceOptions.parse({"stream": "S", given_name: "1"})

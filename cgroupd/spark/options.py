@@ -51,7 +51,7 @@ SOURCE_OPTIONS = (
     *CONNECTION_OPTIONS, "stream", "group", "member", "mode", "subject", "startingOffsets",
     "startingTimestamp", "endingOffsets", "failOnDataLoss", "maxOffsetsPerTrigger",
     "maxMessagesPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay", "minPartitions",
-    "partitionsPerTask", "fetchBatch", "includeHeaders", "leaseInactiveThreshold",
+    "fetchBatch", "includeHeaders", "leaseInactiveThreshold",
     "leaseWaitTimeout", "idleWait")
 SINK_OPTIONS = (
     *CONNECTION_OPTIONS, "subject", "stream", "idPrefix", "maxPending", "publishTimeout",
@@ -63,6 +63,8 @@ KAFKA_NAMES = {
     "kafka.bootstrap.servers": "servers", "subscribe": "stream", "topic": "stream",
     "subscribepattern": "stream", "assign": "startingOffsets",
     "maxrecordsperpartition": "fetchBatch",
+    # cgroupd's own earlier name: tasks are now cut by sequence, minPartitions of them.
+    "partitionspertask": "minPartitions",
 }
 
 
@@ -269,8 +271,6 @@ class SourceOptions:
     max_trigger_delay: float = DEFAULT_MAX_TRIGGER_DELAY
     #: At least this many tasks per batch (ranges are cut by sequence).
     min_partitions: int | None = None
-    #: Group partitions read by one Spark task (layouts with one subject per partition).
-    partitions_per_task: int = 1
     #: Messages asked for in one direct-get request.
     fetch_batch: int = DEFAULT_FETCH_BATCH
     include_headers: bool = False
@@ -331,7 +331,6 @@ class SourceOptions:
         if subject != ">" and group is not None:
             problems.append("option 'subject' filters a plain stream; a group's filters "
                             "decide what it holds")
-        per_task = _int(opts, "partitionsPerTask", 1, problems)
         min_parts = _int(opts, "minPartitions", None, problems)
         fetch = _int(opts, "fetchBatch", DEFAULT_FETCH_BATCH, problems)
         inactive = _float(opts, "leaseInactiveThreshold", DEFAULT_LEASE_INACTIVE, problems)
@@ -348,7 +347,7 @@ class SourceOptions:
                    fail_on_data_loss=fail,
                    max_offsets_per_trigger=max_new if max_new is not None else max_old,
                    min_offsets_per_trigger=min_offsets, max_trigger_delay=delay,
-                   min_partitions=min_parts, partitions_per_task=per_task or 1,
+                   min_partitions=min_parts,
                    fetch_batch=fetch or DEFAULT_FETCH_BATCH, include_headers=headers,
                    lease_inactive_threshold=inactive, lease_wait=wait, idle_wait=idle)
 
