@@ -366,6 +366,30 @@ async def test_messages_removed_before_they_were_read_are_data_loss(
     assert sorted(json.loads(r["data"])["n"] for r in rows) == list(range(30, 50))
 
 
+async def test_messages_removed_from_the_work_queue_by_someone_else_are_data_loss(
+        nats_server: NatsServer, jetstream: JetStream) -> None:
+    """In workqueue mode a purge by someone else (an operator, a script) of messages the
+    query had not read fails the query instead of being skipped without a word."""
+    await make_group(jetstream, partitions=2, members=("m1",))
+    await publish_keyed(jetstream, 20, keys=4)
+    await wait_sourced(jetstream, WQ, 20)
+    query = _query(nats_server, mode="workqueue")
+    try:
+        assert len(await asyncio.to_thread(query.drain)) == 20
+        await publish_keyed(jetstream, 30, keys=4, start=20)
+
+        async def sourced() -> bool:
+            info = await jetstream.stream_info(WQ)
+            return info is not None and info.state.last_seq >= 50
+
+        await eventually(sourced, timeout=20, what="the new messages in the queue")
+        await jetstream.purge(WQ, None, 31)  # sequences 21-30 go unread
+        with pytest.raises(DataLoss, match="from sequence 21 to 30 were removed"):
+            await asyncio.to_thread(query.step)
+    finally:
+        await asyncio.to_thread(query.close)
+
+
 async def test_offsets_carry_the_stream_identity(nats_server: NatsServer,
                                                  jetstream: JetStream) -> None:
     """Offsets name the stream and its creation time; Spark compares them as text, so

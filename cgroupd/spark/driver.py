@@ -222,10 +222,11 @@ class DriverSession:
             log.warning("data loss: starting over on the current stream", detail=what)
             earliest = max(state.first_seq - 1, 0)
             return self._offset(earliest, {p: earliest for p in layout.partitions})
-        if not layout.workqueue and state.first_seq > start.position + 1:
-            # Whatever fell below the position unread is lost. (Not in a work queue: there
-            # daemons consume other members' partitions, and the lease keeps them off
-            # the query's.)
+        whole = not layout.workqueue or len(layout.partitions) == layout.count
+        if whole and state.first_seq > start.position + 1:
+            # Whatever fell below the position unread is lost. (In a work queue only when
+            # the query holds every partition: otherwise daemons legitimately consume the
+            # other members' partitions, and the lease keeps them off the query's.)
             what = (f"messages of stream {layout.stream!r} from sequence "
                     f"{start.position + 1} to {state.first_seq - 1} were removed (limits, "
                     "age, a purge) before the query read them")
