@@ -1,4 +1,5 @@
-"""What every benchmark needs: a nats-server, keyed traffic, member processes, timing."""
+"""What every benchmark needs: a nats-server, keyed traffic, member processes, timing,
+what the recording handlers wrote, and CPU and memory read from /proc."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js import api
 
 from cgroupd import admin
@@ -34,7 +37,7 @@ def machine() -> dict[str, Any]:
     version = subprocess.run([_server_binary(), "--version"], capture_output=True,
                              text=True, check=False).stdout.strip()
     return {"cores": os.cpu_count(), "python": platform.python_version(),
-            "nats_server": version}
+            "nats_server": version, "load_average_1_5_15_min": load_average()}
 
 
 def _server_binary() -> str:
@@ -100,28 +103,76 @@ wait_for = eventually
 
 
 class Members:
-    """``cgroupd join`` processes, one per (member, instance); all killed on exit."""
+    """``cgroupd join`` processes, one per (member, instance); all stopped on exit.
+
+    By default each process serves /metrics and /readyz on a port of its own and logs only
+    warnings, to nowhere. With ``logs`` a directory, each process logs at the default
+    level (info) to a file of its own there, so its state changes ("joined", "became
+    active", "stepped down") can be read without a metrics server; ``metrics=False`` runs
+    the processes as a user would with defaults (no HTTP server). With ``records`` a
+    directory, each process gets a record file of its own there (``BENCH_RECORD``).
+    """
 
     def __init__(self, url: str, stream: str, group: str, handler: str = "bench.handlers:ack",
-                 extra: tuple[str, ...] = (), record: Path | None = None) -> None:
+                 extra: tuple[str, ...] = (), record: Path | None = None, *,
+                 records: Path | None = None, logs: Path | None = None,
+                 metrics: bool = True, env: dict[str, str] | None = None) -> None:
         self.url, self.stream, self.group = url, stream, group
         self.handler, self.extra, self.record = handler, extra, record
+        self.records, self.logs, self.metrics, self.env = records, logs, metrics, env or {}
         self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.ports: dict[int, int] = {}
+        self.log_paths: dict[int, Path] = {}
+        self.record_paths: dict[int, Path] = {}
+        self._files: list[Any] = []
 
-    def start(self, member: str, *extra: str) -> subprocess.Popen[bytes]:
-        env = dict(os.environ, PYTHONPATH=str(ROOT), CGROUPD_LOG_LEVEL="warning")
+    def start(self, member: str, *extra: str, netns: str | None = None,
+              launcher: Sequence[str] = ("-m", "cgroupd")) -> subprocess.Popen[bytes]:
+        """Start one instance of ``member`` (inside network namespace ``netns`` if given;
+        ``ip netns exec`` execs in place, so the pid is the member process itself).
+        ``launcher``: what runs the cgroupd command line (e.g. ``bench.cprofiled``)."""
+        env = dict(os.environ, PYTHONPATH=str(ROOT), **self.env)
+        env.pop("CGROUPD_LOG_LEVEL", None)
+        if self.logs is None:
+            env["CGROUPD_LOG_LEVEL"] = "warning"
+        label = f"{member}-{len(self.procs)}"
         if self.record is not None:
             env["BENCH_RECORD"] = str(self.record)
-        port = find_free_port()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "cgroupd", "--server", self.url, "join", "--stream",
-             self.stream, "--group", self.group, "--member", member, "--handler", self.handler,
-             "--metrics-port", str(port), "--metrics-host", "127.0.0.1", *self.extra, *extra],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if self.records is not None:
+            self.records.mkdir(parents=True, exist_ok=True)
+            env["BENCH_RECORD"] = str(self.records / f"{label}.jsonl")
+            (self.records / f"{label}.jsonl").touch()
+        cmd = [sys.executable, *launcher, "--server", self.url, "join", "--stream",
+               self.stream, "--group", self.group, "--member", member, "--handler",
+               self.handler, *self.extra, *extra]
+        port = 0
+        if self.metrics:
+            port = find_free_port()
+            cmd += ["--metrics-port", str(port), "--metrics-host", "127.0.0.1"]
+        if netns is not None:
+            cmd = ["ip", "netns", "exec", netns, *cmd]
+        out: Any = subprocess.DEVNULL
+        log = None
+        if self.logs is not None:
+            self.logs.mkdir(parents=True, exist_ok=True)
+            log = self.logs / f"{label}.log"
+            out = open(log, "wb")  # noqa: SIM115 - closed in close()
+            self._files.append(out)
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=out)
         self.procs.append((member, proc))
         self.ports[proc.pid] = port
+        if log is not None:
+            self.log_paths[proc.pid] = log
+        if self.records is not None:
+            self.record_paths[proc.pid] = self.records / f"{label}.jsonl"
         return proc
+
+    def alive(self) -> list[subprocess.Popen[bytes]]:
+        return [proc for _, proc in self.procs if proc.poll() is None]
+
+    def member_of(self, pid: int) -> str:
+        return next(member for member, proc in self.procs if proc.pid == pid)
 
     def probe(self, proc: subprocess.Popen[bytes], path: str = "/readyz") -> bool:
         """True when the process answers 200 on its health port."""
@@ -132,9 +183,23 @@ class Members:
         except (OSError, ValueError):
             return False
 
+    def events(self, proc: subprocess.Popen[bytes]) -> list[dict[str, Any]]:
+        """The JSON log lines of a process started with ``logs`` (a cut line is skipped)."""
+        return read_records(self.log_paths[proc.pid])
+
+    def logged(self, proc: subprocess.Popen[bytes], event: str) -> int:
+        """How many times the process logged ``event``."""
+        return sum(e.get("event") == event for e in self.events(proc))
+
+    def joined(self, proc: subprocess.Popen[bytes]) -> bool:
+        """The process has joined (standby or active)."""
+        if proc.pid in self.log_paths:
+            return self.logged(proc, "joined") > 0
+        return self.probe(proc)
+
     def ready(self) -> bool:
         """Every process has joined (standby or active)."""
-        return all(self.probe(proc) for _, proc in self.procs)
+        return all(self.joined(proc) for _, proc in self.procs)
 
     def close(self) -> None:
         for _, proc in self.procs:
@@ -148,6 +213,9 @@ class Members:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        for f in self._files:
+            f.close()
+        self._files.clear()
 
     def __enter__(self) -> Members:
         return self
@@ -204,3 +272,252 @@ async def steady_traffic(js: JetStream, rate: float, stop: asyncio.Event, keys: 
         if delay > 0:
             await asyncio.sleep(delay)
     return n
+
+
+# -- keyed traffic ---------------------------------------------------------------------
+def keyed_payload(subject: str, n: int, **fields: Any) -> bytes:
+    """The payload every recording handler reads: ``{"key": subject, "n": n, ...}``."""
+    return json.dumps({"key": subject, "n": n, **fields}).encode()
+
+
+class Publisher:
+    """JetStream publishes acknowledged through one inbox subscription, at most ``window``
+    unacknowledged: much faster than awaiting each ``js.publish``, so the publisher is not
+    what a throughput benchmark measures, and still never more in flight than the server
+    takes (a core publish without acks can be dropped by a busy server)."""
+
+    def __init__(self, nc: Client, window: int = 2000) -> None:
+        self.nc = nc
+        self.window = window
+        self.sent = 0
+        self.acked = 0
+        self.errors: list[bytes] = []
+        self._inbox = nc.new_inbox()
+        self._progress = asyncio.Event()
+        self._sub: Any = None
+
+    async def __aenter__(self) -> Publisher:
+        self._sub = await self.nc.subscribe(f"{self._inbox}.*", cb=self._on_ack,
+                                            pending_msgs_limit=1_000_000)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+
+    async def _on_ack(self, msg: Msg) -> None:
+        if msg.data.startswith(b'{"error"') or b'"error":' in msg.data:
+            self.errors.append(msg.data)
+        self.acked += 1
+        self._progress.set()
+
+    async def send(self, subject: str, payload: bytes, timeout: float = 30.0) -> None:
+        while self.sent - self.acked >= self.window:
+            self._progress.clear()
+            await asyncio.wait_for(self._progress.wait(), timeout)
+        self.sent += 1
+        await self.nc.publish(subject, payload, reply=f"{self._inbox}.{self.sent}")
+
+    async def settle(self, timeout: float = 60.0) -> None:
+        """Wait until every publish was acknowledged; RuntimeError if any was refused."""
+        deadline = time.monotonic() + timeout
+        while self.acked < self.sent:
+            self._progress.clear()
+            await asyncio.wait_for(self._progress.wait(), max(0.01, deadline - time.monotonic()))
+        if self.errors:
+            raise RuntimeError(f"{len(self.errors)} publishes refused, e.g. {self.errors[0]!r}")
+
+
+async def publish_keyed(nc: Client, prefix: str, count: int, keys: int = 64,
+                        start: int = 0) -> list[tuple[str, int]]:
+    """Publish ``count`` messages ``prefix.k<i % keys>`` (``n`` from ``start``) as fast as
+    the server acknowledges them; ``(subject, n)`` in publish order (what
+    :func:`tests.groups.check` wants)."""
+    sent = [(f"{prefix}.k{n % keys}", n) for n in range(start, start + count)]
+    payloads = [keyed_payload(subject, n) for subject, n in sent]  # encoded before timing
+    async with Publisher(nc) as pub:
+        for (subject, _), payload in zip(sent, payloads, strict=True):
+            await pub.send(subject, payload)
+        await pub.settle()
+    return sent
+
+
+class KeyedTraffic:
+    """Steady keyed traffic at ``rate`` msg/s from a :mod:`bench.traffic` process, until
+    :meth:`stop`. :meth:`mark` adds fields to a coming message (e.g. ``block``: the
+    recording handler then blocks its event loop that long, once) and returns its ``n``."""
+
+    def __init__(self, url: str, prefix: str, rate: float, keys: int = 64) -> None:
+        self.url, self.prefix, self.rate, self.keys = url, prefix, rate, keys
+        self._proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> KeyedTraffic:
+        self._proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench.traffic", self.url, self.prefix, str(self.rate),
+            str(self.keys), cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        if (await self._answer()).get("ready") is not True:
+            raise RuntimeError("the traffic process did not start")
+        return self
+
+    async def _answer(self, timeout: float = 60.0) -> dict[str, Any]:
+        assert self._proc is not None and self._proc.stdout is not None
+        line = await asyncio.wait_for(self._proc.stdout.readline(), timeout)
+        if not line:
+            raise RuntimeError(f"the traffic process exited ({await self._proc.wait()})")
+        return json.loads(line)  # type: ignore[no-any-return]
+
+    async def _command(self, **command: Any) -> dict[str, Any]:
+        assert self._proc is not None and self._proc.stdin is not None
+        self._proc.stdin.write(json.dumps(command).encode() + b"\n")
+        await self._proc.stdin.drain()
+        return await self._answer()
+
+    async def mark(self, **fields: Any) -> int:
+        return int((await self._command(mark=fields))["n"])
+
+    async def stop(self) -> list[tuple[str, int]]:
+        """Stop publishing; what was published (all acknowledged), in order."""
+        if self._proc is None:
+            return []
+        try:
+            sent = int((await self._command(stop=True))["sent"])
+            await asyncio.wait_for(self._proc.wait(), 30)
+        finally:
+            if self._proc.returncode is None:
+                self._proc.kill()
+                await self._proc.wait()
+        return [(f"{self.prefix}.k{n % self.keys}", n) for n in range(sent)]
+
+
+# -- what recording handlers wrote -----------------------------------------------------
+class Records:
+    """Start and end events (:class:`tests.groups.Record` format) appended by recording
+    handlers, one JSON-lines file per process in ``directory`` (or the files given),
+    read incrementally: polling costs only what was written since the last poll."""
+
+    def __init__(self, directory: Path | None = None, files: Iterable[Path] = ()) -> None:
+        self.directory = directory
+        self.files = list(files)
+        self.events: list[dict[str, Any]] = []
+        self._offsets: dict[Path, int] = {}
+        self._counted_to: dict[Path, int] = {}
+        self._ends_counted = 0
+
+    def _paths(self) -> list[Path]:
+        paths = list(self.files)
+        if self.directory is not None and self.directory.exists():
+            paths += sorted(self.directory.glob("*.jsonl"))
+        return paths
+
+    def count_ends(self) -> int:
+        """Cheap progress: end events written so far, counted without parsing."""
+        for path in self._paths():
+            offset = self._counted_to.get(path, 0)
+            with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+                done = chunk.rfind(b"\n") + 1
+                self._counted_to[path] = offset + done
+                self._ends_counted += chunk[:done].count(b'"event": "end"')
+        return self._ends_counted
+
+    def poll(self) -> list[dict[str, Any]]:
+        """Events written since the last poll (a line still being written waits)."""
+        new: list[dict[str, Any]] = []
+        for path in self._paths():
+            offset = self._offsets.get(path, 0)
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+            except FileNotFoundError:
+                continue
+            done = chunk.rfind(b"\n") + 1
+            self._offsets[path] = offset + done
+            for line in chunk[:done].splitlines():
+                with contextlib.suppress(ValueError):
+                    new.append(json.loads(line))
+        self.events += new
+        return new
+
+    def ends(self, instance: str | None = None, after: float = float("-inf")
+             ) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["event"] == "end" and e["t"] > after
+                and (instance is None or e["instance"] == instance)]
+
+    def starts(self, instance: str | None = None, after: float = float("-inf")
+               ) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["event"] == "start" and e["t"] > after
+                and (instance is None or e["instance"] == instance)]
+
+    def latest_instance(self) -> str | None:
+        """Who completed the most recent message."""
+        ends = [e for e in self.events[-200:] if e["event"] == "end"]
+        return max(ends, key=lambda e: e["t"])["instance"] if ends else None
+
+    def as_record(self) -> Any:
+        """A :class:`tests.groups.Record` of everything read (for its checkers)."""
+        from tests.groups import Record
+        return Record(sorted(self.events, key=lambda e: e["t"]))
+
+
+def done_ns(records: Records, want: set[int]) -> bool:
+    """Every ``n`` of ``want`` completed at least once (polls ``records``)."""
+    records.poll()
+    return want <= {e["n"] for e in records.events if e["event"] == "end"}
+
+
+async def wait_processed(records: Records, want: set[int], timeout: float,
+                         what: str = "messages processed") -> None:
+    """Poll until every ``n`` in ``want`` was completed; only counts ends until enough
+    were written, so a fast run is not slowed by parsing its own records."""
+    deadline = time.monotonic() + timeout
+    while records.count_ends() < len(want):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
+    await wait_for(lambda: done_ns(records, want), max(1.0, deadline - time.monotonic()),
+                   0.05, what)
+
+
+# -- CPU and memory, from /proc --------------------------------------------------------
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+class CpuMeter:
+    """CPU seconds each of some processes used between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, pids: Sequence[int]) -> None:
+        self.pids = list(pids)
+        self.began: dict[int, float] = {}
+        self.wall = 0.0
+
+    def start(self) -> CpuMeter:
+        self.began = {pid: cpu_seconds(pid) for pid in self.pids}
+        self.wall = time.monotonic()
+        return self
+
+    def stop(self) -> dict[int, float]:
+        """CPU seconds per pid; ``self.wall`` becomes the elapsed wall time."""
+        used = {pid: cpu_seconds(pid) - self.began[pid] for pid in self.pids}
+        self.wall = time.monotonic() - self.wall
+        return used
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]

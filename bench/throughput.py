@@ -1,125 +1,391 @@
-"""Throughput of a group against the plain pull consumers a user would otherwise write.
+"""Throughput of ``cgroupd join`` next to the peer (natsio-pcgroups) and a raw consumer.
 
-Same run, same origin stream (64 keys, ``--messages`` pre-published): a group of 8
-partitions consumed by 1, 2, 4 and 8 members (one ``cgroupd join`` process each, handler
-acks at once) in strict ``partition`` ordering, 4 members in ``key`` ordering, and the
-baselines (a) one plain pull consumer, max_ack_pending 1, fetching one message at a time,
-and (b) one plain pull consumer, batch 256, max_ack_pending 1000, acking each (the
-unordered ceiling of one Python process).
+One run, one nats-server, the same shape for every row: 4 members, 8 partitions, 64 keys,
+20,000 messages, and the same recording handler everywhere (a ``start`` and an ``end``
+event per message, the record file opened per event, as the peer's driver does; the
+message is acked when the handler returns). Rows:
 
-Member processes are started before they are members, then added in one config write, so
-every case starts with all processes warm. A case's rate runs from the first message
-consumed to the group's work-queue stream being empty (as the baselines run from their
-first fetch); ``msgs_per_s_including_election`` also counts the time from the membership
-write to the first delivery. Run: ``python -m bench.throughput [--messages 20000]``.
+- ``defaults``: ``cgroupd join`` with no ordering options;
+- ``partition_max_in_flight_8``: ``--ordering partition --max-in-flight 8``;
+- ``key``: ``--ordering key``;
+- ``member_in_stream_order``: the whole member in stream order, one handler at a time
+  (:data:`STREAM_ORDER_ARGS`; today that is also what the defaults do);
+- ``peer``: natsio-pcgroups members (its ``elastic_consume``, max ack pending 1) run by
+  :mod:`tests.peer_driver` processes in the peer's own venv (:mod:`tests.peer`);
+- ``raw``: one plain nats-py pull consumer on the origin stream, batch 256, each message
+  acked, no group (:mod:`bench.raw_consumer`); it handles one message at a time in
+  stream order, with the server sending ahead;
+- ``raw_round_trip``: the same with batch 1 and max ack pending 1, one server round trip
+  per message: what one handler at a time costs on the wire, without cgroupd.
+
+Each row gets a fresh origin stream and group. Its processes are started, joined and
+warmed (one message per key, processed by every member) before the measured messages are
+published, as fast as the server acknowledges them. ``msgs_per_s`` runs from the first
+measured handler start to the last end (``msgs_per_s_from_publish`` from the first
+publish); ``x_peer`` and ``x_raw`` divide it by the peer's and the raw consumer's.
+``cpu_us_per_msg`` is the CPU (user + system, from /proc) all the row's consumer
+processes used from the first publish until everything was processed, per message; the
+server's likewise. Every row is checked: nothing lost, per-key order of every completion
+(:func:`tests.groups.check`), duplicates counted.
+
+With ``--rounds N`` the rows run N times round-robin and each reports its median round
+(ratios: the median of the ratios within a round), so a burst of load from others falls
+on one round of every row rather than on one row; ``--row NAME=ARGS`` adds a
+``cgroupd join`` row with other options (to measure a proposed default).
+
+Run: ``python -m bench.throughput [--messages 20000] [--rows key,peer,raw] [--no-peer]
+[--rounds 3] [--row 'p32=--ordering partition --max-in-flight 32']``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from nats.aio.client import Client
 from nats.js import api
 
 from bench.common import (
+    ROOT,
+    CpuMeter,
     Members,
-    connected,
+    Records,
     emit,
-    keyed_group,
     machine,
-    origin_stream,
-    publish,
+    publish_keyed,
     server,
-    stream_messages,
-    wait_for,
+    wait_processed,
 )
 from cgroupd import admin
+from cgroupd.config import ElasticGroupConfig, PartitioningFilter
+from cgroupd.jetstream import JetStream
+from tests.groups import check
+from tests.natsserver import NatsServer, client_options
+from tests.peer import PeerProcess, peer_python, why
 
-PARTITIONS = 8
-
-
-async def group_case(url: str, js: Any, name: str, members: int, messages: int,
-                     extra: tuple[str, ...]) -> tuple[float, float]:
-    """msgs/s of ``members`` processes draining a fresh group of ``messages``: from the
-    first message consumed, and from the membership write (including the election)."""
-    await keyed_group(js, name, PARTITIONS)
-    wq = f"BENCH-{name}"
-    await wait_for(lambda: _count_is(js, wq, messages), 120, 0.05, "sourcing")
-    names = [f"m{i}" for i in range(members)]
-    with Members(url, "BENCH", name, extra=extra) as procs:
-        for member in names:
-            procs.start(member)
-        # Warm: every process has joined (as a non-member, so it waits) before the clock.
-        await wait_for(lambda: asyncio.to_thread(procs.ready), 60, 0.05, "member processes")
-        t0 = time.perf_counter()
-        await admin.add_members(js, "BENCH", name, names)
-        first = None
-        deadline = t0 + 600
-        while (left := await stream_messages(js, wq)) > 0:
-            if first is None and left < messages:
-                first = time.perf_counter()
-            if time.perf_counter() > deadline:
-                raise TimeoutError(f"{name} not drained")
-            await asyncio.sleep(0.002)
-        end = time.perf_counter()
-    await admin.delete_group(js, "BENCH", name)
-    return messages / (end - (first or t0)), messages / (end - t0)
+#: How the strictest mode is spelled today: one message in flight per member.
+STREAM_ORDER_ARGS = ("--ordering", "partition", "--max-in-flight", "1")
+#: The peer's members: max ack pending 1 (its default handler runs one message at a time).
+PEER_MAX_ACK_PENDING = 1
 
 
-async def _count_is(js: Any, stream: str, n: int) -> bool:
-    return await stream_messages(js, stream) == n
+@dataclass(frozen=True)
+class Row:
+    name: str
+    kind: str  # "cgroupd", "peer" or "raw"
+    what: str
+    args: tuple[str, ...] = ()
 
 
-async def baseline(js: Any, name: str, messages: int, batch: int, max_ack_pending: int) -> float:
-    """msgs/s of one plain durable pull consumer on the origin stream."""
-    psub = await js.js.pull_subscribe(
-        "bench.>", durable=name, stream="BENCH",
-        config=api.ConsumerConfig(ack_policy=api.AckPolicy.EXPLICIT,
-                                  max_ack_pending=max_ack_pending))
-    got = 0
-    t0 = time.perf_counter()
-    while got < messages:
-        for msg in await psub.fetch(batch, timeout=5):
-            await msg.ack()
-            got += 1
-    elapsed = time.perf_counter() - t0
-    await psub.unsubscribe()
-    return messages / elapsed
+ROWS = (
+    Row("defaults", "cgroupd", "cgroupd join, no ordering options"),
+    Row("partition_max_in_flight_8", "cgroupd", "cgroupd join --ordering partition "
+        "--max-in-flight 8", ("--ordering", "partition", "--max-in-flight", "8")),
+    Row("key", "cgroupd", "cgroupd join --ordering key", ("--ordering", "key")),
+    Row("member_in_stream_order", "cgroupd", "cgroupd join, the whole member in stream "
+        f"order, one handler at a time ({' '.join(STREAM_ORDER_ARGS)})", STREAM_ORDER_ARGS),
+    Row("peer", "peer", f"natsio-pcgroups elastic_consume, max ack pending "
+        f"{PEER_MAX_ACK_PENDING}"),
+    Row("raw", "raw", "one raw nats-py pull consumer on the origin stream, batch 256, "
+        "ack each, no group"),
+    Row("raw_round_trip", "raw", "the same raw consumer with batch 1 and max ack pending "
+        "1: ack, then ask for the next (the wire protocol of one handler at a time today)",
+        ("1", "1")),
+)
 
 
-async def main(messages: int) -> dict[str, Any]:
-    results: dict[str, Any] = {"benchmark": "throughput", "messages": messages, "keys": 64,
-                               "partitions": PARTITIONS, "machine": machine()}
-    with server() as srv:
-        async with connected(srv.url) as js:
-            await origin_stream(js)
-            await publish(js, messages)
-            rates: dict[str, float] = {}
-            rates["baseline_a_fetch1_map1"] = await baseline(js, "a", messages, 1, 1)
-            rates["baseline_b_batch256_map1000"] = await baseline(js, "b", messages, 256, 1000)
-            with_join: dict[str, float] = {}
-            cases = [(f"partition_{n}_members", f"p{n}", n, ()) for n in (1, 2, 4, 8)]
-            cases.append(("key_4_members", "k4", 4, ("--ordering", "key")))
-            for label, group, n, extra in cases:
-                rates[label], with_join[label] = await group_case(
-                    srv.url, js, group, n, messages, extra)
-    a = rates["baseline_a_fetch1_map1"]
-    b = rates["baseline_b_batch256_map1000"]
-    results["msgs_per_s"] = {k: round(v) for k, v in rates.items()}
-    results["msgs_per_s_including_election"] = {k: round(v) for k, v in with_join.items()}
-    results["ratio_to_a"] = {k: round(v / a, 2) for k, v in rates.items()}
-    results["ratio_to_b"] = {k: round(v / b, 2) for k, v in rates.items()}
-    results["targets"] = {
-        "partition_4_members >= 2x a": rates["partition_4_members"] >= 2 * a,
-        "key_4_members >= 0.8x b": rates["key_4_members"] >= 0.8 * b,
-        "key_4_members >= 5x a": rates["key_4_members"] >= 5 * a,
+@dataclass(frozen=True)
+class Shape:
+    members: int = 4
+    partitions: int = 8
+    keys: int = 64
+    messages: int = 20_000
+
+
+async def origin(js: JetStream, index: int) -> tuple[str, str]:
+    """A fresh origin stream for one row: (name, subject prefix)."""
+    stream = f"T{index}"
+    await js.add_stream(api.StreamConfig(name=stream, subjects=[f"t{index}.*"]))
+    return stream, f"t{index}"
+
+
+async def measure(nc: Client, prefix: str, records: Records, pids: list[int],
+                  server_pid: int, shape: Shape, instances: int) -> dict[str, Any]:
+    """Warm the row's processes up, publish the measured messages, wait until all are
+    processed; rates, CPU and the checks' verdict."""
+    warm = await publish_keyed(nc, prefix, shape.keys, keys=shape.keys)
+    await wait_processed(records, {n for _, n in warm}, 120, "the warm-up messages")
+    warmed = {e["instance"] for e in records.ends()}
+    if len(warmed) != instances:
+        raise RuntimeError(f"{len(warmed)} of {instances} instances processed the warm-up: "
+                           "a member owns no key's partition (use more keys)")
+    meter = CpuMeter([*pids, server_pid]).start()
+    t_publish = time.time()
+    sent = await publish_keyed(nc, prefix, shape.messages, keys=shape.keys, start=shape.keys)
+    published = time.time() - t_publish
+    await wait_processed(records, {n for _, n in sent}, max(120, shape.messages / 100),
+                         "the measured messages")
+    cpu = meter.stop()
+    records.poll()
+    measured = [e for e in records.events if e["n"] >= shape.keys]
+    first = min(e["t"] for e in measured if e["event"] == "start")
+    last = max(e["t"] for e in measured if e["event"] == "end")
+    verdict = check(records.as_record(), warm + sent)
+    members_cpu = sum(cpu[pid] for pid in pids)
+    return {
+        "msgs_per_s": round(shape.messages / (last - first)),
+        "msgs_per_s_from_publish": round(shape.messages / (last - t_publish)),
+        "publish_s": round(published, 3),
+        "seconds": round(last - first, 3),
+        "cpu_us_per_msg": round(members_cpu / shape.messages * 1e6, 1),
+        "cpu_us_per_msg_busiest_process": round(max(cpu[pid] for pid in pids)
+                                                / shape.messages * 1e6, 1),
+        "cpu_cores_used": round(members_cpu / meter.wall, 2),
+        "server_cpu_us_per_msg": round(cpu[server_pid] / shape.messages * 1e6, 1),
+        "processes": len(pids),
+        "lost": len(verdict.lost),
+        "order_violations": len(verdict.order_violations),
+        "duplicates": verdict.duplicates,
     }
-    return results
+
+
+async def cgroupd_row(srv: NatsServer, nc: Client, js: JetStream, index: int, row: Row,
+                      shape: Shape, tmp: Path) -> dict[str, Any]:
+    stream, prefix = await origin(js, index)
+    names = tuple(f"m{i}" for i in range(shape.members))
+    await admin.create_elastic_group(js, stream, "g", ElasticGroupConfig(
+        max_members=shape.partitions, members=names,
+        partitioning_filters=(PartitioningFilter(f"{prefix}.*", (1,)),)))
+    records = Records(tmp / row.name)
+    # As a user runs it: no metrics server, default log level (to files here).
+    with Members(srv.url, stream, "g", handler="bench.handlers:events", extra=row.args,
+                 records=tmp / row.name, logs=tmp / f"{row.name}-logs",
+                 metrics=False) as procs:
+        for name in names:
+            procs.start(name)
+        result = await measure(nc, prefix, records, [p.pid for _, p in procs.procs],
+                               _pid(srv), shape, shape.members)
+    await admin.delete_group(js, stream, "g")
+    await js.delete_stream(stream)
+    return result
+
+
+async def peer_row(srv: NatsServer, nc: Client, js: JetStream, index: int, python: str,
+                   shape: Shape, tmp: Path) -> dict[str, Any]:
+    stream, prefix = await origin(js, index)
+    names = [f"m{i}" for i in range(shape.members)]
+    (tmp / "peer").mkdir()
+    peers = [PeerProcess(python, srv.url, tmp / f"peer-{name}.log") for name in names]
+    try:
+        for peer in peers:
+            await peer.start()
+        await peers[0].call("create_elastic", stream=stream, group="g",
+                            max_members=shape.partitions, filters=[[f"{prefix}.*", [1]]])
+        await peers[0].call("add_members", stream=stream, group="g", members=names)
+        for name, peer in zip(names, peers, strict=True):
+            await peer.call("consume", kind="elastic", stream=stream, group="g", member=name,
+                            record=str(tmp / "peer" / f"{name}.jsonl"),
+                            max_ack_pending=PEER_MAX_ACK_PENDING)
+        result = await measure(nc, prefix, Records(tmp / "peer"), [p.pid for p in peers],
+                               _pid(srv), shape, shape.members)
+        await peers[0].call("stop")
+        await peers[0].call("delete", kind="elastic", stream=stream, group="g")
+    finally:
+        for peer in peers:
+            await peer.close()
+    await js.delete_stream(stream)
+    return result
+
+
+async def raw_row(srv: NatsServer, nc: Client, js: JetStream, index: int, shape: Shape,
+                  tmp: Path, args: tuple[str, ...] = ()) -> dict[str, Any]:
+    stream, prefix = await origin(js, index)
+    record = tmp / "raw.jsonl"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.raw_consumer", srv.url, stream, f"{prefix}.*",
+        str(record), *args, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)
+        if line.strip() != b"ready":
+            raise RuntimeError(f"the raw consumer did not start (exit {await proc.wait()})")
+        result = await measure(nc, prefix, Records(files=[record]), [proc.pid], _pid(srv),
+                               shape, 1)
+        proc.stdin.close()
+        await asyncio.wait_for(proc.wait(), 10)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    await js.delete_stream(stream)
+    return result
+
+
+def _pid(srv: NatsServer) -> int:
+    assert srv.pid is not None
+    return srv.pid
+
+
+def peer_or_reason() -> tuple[str | None, str]:
+    """The peer's Python, or None and why not."""
+    try:
+        python = peer_python()
+    except RuntimeError as exc:
+        return None, str(exc)
+    return python, "" if python else why()
+
+
+async def main(shape: Shape, names: list[str], with_peer: bool = True, rounds: int = 1,
+               extra: tuple[Row, ...] = ()) -> dict[str, Any]:
+    """Run the rows ``rounds`` times, round-robin (so load from others falls on every row
+    alike); each row reports its median round, and each ratio the median of the ratios
+    taken within a round."""
+    rows = [row for row in ROWS if row.name in names] + list(extra)
+    result: dict[str, Any] = {"benchmark": "throughput", "shape": shape.__dict__,
+                              "rounds": rounds, "machine": machine(), "rows": {}}
+    python, reason = peer_or_reason() if with_peer else (None, "--no-peer")
+    runs: list[dict[str, dict[str, Any]]] = []
+    with server() as srv, tempfile.TemporaryDirectory(prefix="bench-throughput-") as tmp:
+        nc = await _connect(srv.url)
+        js = JetStream(nc, timeout=10)
+        try:
+            for turn in range(rounds):
+                done: dict[str, dict[str, Any]] = {}
+                for index, row in enumerate(rows, start=turn * len(rows)):
+                    where = Path(tmp) / f"{row.name}-{turn}"
+                    where.mkdir()
+                    measured: dict[str, Any] = {"what": row.what}
+                    if row.kind == "cgroupd":
+                        measured |= await cgroupd_row(srv, nc, js, index, row, shape, where)
+                    elif row.kind == "raw":
+                        measured |= await raw_row(srv, nc, js, index, shape, where, row.args)
+                    elif python is None:
+                        measured["skipped"] = reason
+                    else:
+                        measured |= await peer_row(srv, nc, js, index, python, shape, where)
+                    done[row.name] = measured
+                ratios(done)
+                runs.append(done)
+        finally:
+            await nc.close()
+    result["rows"] = merge_rounds(runs)
+    result["machine"]["load_average_after"] = machine()["load_average_1_5_15_min"]
+    result["targets"] = targets(result["rows"])
+    return result
+
+
+def merge_rounds(runs: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """One row from its rounds: the median round's figures (of an even number, the
+    slower of the middle two), each ratio's median over the rounds, the figures of every
+    round, and the checks summed (a loss in any round shows)."""
+    if len(runs) == 1:
+        return runs[0]
+    merged: dict[str, dict[str, Any]] = {}
+    for name in runs[0]:
+        mine = [run[name] for run in runs]
+        if "msgs_per_s" not in mine[0]:
+            merged[name] = mine[0]
+            continue
+        ordered = sorted(mine, key=lambda r: r["msgs_per_s"])
+        row = dict(ordered[(len(ordered) - 1) // 2])
+        for label in ("x_peer", "x_raw", "x_peer_by_cpu"):
+            values = [r[label] for r in mine if label in r]
+            if values:
+                row[label] = round(statistics.median(values), 2)
+                row[f"{label}_rounds"] = values
+        for label in ("msgs_per_s", "cpu_us_per_msg", "server_cpu_us_per_msg"):
+            row[f"{label}_rounds"] = [r[label] for r in mine]
+        for label in ("lost", "order_violations", "duplicates"):
+            row[label] = sum(r[label] for r in mine)
+        merged[name] = row
+    return merged
+
+
+async def _connect(url: str) -> Client:
+    import nats
+    return await nats.connect(servers=[url], **client_options())
+
+
+def ratios(rows: dict[str, dict[str, Any]]) -> None:
+    """``x_peer`` and ``x_raw`` of every row (when that row ran), and ``x_peer_by_cpu``:
+    the peer's CPU per message (its processes' and the server's) over the row's. On a
+    machine whose cores are all busy, throughput is cores over CPU per message, and CPU
+    per message hardly moves with other users' load while msg/s does (2x between two
+    rounds here): the CPU ratio says what the rate ratio would be on a quiet machine
+    that is CPU-bound; it misses waiting (a round trip per message) when it is not."""
+    for base, label in (("peer", "x_peer"), ("raw", "x_raw")):
+        rate = rows.get(base, {}).get("msgs_per_s")
+        if rate:
+            for row in rows.values():
+                if "msgs_per_s" in row:
+                    row[label] = round(row["msgs_per_s"] / rate, 2)
+    def measured(row: dict[str, Any]) -> bool:
+        return "cpu_us_per_msg" in row and "server_cpu_us_per_msg" in row
+
+    peer = rows.get("peer", {})
+    if measured(peer):
+        cost = peer["cpu_us_per_msg"] + peer["server_cpu_us_per_msg"]
+        for row in rows.values():
+            if measured(row):
+                row["x_peer_by_cpu"] = round(
+                    cost / (row["cpu_us_per_msg"] + row["server_cpu_us_per_msg"]), 2)
+
+
+def targets(rows: dict[str, dict[str, Any]]) -> dict[str, bool | None]:
+    """Issue 15's targets (None when a row it needs did not run)."""
+
+    def ratio(name: str, label: str) -> float | None:
+        value = rows.get(name, {}).get(label)
+        return float(value) if value is not None else None
+
+    def at_least(value: float | None, bound: float) -> bool | None:
+        return None if value is None else value >= bound
+
+    key_cpu = rows.get("key", {}).get("cpu_us_per_msg")
+    return {
+        "defaults >= 4x peer": at_least(ratio("defaults", "x_peer"), 4),
+        "member_in_stream_order >= 2.5x peer": at_least(
+            ratio("member_in_stream_order", "x_peer"), 2.5),
+        "key >= 1.2x raw": at_least(ratio("key", "x_raw"), 1.2),
+        "key cpu_us_per_msg <= 62.5 (half of ~125)": (
+            None if key_cpu is None else key_cpu <= 62.5),
+        "every row: nothing lost, per-key order, no duplicates": all(
+            row.get("lost", 0) == 0 and row.get("order_violations", 0) == 0
+            and row.get("duplicates", 0) == 0 for row in rows.values()),
+    }
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--messages", type=int, default=20000)
-    emit(asyncio.run(main(parser.parse_args().messages)))
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--messages", type=int, default=Shape.messages)
+    parser.add_argument("--members", type=int, default=Shape.members)
+    parser.add_argument("--partitions", type=int, default=Shape.partitions)
+    parser.add_argument("--keys", type=int, default=Shape.keys)
+    parser.add_argument("--rows", default=",".join(row.name for row in ROWS),
+                        help="comma-separated rows to run")
+    parser.add_argument("--no-peer", action="store_true", help="skip the peer's row")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the rows this many times round-robin; medians reported")
+    parser.add_argument("--row", action="append", default=[], metavar="NAME=ARGS",
+                        help="an extra cgroupd join row, e.g. "
+                             "'p32=--ordering partition --max-in-flight 32' (repeatable)")
+    args = parser.parse_args()
+    extra = []
+    for spec in args.row:
+        name, sep, options = spec.partition("=")
+        if not sep or not name:
+            parser.error(f"--row wants NAME=ARGS, not {spec!r}")
+        extra.append(Row(name, "cgroupd", f"cgroupd join {options}", tuple(shlex.split(options))))
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    emit(asyncio.run(main(Shape(args.members, args.partitions, args.keys, args.messages),
+                          args.rows.split(","), not args.no_peer, args.rounds, tuple(extra))))

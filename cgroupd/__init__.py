@@ -42,6 +42,7 @@ from cgroupd.errors import (
     DataLoss,
     GroupExists,
     GroupNotFound,
+    InstanceIdInUse,
     JetStreamNotEnabled,
     LeaseLost,
     LeaseUnavailable,
@@ -56,6 +57,7 @@ from cgroupd.message import Message
 from cgroupd.partitions import assignment, member_partitions
 from cgroupd.settings import Exclusivity, MemberSettings
 
+#: The version, written only here (pyproject.toml reads it when building).
 __version__ = "0.1.0"
 
 __all__ = [
@@ -73,6 +75,7 @@ __all__ = [
     "GroupExists",
     "GroupNotFound",
     "GroupStatus",
+    "InstanceIdInUse",
     "JetStream",
     "JetStreamNotEnabled",
     "LeaseLost",

@@ -107,6 +107,27 @@ def member_from_hostname(hostname: str, members: int, prefix: str = "m") -> str:
     return name
 
 
+def join_missing(*, stream: str | None, group: str | None, member: str | None,
+                 member_from_hostname: int | None, handler: str | None,
+                 webhook: str | None) -> str | None:
+    """One message naming every missing ``join`` option, in the order people add them
+    (what to consume, who this is, what to run), or None when nothing is missing."""
+    missing: list[str] = []
+    if stream is None:
+        missing.append("--stream STREAM")
+    if group is None:
+        missing.append("--group GROUP")
+    if member is None and member_from_hostname is None:
+        missing.append("--member MEMBER (or --member-from-hostname MEMBERS to derive it "
+                       "from a StatefulSet pod name)")
+    if handler is None and webhook is None:
+        missing.append("--handler PKG.MODULE:FUNCTION or --webhook URL")
+    if not missing:
+        return None
+    return f"join is missing {len(missing)} option{'s' * (len(missing) > 1)}: " + \
+        "; ".join(missing)
+
+
 def parse_partitions(text: str) -> tuple[int, ...]:
     """``"0,1,4-6"`` → ``(0, 1, 4, 5, 6)``; ValueError on anything else."""
     out: list[int] = []
@@ -436,13 +457,16 @@ def _settings(**given: Any) -> MemberSettings:
 @app.command()
 def join(
     ctx: typer.Context,
-    stream: Annotated[str, typer.Option(
-        "--stream", envvar="CGROUPD_STREAM", metavar="STREAM", help="Stream the group consumes.")],
-    group: Annotated[str, typer.Option(
-        "--group", envvar="CGROUPD_GROUP", metavar="GROUP", help="Consumer group name.")],
+    # Required, but checked by join_missing() so that one message names all that is missing.
+    stream: Annotated[str | None, typer.Option(
+        "--stream", envvar="CGROUPD_STREAM", metavar="STREAM",
+        help="Stream the group consumes. [required]")] = None,
+    group: Annotated[str | None, typer.Option(
+        "--group", envvar="CGROUPD_GROUP", metavar="GROUP",
+        help="Consumer group name. [required]")] = None,
     member: Annotated[str | None, typer.Option(
         "--member", envvar="CGROUPD_MEMBER", metavar="MEMBER",
-        help="Member name of this instance.")] = None,
+        help="Member name of this instance. [required, or --member-from-hostname]")] = None,
     handler: Annotated[str | None, typer.Option(
         "--handler", envvar="CGROUPD_HANDLER", metavar="PKG.MODULE:FUNCTION",
         help="Python function called with each message (sync or async); returning acks, "
@@ -484,11 +508,12 @@ def join(
         help="Standby retry and active self-check period. [default: 1]")] = None,
     inactive_threshold: Annotated[float | None, typer.Option(
         "--inactive-threshold", envvar="CGROUPD_INACTIVE_THRESHOLD", metavar="SEC",
-        help="Server drops a crashed instance's consumers after this. [default: 0.5]")] = None,
+        help="Server drops the consumers of an instance nobody replaced after this "
+             "(standbys replace a dead one at once). [default: 10]")] = None,
     drain_timeout: Annotated[float | None, typer.Option(
         "--drain-timeout", envvar="CGROUPD_DRAIN_TIMEOUT", metavar="SEC",
-        help="On stop or step-down, let running handlers finish this long. "
-             "[default: 5]")] = None,
+        help="On stop or step-down, let running handlers finish this long (at least "
+             "--webhook-timeout). [default: 15]")] = None,
     exclusivity: Annotated[ExclusivityName | None, typer.Option(
         "--exclusivity", envvar="CGROUPD_EXCLUSIVITY",
         help="How instances of one member elect the active one. [default: sync]")] = None,
@@ -517,11 +542,17 @@ def join(
 ) -> None:
     """Run one instance of a member: consume its partitions while active, stand by
     otherwise. SIGTERM/SIGINT hands over to a standby and exits 0."""
-    from cgroupd.daemon import JoinOptions, run_join
+    from cgroupd.daemon import JoinOptions, drain_problems, run_join
 
     g = _globals(ctx)
-    if (handler is None) == (webhook is None):
-        usage("give exactly one of --handler or --webhook")
+    missing = join_missing(stream=stream, group=group, member=member,
+                           member_from_hostname=hostname_members, handler=handler,
+                           webhook=webhook)
+    if missing:
+        usage(missing)
+    assert stream is not None and group is not None
+    if handler is not None and webhook is not None:
+        usage("give one of --handler or --webhook, not both")
     if hostname_members is not None:
         if member is not None:
             usage("give --member or --member-from-hostname, not both")
@@ -530,8 +561,7 @@ def join(
                                           hostname_members, member_prefix)
         except ValueError as exc:
             usage(str(exc))
-    if member is None:
-        usage("missing option '--member' (or --member-from-hostname)")
+    assert member is not None
     _check_names(stream=stream, group=group, member=member)
     if instance_id is not None:
         _check_names(instance=instance_id)
@@ -566,6 +596,8 @@ def join(
                           metrics_port=metrics_port, metrics_host=metrics_host)
     spec = HandlerOptions(function=function, reference=handler, webhook=hook,
                           dead_letter=dead_letter)
+    for problem in drain_problems(settings, spec):
+        usage(problem)
     try:
         code = asyncio.run(run_join(g.connection, options, settings, spec))
     except ConfigError as exc:  # arguments were checked above: this is the stored group

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import nats.errors
-import structlog
 from nats.aio.client import Client
 
+from cgroupd import logs
 from cgroupd.errors import ConfigError, PermissionDenied, ServerUnreachable
 
-log = structlog.get_logger("cgroupd.connect")
+log = logs.get_logger("cgroupd.connect")
 
 #: Used when neither ``--server`` nor ``NATS_URL`` names a server.
 DEFAULT_SERVER = "nats://127.0.0.1:4222"

@@ -13,7 +13,10 @@ Lifecycle (one supervisor coroutine, :meth:`Daemon.run`)::
       runtime error → log, exit 1
 
 HTTP (``--metrics-port``, 0 = off): ``/metrics`` (Prometheus text), ``/healthz`` (200 while
-the process runs and NATS is connected), ``/readyz`` (200 once joined: standby or active).
+NATS is connected, the member runtime and its config watch run, no release is stuck on a
+handler that does not return, and the event loop was not blocked for longer than
+``JoinOptions.max_loop_lag`` in the last ``LAG_WINDOW`` seconds; 503 with the problems
+otherwise), ``/readyz`` (200 once joined: standby or active).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import asyncio
 import contextlib
 import json
 import signal
+import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +35,7 @@ import structlog
 from aiohttp import web
 from nats.aio.client import Client
 
-from cgroupd import admin
+from cgroupd import admin, logs
 from cgroupd.config import STATIC_BUCKET, group_key, name_problems
 from cgroupd.connect import ConnectionOptions, connect
 from cgroupd.errors import BucketNotFound, CgroupdError, ConfigError, GroupNotFound
@@ -41,7 +46,7 @@ from cgroupd.metrics import Metrics
 from cgroupd.partitions import member_partitions
 from cgroupd.settings import MemberSettings
 
-log = structlog.get_logger("cgroupd.daemon")
+log = logs.get_logger("cgroupd.daemon")
 
 #: How often the unowned-partitions gauge is refreshed from the group status.
 STATUS_INTERVAL = 10.0
@@ -49,6 +54,10 @@ STATUS_INTERVAL = 10.0
 START_TIMEOUT = 10.0
 #: Bound on a dead-letter publish (waiting for the stream's PubAck).
 DEAD_LETTER_TIMEOUT = 5.0
+#: /healthz fails when the event loop ran a timer this late (seconds) ...
+MAX_LOOP_LAG = 1.0
+#: ... within this many seconds.
+LAG_WINDOW = 30.0
 
 _READY_STATES = (MemberState.STANDBY, MemberState.ACTIVE)
 
@@ -73,6 +82,8 @@ class JoinOptions:
     metrics_host: str = "0.0.0.0"
     status_interval: float = STATUS_INTERVAL
     start_timeout: float = START_TIMEOUT
+    #: /healthz fails after the event loop was blocked this long (see LAG_WINDOW).
+    max_loop_lag: float = MAX_LOOP_LAG
 
     def __post_init__(self) -> None:
         problems = (name_problems("stream", self.stream) + name_problems("group", self.group)
@@ -85,6 +96,48 @@ class JoinOptions:
             problems.append("status interval and start timeout must be positive")
         if problems:
             raise ConfigError(problems)
+
+
+def drain_problems(settings: MemberSettings, handler: HandlerOptions) -> list[str]:
+    """Settings that would let the next owner run a key while this instance's handler may
+    still be running it: a webhook cancelled at the drain timeout may go on on the far
+    side for up to its own timeout (issue 13 item 7)."""
+    hook = handler.webhook
+    if hook is not None and settings.drain_timeout < hook.timeout:
+        return [f"--drain-timeout ({settings.drain_timeout:g}s) must be at least "
+                f"--webhook-timeout ({hook.timeout:g}s): a webhook still running when a "
+                "stopping instance gives up waiting may go on at the far side while the "
+                "next owner already runs the same key"]
+    return []
+
+
+class LoopMonitor:
+    """How late the event loop runs a timer: a handler blocking the loop, or a process
+    starved of CPU, shows here (and in /healthz) before anywhere else."""
+
+    def __init__(self, interval: float = 0.25, window: float = LAG_WINDOW) -> None:
+        self.interval = interval
+        self.window = window
+        self._lags: deque[tuple[float, float]] = deque()
+        self._last = time.monotonic()
+
+    async def run(self) -> None:
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(self.interval)
+            self._last = now = time.monotonic()
+            lag = now - before - self.interval
+            if lag > self.interval:
+                self._lags.append((now, lag))
+            while self._lags and self._lags[0][0] < now - self.window:
+                self._lags.popleft()
+
+    def worst(self) -> float:
+        """The longest stall seen within the window, including one still going on."""
+        now = time.monotonic()
+        ongoing = now - self._last - self.interval
+        recent = max((lag for at, lag in self._lags if at >= now - self.window), default=0.0)
+        return max(ongoing, recent, 0.0)
 
 
 def jetstream_publisher(js: JetStream, timeout: float = DEAD_LETTER_TIMEOUT) -> Publish:
@@ -103,9 +156,13 @@ class Daemon:
                  settings: MemberSettings, handler: HandlerOptions) -> None:
         self.connection = connection
         self.options = options
+        problems = drain_problems(settings, handler)
+        if problems:
+            raise ConfigError(problems)
         self.settings = settings
         self.handler_options = handler
         self.metrics = Metrics(options.stream, options.group, options.member)
+        self.loop_monitor = LoopMonitor()
         self.nc: Client | None = None
         self.member: Member | None = None
         self._stop = asyncio.Event()
@@ -171,6 +228,7 @@ class Daemon:
             instance_id=o.instance_id, on_active=self._on_active,
             on_standby=self._on_standby, on_rebalance=self._on_rebalance)
         structlog.contextvars.bind_contextvars(instance=member.instance_id)
+        self._spawn(self.loop_monitor.run(), "cgroupd-loop-monitor")
         if o.metrics_port:
             await self._start_http()
         if not await self._start_member(member):
@@ -337,7 +395,20 @@ class Daemon:
     # -- HTTP -----------------------------------------------------------------------
     @property
     def healthy(self) -> bool:
-        return self.nc is not None and self.nc.is_connected
+        return not self.problems()
+
+    def problems(self) -> list[str]:
+        """Why this process cannot do its job right now (empty: healthy)."""
+        out = []
+        if self.nc is None or not self.nc.is_connected:
+            out.append("not connected to NATS")
+        if self.member is not None:
+            out += self.member.health()
+        lag = self.loop_monitor.worst()
+        if lag > self.options.max_loop_lag:
+            out.append(f"event loop blocked for {lag:.1f}s within the last "
+                       f"{self.loop_monitor.window:g}s (a handler blocking it, or no CPU)")
+        return out
 
     @property
     def ready(self) -> bool:
@@ -367,14 +438,17 @@ class Daemon:
     def _state(self) -> dict[str, Any]:
         m = self.member
         return {
-            "nats": "connected" if self.healthy else "disconnected",
+            "nats": "connected" if self.nc is not None and self.nc.is_connected
+            else "disconnected",
             "state": m.state.value if m is not None else "starting",
             "instance": m.instance_id if m is not None else None,
             "partitions": list(m.partitions) if m is not None else [],
         }
 
     async def _http_health(self, request: web.Request) -> web.Response:
-        return _json_response(self._state(), 200 if self.healthy else 503)
+        problems = self.problems()
+        return _json_response({**self._state(), "problems": problems},
+                              503 if problems else 200)
 
     async def _http_ready(self, request: web.Request) -> web.Response:
         return _json_response(self._state(), 200 if self.ready else 503)

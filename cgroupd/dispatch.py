@@ -12,7 +12,9 @@ Ordering modes (``MemberSettings.ordering``):
 - ``none``: every message runs as soon as a slot is free; a failure is nak'ed with backoff.
 
 A handler that returns acks its message (unless it settled it itself); one that raises is
-retried. Messages not started when the period ends stay unacknowledged, and the server
+retried, and so is one that returns after its ``double_ack`` failed (it swallowed the
+:class:`~cgroupd.errors.AckNotConfirmed`: acking now could delete a message whose work was
+rolled back). Messages not started when the period ends stay unacknowledged, and the server
 gives them to the next owner in stream order (or, on a consumer shared by several
 instances, :meth:`Dispatcher.hand_back` naks them in stream order).
 
@@ -20,14 +22,29 @@ The member can close a *gate* (:meth:`Dispatcher.pause`): held messages then wai
 alive, until it opens again; meanwhile :meth:`Dispatcher.discard_unstarted` can drop them
 (the consumer is about to deliver them again, e.g. after a consumer reset). Within a key,
 messages wait in stream order even when a redelivery arrives after later messages.
+
+Acks are published without waiting (a round trip per message would halve throughput), so
+a key's next message may start while the previous ack is only buffered (issue 13 item 9).
+What keeps order is that acks are never lost silently: settled messages are remembered
+until the server confirms their consumer applied them (one confirmed settlement per
+consumer confirms every earlier one: a consumer applies acks in order); after a reconnect,
+before anything new starts, unconfirmed settlements are sent again and confirmed; a
+redelivery of a message this member already completed is settled again, not run again; and
+a release confirms before its consumers are deleted (:meth:`Dispatcher.confirm`).
+
+Draining (:meth:`Dispatcher.drain`) never returns while a handler may still run: async
+handlers still running at the drain timeout are cancelled, but a sync handler's thread
+cannot be, so it is waited for (issue 13 item 7).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import inspect
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Mapping
 from enum import Enum
 from typing import Any
@@ -39,6 +56,30 @@ from cgroupd.message import AckGuard, Message, Outcome
 
 Handler = Callable[[Message], Awaitable[None] | None]
 KeyOf = Callable[[str, Mapping[str, str], int | None], str]
+#: Stream sequences a member completed (acked or termed), with the settlement sent.
+Completed = OrderedDict[int, bytes]
+
+#: Completed sequences remembered, so a redelivery is settled again rather than run again.
+COMPLETED_MEMORY = 8192
+
+#: The dispatcher calling the handler that runs in the current task (see run_in_thread).
+_calling: contextvars.ContextVar[Dispatcher | None] = contextvars.ContextVar(
+    "cgroupd_dispatcher", default=None)
+
+
+async def run_in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run a blocking function for the handler being called, in a thread its dispatcher
+    keeps track of: a thread cannot be cancelled, so a drain waits for it (and settles its
+    message) before the partitions are released (issue 13 item 7). Handler wrappers that
+    call sync user code use this instead of ``asyncio.to_thread``."""
+    dispatcher = _calling.get()
+    if dispatcher is None:
+        return await asyncio.to_thread(fn, *args)
+    return await dispatcher._run_in_thread(fn, *args)
+
+
+#: Unconfirmed settlements that make the confirmer run at once, not after its interval.
+CONFIRM_BATCH = 1024
 
 
 def is_async(handler: Any) -> bool:
@@ -124,6 +165,11 @@ class Dispatcher:
         log: Any,
         stats: dict[str, int],
         guard: AckGuard | None = None,
+        hand_back_on_close: bool = True,
+        completed: Completed | None = None,
+        confirm_interval: float = 0.5,
+        confirm_timeout: float = 2.0,
+        reconnects: Callable[[], int] | None = None,
     ) -> None:
         self._nc = nc
         self._guard = guard
@@ -166,10 +212,32 @@ class Dispatcher:
         #: termed (its ack confirmed again proves every earlier one applied).
         self.highest: dict[int, int] = {}
         self.last_settled: Message | None = None
+        #: Deliveries arriving once closing: nak them (another instance reads the same
+        #: consumer) or ignore them (our own consumer hands them to the next owner).
+        self._hand_back = hand_back_on_close
+        self._completed: Completed = completed if completed is not None else OrderedDict()
+        #: Per consumer: settled messages whose settlement the server has not confirmed.
+        self._unconfirmed: dict[str, dict[int, Message]] = {}
+        self._confirm_interval = confirm_interval
+        self._confirm_timeout = confirm_timeout
+        self._confirm_lock = asyncio.Lock()
+        self._confirm_wake = asyncio.Event()
+        self._confirmer: asyncio.Task[None] | None = None
+        self._reconnects = reconnects or (
+            lambda: int((getattr(nc, "stats", None) or {}).get("reconnects", 0)))
+        self._epoch = self._reconnects()
+        #: Sequences nak'ed with a delay, and when the server will offer them again: they
+        #: count as unacknowledged on the server while we hold nothing of them.
+        self._delayed: dict[int, float] = {}
+        self._threads = 0
+        self._in_thread: set[asyncio.Task[Any]] = set()
+        self._threads_done = asyncio.Event()
+        self._threads_done.set()
 
     def start(self) -> None:
         """Begin keeping held messages alive; paired with :meth:`drain`."""
         self._keepalive = asyncio.create_task(self._keep_alive(), name="cgroupd-keepalive")
+        self._confirmer = asyncio.create_task(self._confirm_loop(), name="cgroupd-confirm")
 
     @property
     def holding(self) -> int:
@@ -228,6 +296,29 @@ class Dispatcher:
         self._stats["naked"] += len(back)
         return len(back)
 
+    @property
+    def running_threads(self) -> int:
+        """Sync handlers whose thread is still running (cancelled or not)."""
+        return self._threads
+
+    def delayed(self) -> int:
+        """Messages nak'ed with a delay whose redelivery is still to come: the server counts
+        them as unacknowledged (``num_ack_pending``) while this dispatcher holds nothing."""
+        now = asyncio.get_running_loop().time()
+        for seq, due in list(self._delayed.items()):
+            if due < now:
+                del self._delayed[seq]
+        return len(self._delayed)
+
+    @property
+    def unconfirmed(self) -> int:
+        return sum(len(v) for v in self._unconfirmed.values())
+
+    def connection_back(self) -> None:
+        """The connection was re-established: settlements may have been lost with the
+        old one; have them sent again and confirmed now, not at the next start."""
+        self._confirm_wake.set()
+
     async def settle(self, partitions: set[int], timeout: float) -> bool:
         """Wait until no message of ``partitions`` is held; False if that takes too long."""
         deadline = asyncio.get_running_loop().time() + timeout
@@ -246,8 +337,10 @@ class Dispatcher:
                 self._held.setdefault(late.stream_sequence, late)
             return
         if self._closing.is_set():
-            # Not ours to start any more: hand it back now rather than after the ack wait.
-            if raw.reply:
+            # Not ours to start any more. On a shared consumer, hand it back now rather
+            # than after the ack wait; on our own, a nak would only bring it back to us at
+            # once (and again, in a hot loop): leave it for the next owner.
+            if raw.reply and self._hand_back:
                 self._spawn(self._settle(self._nc.publish(raw.reply, b"-NAK")))
             return
         try:
@@ -274,6 +367,19 @@ class Dispatcher:
             # or waited): the held copy settles it, running it twice would break order.
             self._stats["duplicates"] += 1
             return
+        self._delayed.pop(seq, None)
+        done = self._completed.get(seq)
+        if done is not None:
+            # We completed it already; its settlement was lost (a reconnect) or is late.
+            # Settle it again: running it again, behind later messages of its key, would
+            # break order.
+            self._stats["resettled"] = self._stats.get("resettled", 0) + 1
+            message.outcome = Outcome.TERM if done.startswith(b"+TERM") else Outcome.ACK
+            message.settlement = done
+            self._unconfirmed.setdefault(message.consumer, {})[seq] = message
+            self._spawn(self._settle(self._nc.publish(message.reply, done)))
+            self._wake_confirmer()
+            return
         self._held[seq] = message
         self._stats["delivered"] += 1
         if self._ordering is Ordering.NONE:
@@ -287,30 +393,121 @@ class Dispatcher:
         self._keys[key] = deque([message])
         self._spawn(self._run_key(key))
 
-    async def drain(self, timeout: float, hold_late: bool = False) -> None:
-        """Start nothing new; let running handlers finish for up to ``timeout``.
+    async def drain(self, timeout: float, hold_late: bool = False,
+                    warn_every: float = 10.0) -> None:
+        """Start nothing new; let running handlers finish for up to ``timeout``, then
+        cancel the async ones. Returns only once no handler runs any more: a sync
+        handler's thread cannot be cancelled, so it is waited for (and its message settled
+        as usual): whoever releases the consumers afterwards must not let the next owner
+        run its message meanwhile.
 
         ``hold_late``: deliveries arriving from now on are kept for :meth:`hand_back`
         instead of being nak'ed at once."""
         self._hold_late = hold_late
         self._closing.set()
         self._open.set()  # let parked workers see the closing and end
-        if self._keepalive is not None:
-            self._keepalive.cancel()
         tasks = set(self._workers)
         if tasks:
             _, late = await asyncio.wait(tasks, timeout=timeout)
             self._abandoned.update(self._running)
-            for task in late:
+            threads = {t for t in late if t in self._in_thread}
+            cancelled = late - threads
+            for task in cancelled:
                 task.cancel()
-            if late:
+            if cancelled:
                 self._log.warning("handlers still running after the drain timeout were "
                                   "cancelled; their messages will be redelivered",
-                                  count=len(late))
-                await asyncio.wait(late)
-        if self._keepalive is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keepalive
+                                  count=len(cancelled))
+                await asyncio.wait(cancelled)
+            while threads:
+                self._log.warning("sync handlers still running after the drain timeout; "
+                                  "their partitions are kept until they return",
+                                  count=len(threads))
+                _, threads = await asyncio.wait(threads, timeout=warn_every)
+        while self._threads:  # a thread whose awaiting task was cancelled anyway
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._threads_done.wait(), warn_every)
+        for background in (self._keepalive, self._confirmer):
+            if background is not None:
+                background.cancel()
+                try:
+                    await background
+                except asyncio.CancelledError:
+                    pass
+                except Exception as exc:  # noqa: BLE001 - a bug: say so, release anyway
+                    self._log.warning("dispatcher task failed", error=repr(exc))
+
+    async def confirm(self, resend: bool = False) -> bool:
+        """Have the server confirm every settlement sent so far; True once it has.
+
+        Per consumer, the newest settlement is sent again as a request: its reply means
+        the consumer applied it and every one sent before it. ``resend`` first publishes
+        every unconfirmed settlement again (after a reconnect: some may be lost). A
+        consumer that is gone has nothing left to confirm (its messages went, or go, to
+        the next owner).
+        """
+        async with self._confirm_lock:
+            epoch = self._reconnects()
+            if epoch != self._epoch:
+                resend = True
+            ok = True
+            for consumer, pending in list(self._unconfirmed.items()):
+                batch = list(pending.values())
+                if not batch:
+                    continue
+                if resend:
+                    for message in batch:
+                        await self._settle(self._nc.publish(message.reply, message.settlement))
+                result = await batch[-1].confirm_settlement(self._confirm_timeout)
+                if result is None:
+                    ok = False
+                    continue
+                for message in batch:
+                    if pending.get(message.stream_sequence) is message:
+                        del pending[message.stream_sequence]
+                if not pending:
+                    self._unconfirmed.pop(consumer, None)
+            if ok:
+                self._epoch = epoch
+            return ok
+
+    async def _ack_fence(self) -> None:
+        """Before anything new starts after a reconnect: settlements sent before it may be
+        lost, and the server would redeliver them after later messages of their key."""
+        if self._reconnects() == self._epoch:
+            return
+        if not self._unconfirmed:
+            self._epoch = self._reconnects()
+            return
+        self._stats["ack_fences"] = self._stats.get("ack_fences", 0) + 1
+        while not await self.confirm(resend=True) and not self._closing.is_set():
+            await self._pause(0.05)  # no reply yet (still reconnecting): ask again shortly
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, but not past the start of closing. (Not ``wait_for`` on the event: on
+        Python 3.11 it can swallow a cancellation that arrives as the event is set.)"""
+        if self._closing.is_set():
+            return
+        waiter = asyncio.ensure_future(self._closing.wait())
+        try:
+            await asyncio.wait({waiter}, timeout=seconds)
+        finally:
+            waiter.cancel()
+
+    def _wake_confirmer(self) -> None:
+        if not self._confirm_wake.is_set():
+            self._confirm_wake.set()
+
+    async def _confirm_loop(self) -> None:
+        """Confirm settlements in the background (bounded memory, quick releases)."""
+        while True:
+            await self._confirm_wake.wait()
+            if self.unconfirmed < CONFIRM_BATCH:
+                await self._pause(self._confirm_interval)
+            self._confirm_wake.clear()
+            if not await self.confirm():
+                await asyncio.sleep(self._confirm_interval)
+                self._confirm_wake.set()
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
@@ -328,8 +525,7 @@ class Dispatcher:
                         return
                     delay = self._backoff(message.delivery_count)
                     self._stats["retries"] += 1
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._closing.wait(), delay)
+                    await self._pause(delay)
                     if self._closing.is_set():
                         return
                     message.delivery_count += 1
@@ -345,6 +541,7 @@ class Dispatcher:
     async def _run_unordered(self, message: Message) -> None:
         if not await self._invoke(message) and not self._closing.is_set():
             await self._settle(message.nak(self._backoff(message.delivery_count)))
+            self._settled(message)
             self._count(message.outcome)
         if self._held.get(message.stream_sequence) is message:
             del self._held[message.stream_sequence]
@@ -357,6 +554,8 @@ class Dispatcher:
                 await self._open.wait()
             if self._held.get(message.stream_sequence) is not message:
                 return True  # discarded while it waited: the consumer delivers it again
+            if not self._closing.is_set():
+                await self._ack_fence()
             if self._closing.is_set() or not await self._before_start():
                 self._closing.set()
                 return False
@@ -366,13 +565,16 @@ class Dispatcher:
             if self.skip is not None and self.skip(message):
                 self._stats["skipped"] = self._stats.get("skipped", 0) + 1
                 await self._settle(message.ack())
+                self._settled(message)
                 return True
             self._running[seq] = message
+            message.ack_failed = False
+            _calling.set(self)
             try:
                 if self._handler_is_async:
                     result = await self._handler(message)  # type: ignore[misc]
                 else:
-                    result = await asyncio.to_thread(call_in_thread, self._handler, message)
+                    result = await self._run_in_thread(call_in_thread, self._handler, message)
                 await settle_result(result)
             except BaseException as exc:  # a handler failure never kills us
                 if not handler_failure(exc):
@@ -384,13 +586,69 @@ class Dispatcher:
                     return False
             else:
                 if message.outcome is None:
+                    if message.ack_failed:
+                        # It was told the ack did not go through and returned anyway: its
+                        # work was rolled back (or is in doubt). Acking now could delete
+                        # the message with nothing done: treat it as a failure.
+                        self._stats["swallowed"] = self._stats.get("swallowed", 0) + 1
+                        self._log.warning("handler returned after its double_ack failed; "
+                                          "not acking, retrying", subject=message.subject,
+                                          seq=message.stream_sequence)
+                        return False
                     await self._settle(message.ack())
             finally:
                 self._running.pop(seq, None)
         if message.outcome in (Outcome.ACK, Outcome.TERM):
             self.last_settled = message
+        self._settled(message)
         self._count(message.outcome)
         return True
+
+    async def _run_in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A sync handler in a thread, counted until the thread returns (cancelling the
+        awaiting task does not stop it); a drain does not cancel the task awaiting it."""
+        loop = asyncio.get_running_loop()
+        self._threads += 1
+        self._threads_done.clear()
+
+        def finished() -> None:
+            self._threads -= 1
+            if not self._threads:
+                self._threads_done.set()
+
+        def run() -> Any:
+            try:
+                return fn(*args)
+            finally:
+                with contextlib.suppress(RuntimeError):  # loop closed: nobody waits
+                    loop.call_soon_threadsafe(finished)
+
+        ctx = contextvars.copy_context()
+        task = asyncio.current_task()
+        if task is not None:
+            self._in_thread.add(task)
+        try:
+            return await loop.run_in_executor(None, functools.partial(ctx.run, run))
+        finally:
+            if task is not None:
+                self._in_thread.discard(task)
+
+    def _settled(self, message: Message) -> None:
+        """Remember a settled message until the server confirmed its settlement."""
+        seq = message.stream_sequence
+        if message.outcome is Outcome.NAK:
+            if message.nak_delay:
+                self._delayed[seq] = asyncio.get_running_loop().time() + message.nak_delay
+            return
+        if message.outcome is None:
+            return
+        self._completed[seq] = message.settlement or b"+ACK"
+        self._completed.move_to_end(seq)
+        while len(self._completed) > COMPLETED_MEMORY:
+            self._completed.popitem(last=False)
+        if not message.confirmed:
+            self._unconfirmed.setdefault(message.consumer, {})[seq] = message
+            self._wake_confirmer()
 
     def _count(self, outcome: Outcome | None) -> None:
         if outcome is not None:

@@ -11,8 +11,9 @@
     ├── ServerUnreachable             no server answered (retriable)
     ├── ConflictError                 a CAS update lost too many races (retriable)
     ├── ApiError                      any other ``$JS.API`` error: status code and err_code
-    ├── AckNotConfirmed               ``double_ack`` was not confirmed by the server
-    │   └── AckOutcomeUnknown         it may have been applied all the same: reconcile
+    ├── AckNotConfirmed               ``double_ack``: the server did not apply the ack
+    │   └── AckOutcomeUnknown         ``double_ack``: applied or not, nobody can tell
+    ├── InstanceIdInUse               another running process already uses this instance id
     ├── LeaseUnavailable              a Spark query cannot hold a member another holder has
     ├── LeaseLost                     a running Spark query lost a member it reads
     ├── DataLoss                      messages a Spark query had to read are gone
@@ -104,14 +105,26 @@ class ApiError(CgroupdError):
 
 
 class AckNotConfirmed(CgroupdError):
-    """The server did not confirm an ack: this instance may no longer own the message."""
+    """The server did not apply the ack: this instance no longer owns the message (its
+    data consumer is gone), and the message goes, or went, to the member's next owner.
+    Roll back the message's side effects."""
 
 
 class AckOutcomeUnknown(AckNotConfirmed):
-    """The ack was sent but whether it was applied cannot be known (its confirmation came
-    after this instance could no longer prove it owned the message). Rolling back may lose
-    the message (it is gone if the ack was applied); keeping the work may duplicate it (the
-    new owner gets it if not): reconcile, e.g. by an idempotency key."""
+    """The ack was sent but its outcome cannot be known: no reply came (a reconnect, a
+    partition, a server restart), and by the time cgroupd could look, the message was no
+    longer in the group's work-queue stream, which is what both an applied ack and a
+    successor's processing look like. Treat the message as *in doubt*: keep what the
+    handler prepared and resolve it by the message's stream sequence (was it committed by
+    another instance?), as a transaction manager resolves an in-doubt transaction. Catching
+    :class:`AckNotConfirmed` alone treats it as not applied (rolled back), which can lose
+    the message when the ack had in fact been applied. In pinned mode it is also raised
+    when the confirmation came after this instance could no longer prove it held the pin."""
+
+
+class InstanceIdInUse(CgroupdError):
+    """Another running process answers for this instance id: two processes with one id
+    would both pass for the member's active instance."""
 
 
 class LeaseUnavailable(CgroupdError):

@@ -19,7 +19,6 @@ No nats-py here: dead letters go through a ``publish`` callable the daemon provi
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import math
 import time
@@ -28,13 +27,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-import structlog
 
-from cgroupd.dispatch import call_in_thread, handler_failure, is_async, settle_result
+from cgroupd import logs
+from cgroupd.dispatch import (
+    call_in_thread,
+    handler_failure,
+    is_async,
+    run_in_thread,
+    settle_result,
+)
 from cgroupd.message import Message
 from cgroupd.metrics import Metrics
 
-log = structlog.get_logger("cgroupd.handlers")
+log = logs.get_logger("cgroupd.handlers")
 
 #: Default webhook statuses that mean "this message will never succeed": term it.
 DEFAULT_NON_RETRYABLE = frozenset({400, 422})
@@ -175,13 +180,14 @@ def load_handler(reference: str) -> Handler:
 
 
 async def call_handler(fn: Handler, message: Message, asynchronous: bool | None = None) -> None:
-    """Run a sync (in a thread, so pulls keep flowing) or async handler to completion."""
+    """Run a sync (in a thread, so pulls keep flowing; one the runtime's drain waits for)
+    or async handler to completion."""
     if asynchronous is None:
         asynchronous = is_async(fn)
     if asynchronous:
         result = await fn(message)
     else:
-        result = await asyncio.to_thread(call_in_thread, fn, message)
+        result = await run_in_thread(call_in_thread, fn, message)
     await settle_result(result)
 
 

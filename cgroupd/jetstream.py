@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -96,7 +97,50 @@ class JetStream:
         self.jsm = nc.jetstream(timeout=timeout)._jsm
         self._kv: dict[str, KeyValue] = {}
         self._denials: list[tuple[float, str]] = []
+        self._pullers: weakref.WeakSet[Puller] = weakref.WeakSet()
+        self._listeners: list[tuple[Callable[[], None], Callable[[], None]]] = []
         self._watch_permission_errors()
+        self._watch_connection()
+
+    def _watch_connection(self) -> None:
+        """Chain nats-py's disconnect and reconnect callbacks (whoever connected may have
+        set their own): after a reconnect every puller asks again at once (its requests
+        died with the old connection), and listeners (:meth:`on_connection`) hear both."""
+        disconnected, reconnected = self.nc._disconnected_cb, self.nc._reconnected_cb
+
+        async def on_disconnected() -> None:
+            for lost, _ in list(self._listeners):
+                lost()
+            if disconnected is not None:
+                await disconnected()
+
+        async def on_reconnected() -> None:
+            for puller in list(self._pullers):
+                puller.reconnected()
+            for _, back in list(self._listeners):
+                back()
+            if reconnected is not None:
+                await reconnected()
+
+        self.nc._disconnected_cb = on_disconnected
+        self.nc._reconnected_cb = on_reconnected
+
+    def on_connection(self, lost: Callable[[], None],
+                      back: Callable[[], None]) -> Callable[[], None]:
+        """Call ``lost`` when the connection drops and ``back`` once it is re-established;
+        returns a function that removes them."""
+        entry = (lost, back)
+        self._listeners.append(entry)
+
+        def remove() -> None:
+            with contextlib.suppress(ValueError):
+                self._listeners.remove(entry)
+
+        return remove
+
+    @property
+    def connected(self) -> bool:
+        return bool(self.nc.is_connected)
 
     def _watch_permission_errors(self) -> None:
         """A denied publish gets no API reply, only an async -ERR on the connection; keep
@@ -303,4 +347,10 @@ class JetStream:
         """A started :class:`Puller` on ``consumer``."""
         puller = Puller(self.nc, stream, consumer, options, on_message, capacity=capacity)
         await puller.start()
+        self._pullers.add(puller)
         return puller
+
+    async def message_stored(self, stream: str, seq: int) -> bool:
+        """Whether ``stream`` still holds the message with sequence ``seq``."""
+        with self._translated(f"looking up message {seq} of {stream}"):
+            return await jsapi.message_stored(self.nc, stream, seq)

@@ -38,6 +38,7 @@ ERR_CONSUMER_DOES_NOT_EXIST = 10149
 ERR_WQ_NOT_UNIQUE = 10100
 ERR_WQ_OVERLAP = 10138
 ERR_JS_NOT_ENABLED = 10039
+ERR_NO_MESSAGE_FOUND = 10037
 
 #: Default time to wait for an API answer, seconds.
 API_TIMEOUT = 2.0
@@ -167,6 +168,17 @@ async def reset_consumer(nc: Client, stream: str, consumer: str,
     again, in stream order (server >= 2.14). The reply is the consumer info after it."""
     return await request(nc, f"{API}.CONSUMER.RESET.{stream}.{consumer}",
                          {"seq": seq} if seq else {})
+async def message_stored(nc: Client, stream: str, seq: int,
+                         timeout: float = API_TIMEOUT) -> bool:
+    """Whether ``stream`` holds the message with sequence ``seq`` (work-queue streams
+    delete a message once a consumer acknowledged it)."""
+    try:
+        await request(nc, f"{API}.STREAM.MSG.GET.{stream}", {"seq": seq}, timeout)
+    except ApiError as exc:
+        if exc.err_code == ERR_NO_MESSAGE_FOUND or exc.code == 404:
+            return False
+        raise
+    return True
 
 
 async def unpin(nc: Client, stream: str, consumer: str, group: str) -> None:

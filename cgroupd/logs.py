@@ -1,10 +1,17 @@
-"""Log configuration for the command line: structlog events on stderr.
+"""Logging: quiet library loggers, and the command line's structlog configuration.
 
-JSON lines when stderr is not a terminal (containers, CI, log shippers), a readable
-console format when it is. Standard-library loggers (nats-py, aiohttp) go through the same
-renderer so a JSON stream stays parseable. The member runtime already logs its state
-changes ("state", "became active", "stepped down", handler failures); the daemon adds
-"joined", "rebalance" and the lifecycle events, and never repeats the runtime's.
+As a library, cgroupd logs like any Python library: through standard-library loggers
+named ``cgroupd.<module>``, so the application's logging configuration decides what is
+shown. An application that configured nothing sees only warnings and errors (Python's
+last-resort handler, on stderr) and nothing of routine events; one that configured
+structlog gets cgroupd's events through its structlog configuration instead.
+
+The ``cgroupd`` command configures structlog: JSON lines when stderr is not a terminal
+(containers, CI, log shippers), a readable console format when it is. Standard-library
+loggers (nats-py, aiohttp) go through the same renderer so a JSON stream stays parseable.
+The member runtime already logs its state changes ("state", "became active", "stepped
+down", handler failures); the daemon adds "joined", "rebalance" and the lifecycle events,
+and never repeats the runtime's.
 """
 
 from __future__ import annotations
@@ -16,6 +23,72 @@ from typing import Any
 import structlog
 
 LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def get_logger(name: str) -> Any:
+    """A structlog-style logger (``log.info("event", key=value)``) for module ``name``.
+
+    Decided at each call, also for loggers made by ``bind()``: the application's structlog
+    chain when structlog was configured (the ``cgroupd`` command,
+    ``structlog.testing.capture_logs``), otherwise the standard-library logger ``name``,
+    silent below WARNING unless the application's logging configuration says otherwise.
+    """
+    return _LibraryLogger(name, {})
+
+
+class _LibraryLogger:
+    """Lazy proxy that picks structlog's global chain or the stdlib logger per call."""
+
+    def __init__(self, name: str, context: dict[str, Any]) -> None:
+        self._name = name
+        self._context = context
+        self._stdlib: Any = None
+        self._configured: tuple[Any, Any] = (None, None)  # (processors, bound logger)
+
+    def _target(self) -> Any:
+        if structlog.is_configured():
+            processors = structlog.get_config()["processors"]
+            if self._configured[0] is not processors:  # (re)configured since last call
+                bound = structlog.get_logger(self._name).bind(**self._context)
+                self._configured = (processors, bound)
+            return self._configured[1]
+        if self._stdlib is None:
+            self._stdlib = structlog.wrap_logger(
+                logging.getLogger(self._name), processors=_STDLIB_CHAIN,
+                wrapper_class=structlog.stdlib.BoundLogger).bind(**self._context)
+        return self._stdlib
+
+    def bind(self, **values: Any) -> _LibraryLogger:
+        return _LibraryLogger(self._name, {**self._context, **values})
+
+    def __getattr__(self, method: str) -> Any:
+        return getattr(self._target(), method)
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        return repr(value)
+    return repr(value) if not value or any(c.isspace() or c in "='\"" for c in value) \
+        else value
+
+
+def _to_stdlib(_logger: Any, _method: str, event: dict[str, Any]) -> Any:
+    """Last processor of the stdlib chain: ``event key=value ...`` as the message (what a
+    plain formatter shows), the fields as ``record.cgroupd`` (for structured formatters)."""
+    fields = dict(event)
+    exc_info = fields.pop("exc_info", None)
+    stack_info = bool(fields.pop("stack_info", False))
+    message = str(fields.pop("event", ""))
+    line = " ".join([message, *(f"{key}={_text(value)}" for key, value in fields.items())])
+    return (line,), {"exc_info": exc_info, "stack_info": stack_info,
+                     "extra": {"cgroupd": {"event": message, **fields}}}
+
+
+_STDLIB_CHAIN: list[Any] = [
+    structlog.stdlib.filter_by_level,  # first: a filtered-out debug line costs nothing more
+    structlog.contextvars.merge_contextvars,
+    _to_stdlib,
+]
 
 
 class _Stderr:

@@ -30,10 +30,9 @@ from enum import Enum
 from typing import Any
 
 import nats.errors
-import structlog
 from nats.aio.msg import Msg
 
-from cgroupd import jsapi
+from cgroupd import jsapi, logs
 from cgroupd.config import (
     ELASTIC_BUCKET,
     STATIC_BUCKET,
@@ -45,7 +44,7 @@ from cgroupd.config import (
     validate_name,
     work_queue_stream,
 )
-from cgroupd.dispatch import Dispatcher, Handler
+from cgroupd.dispatch import Completed, Dispatcher, Handler
 from cgroupd.errors import (
     AckNotConfirmed,
     AckOutcomeUnknown,
@@ -53,9 +52,19 @@ from cgroupd.errors import (
     CgroupdError,
     ConfigError,
     GroupNotFound,
+    InstanceIdInUse,
     JetStreamNotEnabled,
 )
 from cgroupd.jetstream import JetStream, Record
+from cgroupd.lease import (
+    Lease,
+    OwnerWatch,
+    Presence,
+    Prober,
+    may_reclaim,
+    presence_subject,
+    probe,
+)
 from cgroupd.partitions import (
     group_subjects,
     hold_filters,
@@ -72,7 +81,7 @@ from cgroupd.pinning import PinLease, SkipRules
 from cgroupd.pull import PullEnd, Puller, PullOptions
 from cgroupd.settings import PRIORITY_GROUP, Exclusivity, MemberSettings
 
-log = structlog.get_logger("cgroupd.member")
+log = logs.get_logger("cgroupd.member")
 
 ActiveCallback = Callable[[tuple[int, ...]], Awaitable[None] | None]
 StandbyCallback = Callable[[str], Awaitable[None] | None]
@@ -89,6 +98,13 @@ SKIP_KEY = "cgroupd_skip"
 #: Pinned mode: a standby changed the member consumer's filters while nobody held the pin
 #: (pinning needs a delivery); the next holder resets it before running anything.
 RESET_KEY = "cgroupd_reset"
+#: Metadata key carrying a random token per process: two processes given the same instance
+#: id create differing consumers, so the second one's create fails instead of sharing.
+TOKEN_KEY = "cgroupd_token"
+#: Metadata key marking a synchronization consumer held by something other than a member
+#: instance (a Spark query, :mod:`cgroupd.spark.lease`): it answers no presence probe and
+#: is never replaced by a standby; it ends by itself.
+HOLDER_KEY = "cgroupd_holder"
 
 
 def _json_map(info: dict[str, Any], key: str) -> dict[str, Any]:
@@ -131,14 +147,43 @@ class StepDown(Enum):
     ERROR = "error"
 
 
-def presence_subject(key: str, instance: str) -> str:
-    """Where an instance answers "I am alive" (its absence is the server's word)."""
-    return f"_CGROUPD.presence.{key}.{instance}"
-
-
 def new_instance_id() -> str:
     """A short random id, unique per running instance."""
     return secrets.token_hex(6)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class Wake(asyncio.Event):
+    """An event that can be waited on with a timeout cheaply (a future and a timer, not
+    ``wait_for``'s extra task): a standby waits on it several times a second."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._naps: set[asyncio.Future[None]] = set()
+
+    def set(self) -> None:
+        super().set()
+        for fut in list(self._naps):
+            _resolve(fut)
+
+    async def nap(self, timeout: float) -> None:
+        """Return when set, or after ``timeout`` seconds (yielding to the loop either way)."""
+        if self.is_set():
+            await asyncio.sleep(0)
+            return
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._naps.add(fut)
+        timer = loop.call_later(timeout, _resolve, fut)
+        try:
+            await fut
+        finally:
+            timer.cancel()
+            self._naps.discard(fut)
 
 
 async def _maybe_await(value: Awaitable[None] | None) -> None:
@@ -159,8 +204,6 @@ class Generation:
     pullers: list[Puller] = field(default_factory=list)
     dispatcher: Dispatcher | None = None
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
-    #: Set when the process may have been suspended; cleared by a successful self-check.
-    suspect: bool = False
     #: The data consumers' info at the last self-check, and deliveries received so far.
     data_info: dict[str, Any] | None = None
     received: int = 0
@@ -171,7 +214,7 @@ class Generation:
     rebalances: int = 0
     #: Pinned mode: this instance's lease on the pin (see :mod:`cgroupd.pinning`), when the
     #: first pinned delivery came, and the renewal in progress (one at a time).
-    lease: PinLease | None = None
+    pin_lease: PinLease | None = None
     pinned_at: float = 0.0
     renewal: asyncio.Future[bool] | None = None
     #: Static groups: per partition, the stream sequence up to which it is processed
@@ -180,11 +223,17 @@ class Generation:
     skip: SkipRules = field(default_factory=SkipRules)
     #: The member consumer must be brought to the config again (see RESET_KEY).
     reconcile: bool = False
+    #: Sync exclusivity: the right to start handlers (see :mod:`cgroupd.lease`), when the
+    #: synchronization consumer became ours, and the one self-check in flight.
+    lease: Lease = field(default_factory=lambda: Lease(0.0))
+    claimed_at: float = 0.0
+    verifying: asyncio.Future[bool | None] | None = None
+
+    ended: asyncio.Future[tuple[StepDown, str]] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future())
 
     def __post_init__(self) -> None:
         self.target = self.partitions
-    ended: asyncio.Future[tuple[StepDown, str]] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future())
 
     def end(self, why: StepDown, detail: str = "") -> None:
         if not self.ended.done():
@@ -200,7 +249,7 @@ class _PinnedAcks:
         self._gen = gen
 
     async def _ours(self) -> bool:
-        lease = self._gen.lease
+        lease = self._gen.pin_lease
         return lease is not None and (lease.valid or await self._member._renew(self._gen))
 
     async def before_ack(self) -> None:
@@ -263,7 +312,7 @@ class Member:
         self._bucket = STATIC_BUCKET if static else ELASTIC_BUCKET
         self._key = group_key(stream, group)
         self._consume_stream = stream if static else work_queue_stream(stream, group)
-        self._wake = asyncio.Event()  # config change, advisory, stop: re-evaluate now
+        self._wake = Wake()  # config change, advisory, stop: re-evaluate now
         self._stopping = False
         self._deleted = False
         self._supervisor: asyncio.Task[None] | None = None
@@ -272,13 +321,23 @@ class Member:
         self._presence_sub: Any = None
         self._gen: Generation | None = None
         self._first_config = asyncio.get_running_loop().create_future()
-        self._last_tick = clock()
+        #: Sync exclusivity: this process's token (see TOKEN_KEY), a standby's watch over
+        #: the active instance, and the sequences this instance completed (a redelivery
+        #: of one of them is settled again, not run again).
+        self._token = secrets.token_hex(8)
+        self._watch: OwnerWatch | None = None
+        self._prober: Prober | None = None
+        self._completed: Completed = Completed()
+        self._connection_off: Callable[[], None] | None = None
+        self._stepping_since: float | None = None
         #: Partitions under the latest config, and when competing may resume after a change.
         self._last_partitions: tuple[int, ...] = ()
         self._not_before = 0.0
         self._changed_at = -1e9
         self.stats = {"delivered": 0, "acked": 0, "naked": 0, "termed": 0, "retries": 0,
-                      "duplicates": 0, "step_downs": 0, "rebalances": 0}
+                      "duplicates": 0, "step_downs": 0, "rebalances": 0, "resettled": 0,
+                      "swallowed": 0, "ack_fences": 0, "lease_checks": 0, "takeovers": 0,
+                      "watch_failures": 0}
         self._log = log.bind(stream=stream, group=group, member=member,
                              instance=self.instance_id)
 
@@ -299,7 +358,9 @@ class Member:
         return f"{self.member}-{self.instance_id}"
 
     async def start(self) -> None:
-        """Read the group config and begin competing; raises if the group is unusable."""
+        """Read the group config and begin competing; raises if the group is unusable, and
+        :class:`InstanceIdInUse` if a running process already answers for this instance id."""
+        await self._refuse_duplicate_id()
         self._watcher = asyncio.create_task(self._watch_config(), name="cgroupd-watch")
         done, _ = await asyncio.wait({self._first_config, self._watcher},
                                      return_when=asyncio.FIRST_COMPLETED)
@@ -307,6 +368,9 @@ class Member:
             self._watcher.result()  # re-raises why the watch failed
             raise GroupNotFound(f"group {self.stream}/{self.group} could not be read")
         self._first_config.result()
+        self._watcher.add_done_callback(self._watch_ended)
+        self._connection_off = self.js.on_connection(self._connection_lost,
+                                                     self._connection_back)
         with contextlib.suppress(Exception):
             self._advisories = await self.js.nc.subscribe(
                 f"$JS.EVENT.ADVISORY.CONSUMER.DELETED.{self._consume_stream}.*",
@@ -328,8 +392,48 @@ class Member:
             # half-way through releasing our consumers.
             await asyncio.wait({self._supervisor})
         await self._close_watch()
+        await self._close_prober()
+        if self._connection_off is not None:
+            self._connection_off()
+            self._connection_off = None
         if self.state is not MemberState.STOPPED:
             self._transition(MemberState.STOPPED)
+
+    def health(self) -> list[str]:
+        """What keeps this instance from doing its job (empty when healthy): a runtime that
+        stopped by itself, a dead config watch, a release stuck on a handler that does not
+        return."""
+        problems = []
+        sup = self._supervisor
+        if sup is not None and sup.done() and not (self._stopping or self._deleted):
+            problems.append(f"member runtime stopped: {self.stop_reason or 'unknown'}")
+        if self._supervisor is not None and not self._stopping and (
+                self._watcher is None or self._watcher.done()):
+            problems.append("group config watch is not running")
+        since = self._stepping_since
+        limit = self.settings.drain_timeout + 2 * self.settings.retry_interval
+        if since is not None and self._clock() - since > limit:
+            gen = self._gen
+            threads = (gen.dispatcher.running_threads
+                       if gen is not None and gen.dispatcher is not None else 0)
+            problems.append(f"release stuck for {self._clock() - since:.0f}s: "
+                            f"{threads} sync handler(s) have not returned")
+        return problems
+
+    async def _refuse_duplicate_id(self) -> None:
+        """Two processes with one instance id would both pass for the active instance (their
+        consumers' configs would be identical): ask whether someone answers for it."""
+        answer = await probe(self.js.nc, presence_subject(self._key, self.instance_id),
+                             self._probe_timeout)
+        if answer.presence is Presence.ALIVE:
+            raise InstanceIdInUse(
+                f"instance id {self.instance_id!r} is already used by a running instance of "
+                f"group {self.stream}/{self.group} (state {answer.state or 'unknown'}); give "
+                "each process its own id, or none (a random one is chosen)")
+
+    @property
+    def _probe_timeout(self) -> float:
+        return max(0.25, 4 * self.settings.presence_interval)
 
     async def wait_stopped(self) -> str:
         """Wait until the instance stopped by itself (group deleted) or by stop()."""
@@ -362,7 +466,25 @@ class Member:
                     self._first_config.set_exception(exc)
                     return
                 self._log.warning("config watch failed; retrying", error=str(exc))
+            except Exception as exc:  # noqa: BLE001 - a bug or an untranslated error
+                # Never die silently: a member that stops following its group would miss
+                # membership changes and the group's deletion.
+                self.stats["watch_failures"] += 1
+                self._log.error("config watch failed unexpectedly; retrying", error=repr(exc))
+                if not self._first_config.done():
+                    self._first_config.set_exception(exc)
+                    return
             await self._sleep(self.settings.retry_interval)
+
+    def _watch_ended(self, task: asyncio.Task[None]) -> None:
+        """The config watch must run as long as the member does: restart it if it ended."""
+        if self._stopping or self._deleted or task.cancelled() or self._watcher is not task:
+            return
+        self.stats["watch_failures"] += 1
+        self._log.error("config watch ended unexpectedly; restarting",
+                        error=repr(task.exception()))
+        self._watcher = asyncio.create_task(self._watch_config(), name="cgroupd-watch")
+        self._watcher.add_done_callback(self._watch_ended)
 
     def _apply_record(self, record: Record, decode: Callable[[bytes], GroupConfig]) -> None:
         if record.value is None:
@@ -456,6 +578,7 @@ class Member:
                 assert self.config is not None
                 partitions = member_partitions(self.config, self.member)
                 if not partitions:
+                    self._wake.clear()  # just evaluated: wait for the next change
                     await self._wait_wake(self.settings.retry_interval * 5)
                     delay = 0.0
                     continue
@@ -465,7 +588,7 @@ class Member:
                     # Right after a membership change the partitions we want are being
                     # released by their previous owners: look again soon.
                     soon = self._clock() < self._changed_at + 5.0
-                    await self._wait_wake(0.1 if soon else self.settings.retry_interval)
+                    await self._stand_by(0.1 if soon else self.settings.retry_interval)
                     delay = 0.0
                     continue
                 why = await self._run_active(gen)
@@ -489,8 +612,7 @@ class Member:
         if not interruptible:
             await self._sleep(timeout)
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout)
+        await self._wake.nap(timeout)
 
     # -- election -------------------------------------------------------------------
     def _consumer_config(self, filters: list[str], **extra: Any) -> dict[str, Any]:
@@ -512,20 +634,35 @@ class Member:
         if self.settings.exclusivity is Exclusivity.PINNED:
             return await self._acquire_pinned(partitions)
         s = self.settings
+        watch = self._watch
+        if (watch is not None and watch.replaceable(self._clock(), s.lease, s.takeover_margin)
+                and not await self._unseat(watch)):
+            return None
         inactive = int(s.inactive_threshold * 1e9)
-        instance_meta = {MEMBER_KEY: self.member, INSTANCE_KEY: self.instance_id}
+        instance_meta = {MEMBER_KEY: self.member, INSTANCE_KEY: self.instance_id,
+                         TOKEN_KEY: self._token}
         sync_cfg = self._consumer_config(sync_filters(partitions), inactive_threshold=inactive,
                                          metadata=instance_meta, max_ack_pending=1)
+        sent = self._clock()
         try:
             await self.js.create_consumer(self._consume_stream, self.sync_consumer, sync_cfg)
         except ApiError as exc:
-            if exc.err_code not in (jsapi.ERR_CONSUMER_EXISTS, jsapi.ERR_WQ_NOT_UNIQUE):
+            if exc.err_code == jsapi.ERR_CONSUMER_EXISTS:
+                if self._watch is None:
+                    await self._learn_owner()
+            elif exc.err_code != jsapi.ERR_WQ_NOT_UNIQUE:
                 self._log.warning("sync consumer create failed", error=str(exc))
             return None
         except CgroupdError as exc:
             self._log.warning("sync consumer create failed", error=str(exc))
             return None
+        self._watch = None
+        await self._close_prober()
         gen = self._gen = self._generation(partitions)
+        # Any ownership check the previous holder sent after this point fails: its lease
+        # has run out a lease from now (see _reclaim_abandoned).
+        gen.claimed_at = self._clock()
+        gen.lease.renew(sent)
         # We hold the election from here on: keep the sync consumer alive while waiting
         # for the previous owner's data consumer to go (10100). A live previous owner
         # (draining after a step-down) is never robbed; an abandoned one is reclaimed.
@@ -539,6 +676,107 @@ class Member:
             return None
         return gen
 
+    # -- standing by (sync exclusivity) ---------------------------------------------
+    async def _learn_owner(self) -> None:
+        """Read who holds the member's synchronization consumer, to watch it."""
+        try:
+            info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
+        except CgroupdError as exc:
+            self._log.info("could not read the sync consumer's holder", error=str(exc))
+            return
+        meta = ((info or {}).get("config") or {}).get("metadata") or {}
+        owner = meta.get(INSTANCE_KEY)
+        if info is None or not owner or meta.get(HOLDER_KEY):
+            # Gone already, or not a member instance (a Spark query's lease, which answers
+            # no probe): nothing to watch; it ends by itself.
+            self._watch = None
+            return
+        if owner == self.instance_id:
+            if meta.get(TOKEN_KEY) != self._token:
+                raise InstanceIdInUse(
+                    f"another process holds member {self.member} of {self.stream}/"
+                    f"{self.group} under this instance id ({self.instance_id!r}); give each "
+                    "process its own id")
+            # Ours, from an earlier period that could not delete it: drop it and compete.
+            with contextlib.suppress(CgroupdError):
+                await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
+            self._watch = None
+            return
+        if self._watch is None or self._watch.instance != owner:
+            self._watch = OwnerWatch(owner, heard=self._clock())
+
+    async def _stand_by(self, timeout: float) -> None:
+        """Wait up to ``timeout`` (a wake ends it early) while watching the active
+        instance: return at once when it is gone, idle, or silent for ``lease +
+        takeover_margin``, so that the next attempt replaces it."""
+        watch, s = self._watch, self.settings
+        if watch is None or s.exclusivity is not Exclusivity.SYNC:
+            await self._close_prober()
+            await self._wait_wake(timeout)
+            return
+        prober = self._prober
+        if prober is None or prober.watch is not watch:
+            await self._close_prober()
+            prober = self._prober = Prober(self.js.nc, presence_subject(
+                self._key, watch.instance), watch, self._clock, self._wake.set)
+        deadline = self._clock() + timeout
+        while not self._wake.is_set():
+            await prober.send()
+            # A "no responders" answer, an advisory or a config change wakes us at once.
+            await self._wait_wake(s.presence_interval)
+            now = self._clock()
+            if self._watch is not watch or watch.replaceable(now, s.lease, s.takeover_margin):
+                return
+            if now >= deadline:
+                return
+
+    async def _close_prober(self) -> None:
+        if self._prober is not None:
+            await self._prober.close()
+            self._prober = None
+
+    async def _unseat(self, watch: OwnerWatch) -> bool:
+        """Delete the synchronization consumer of an active instance that is gone, idle, or
+        silent for too long (if it still holds it); True: competing may go on."""
+        s = self.settings
+        if not watch.gone:
+            # One last question before taking over from a silent or idle instance.
+            answer = await probe(self.js.nc, presence_subject(self._key, watch.instance),
+                                 self._probe_timeout)
+            watch.update(answer, self._clock())
+            if not watch.replaceable(self._clock(), s.lease, s.takeover_margin):
+                return False
+            # Other standbys decided at about the same time: spread them out, so that one
+            # is first and the others see it below (no such wait after a crash: speed).
+            await self._sleep(random.uniform(0, 2 * s.presence_interval))
+        # Read the holder right before deleting (another standby may have been quicker).
+        try:
+            info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
+        except CgroupdError as exc:
+            self._log.info("could not read the sync consumer's holder", error=str(exc))
+            return False
+        meta = ((info or {}).get("config") or {}).get("metadata") or {}
+        if info is None or meta.get(INSTANCE_KEY) != watch.instance:
+            self._watch = None  # released meanwhile, or someone else holds it now
+            return True
+        why = "gone" if watch.gone else "idle" if watch.idle else "silent"
+        silent = self._clock() - watch.heard
+        self._log.warning("taking over from the active instance", active=watch.instance,
+                          why=why, silent_for=round(silent, 3))
+        self.stats["takeovers"] += 1
+        try:
+            await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
+            if watch.gone:
+                # Dead: its data consumer can go now too (saves the successor a round of
+                # "overlapping consumer" and presence checks; extra ones are reclaimed).
+                await self.js.delete_consumer(self._consume_stream,
+                                              f"{self.member}-{watch.instance}")
+        except CgroupdError as exc:
+            self._log.warning("could not delete the old owner's consumers", error=str(exc))
+            return False
+        self._watch = None
+        return True
+
     async def _add_data_consumer(self, gen: Generation, name: str,
                                  partitions: tuple[int, ...]) -> None:
         """Create a data consumer for ``partitions`` and pull from it.
@@ -549,8 +787,10 @@ class Member:
         s = self.settings
         config = self._consumer_config(
             partition_filters(partitions), inactive_threshold=int(s.inactive_threshold * 1e9),
-            metadata={MEMBER_KEY: self.member, INSTANCE_KEY: self.instance_id})
-        deadline = self._clock() + s.drain_timeout + 2 * s.retry_interval
+            metadata={MEMBER_KEY: self.member, INSTANCE_KEY: self.instance_id,
+                      TOKEN_KEY: self._token})
+        # Long enough for the previous owner to drain, or its lease to run out.
+        deadline = self._clock() + max(s.drain_timeout, s.lease) + 2 * s.retry_interval
         while True:
             try:
                 await self.js.create_consumer(self._consume_stream, name, config)
@@ -673,6 +913,9 @@ class Member:
                 except ApiError as exc:
                     if exc.err_code != jsapi.ERR_WQ_NOT_UNIQUE or self._clock() > deadline:
                         raise
+                # Still claimed: by a previous owner finishing (wait), or by a dead one
+                # whose claim nobody will release (reclaimed at once).
+                await self._reclaim_released(gen, set(gained))
                 await self._sleep(0.05)
             # Claimed: the previous owners are done with them, but an abandoned data
             # consumer may still hold them; only then pause for the swap.
@@ -718,13 +961,14 @@ class Member:
             dispatcher.resume()
 
     async def _reclaim_released(self, gen: Generation, partitions: set[int]) -> bool:
-        """Data consumers of *other* members that still hold partitions we now own, whose
-        instance is gone (issue 13 item 12): a member killed and then dropped leaves one
-        that the server keeps for its unacknowledged messages' ack wait. The sync consumer
-        is ours, so only an abandoned one can be in the way: one whose instance the server
-        says is gone is deleted, any other (a live previous owner still finishing) waited
-        for. True when none is left."""
-        wanted = set(partition_filters(sorted(partitions)))
+        """Consumers of *other* members that still hold partitions we now own, whose
+        instance is gone (issue 13 item 12): a member killed and then dropped leaves its
+        synchronization consumer (until the server's inactive threshold) and its data
+        consumer (kept for its unacknowledged messages' ack wait). One whose instance the
+        server says is gone is deleted; any other (a live previous owner still finishing,
+        a Spark query's lease) is waited for. True when none is left."""
+        wanted = set(partition_filters(sorted(partitions))) | set(
+            sync_filters(sorted(partitions)))
         free = True
         try:
             for info in await self.js.list_consumers(self._consume_stream):
@@ -732,12 +976,17 @@ class Member:
                 meta = config.get("metadata") or {}
                 owner, name = meta.get(INSTANCE_KEY), info.get("name", "")
                 filters = set(config.get("filter_subjects") or [config.get("filter_subject")])
-                if name in gen.data or not filters & wanted:
+                if name in gen.data or name == self.sync_consumer or not filters & wanted:
+                    continue
+                if meta.get(HOLDER_KEY):
+                    free = False  # a lease held by something other than a member: it ends
                     continue
                 # Only an instance the server says is gone (no responders): one slow to
                 # answer under load may be alive and finishing.
-                alive = await self._presence(owner) if owner else None
-                if owner and alive is False and not gen.ended.done():
+                answer = await probe(self.js.nc, presence_subject(self._key, owner),
+                                     self._probe_timeout) if owner else None
+                gone = answer is not None and answer.presence is Presence.GONE
+                if gone and not gen.ended.done():
                     self._log.warning("reclaiming a released member's abandoned data "
                                       "consumer", consumer=name, instance=owner)
                     await self.js.delete_consumer(self._consume_stream, name)
@@ -979,7 +1228,8 @@ class Member:
         except (nats.errors.Error, TimeoutError) as exc:
             self._log.info("acks not confirmed", error=repr(exc))
             return False
-        return not (reply.headers or {}).get("Status")
+        status = jsapi.server_status(reply)
+        return status is None or status.code == "200"
 
     async def _update_config(self, name: str, filters: list[str],
                              metadata: dict[str, str] | None = None) -> dict[str, Any]:
@@ -1000,36 +1250,22 @@ class Member:
                            error=str(exc))
             raise
 
-    async def _acks_applied(self, name: str, unsettled: int = 0,
-                            timeout: float | None = None) -> bool:
-        """Wait (bounded) until the server has applied our acks on consumer ``name`` (at
-        most ``unsettled`` messages left unacknowledged), so deleting it cannot hand an
-        already-processed message to the next owner."""
-        deadline = self._clock() + (self.settings.drain_timeout if timeout is None
-                                    else timeout)
-        while True:
-            info = await self.js.consumer_info(self._consume_stream, name)
-            if info is None or int(info.get("num_ack_pending", 0)) <= unsettled:
-                return True
-            if self._clock() > deadline:
-                return False
-            await self._sleep(0.005)
-
     async def _update_filters(self, name: str, filters: list[str]) -> dict[str, Any]:
         """Change the filters of one of our consumers in place (consumer update); the
         consumer info it answers with."""
         return await self._update_config(name, filters)
 
     async def _reclaim_abandoned(self, gen: Generation) -> bool:
-        """Delete data consumers of this member whose instance is gone.
+        """Delete data consumers of this member whose instance cannot be using them.
 
         The server keeps a consumer holding unacknowledged messages until their ack wait
         runs out, so a crashed owner would block its successor for ``ack_wait``. Every
-        instance answers on its presence subject; the server itself says "no responders"
-        when the instance's connection is gone, and its consumer is deleted (its unacked
-        messages go to us). One that does not answer in time and has no pull waiting is
-        suspended or cut off and is treated the same. A live owner draining after a
-        step-down answers, and is left alone.
+        instance answers on its presence subject, with its state; the server itself says
+        "no responders" when the instance's connection is gone. Reclaimed (see
+        :func:`cgroupd.lease.may_reclaim`): a gone instance's consumer at once; a silent
+        one's once we have held the sync consumer for a whole lease (its lease has run out
+        by then); one that answers it is no longer active. A live owner still draining
+        answers, and is left alone: it deletes its consumer itself.
         """
         mine = set(gen.data) | {self.sync_consumer}
         reclaimed = False
@@ -1040,34 +1276,37 @@ class Member:
                 if name in mine or meta.get(MEMBER_KEY) != self.member or not owner \
                         or name == self.sync_consumer:
                     continue
-                alive = await self._presence(owner)
-                # Gone for the server, or neither answering nor pulling (suspended, cut
-                # off): its consumer would otherwise hold our messages for the ack wait.
-                silent = alive is None and int(info.get("num_waiting", 0)) == 0
-                if (alive is False or silent) and not gen.ended.done():
+                answer = await probe(self.js.nc, presence_subject(self._key, owner),
+                                     self._probe_timeout)
+                held = self._clock() - gen.claimed_at
+                if may_reclaim(answer, held, self.settings.lease) and not gen.ended.done():
                     self._log.warning("reclaiming abandoned data consumer", consumer=name,
-                                      instance=owner)
+                                      instance=owner, presence=answer.presence.value,
+                                      state=answer.state or None)
                     reclaimed |= await self.js.delete_consumer(self._consume_stream, name)
         except CgroupdError as exc:
             self._log.warning("could not inspect previous owner's consumer", error=str(exc))
         return reclaimed
 
-    async def _presence(self, instance: str) -> bool | None:
-        """True if ``instance`` answers, False if the server knows it is gone, None if
-        it did not answer in time (suspended, partitioned: alive as far as we know)."""
-        try:
-            await self.js.nc.request(presence_subject(self._key, instance), b"",
-                                     timeout=self.settings.heartbeat)
-        except nats.errors.NoRespondersError:
-            return False
-        except (nats.errors.TimeoutError, nats.errors.Error):
-            return None
-        return True
-
     async def _answer_presence(self, msg: Msg) -> None:
         if msg.reply:
+            state = self.state.value
+            if self.state is MemberState.STANDBY and self._gen is not None:
+                state = "claiming"  # holds the claim, creating its data consumer
             with contextlib.suppress(Exception):
-                await self.js.nc.publish(msg.reply, self.instance_id.encode())
+                await self.js.nc.publish(msg.reply, f"{self.instance_id} {state}".encode())
+
+    def _connection_lost(self) -> None:
+        """Checks sent before a disconnection prove nothing: start nothing until a new one
+        (sync exclusivity; a standby may take over meanwhile)."""
+        gen = self._gen
+        if gen is not None:
+            gen.lease.revoke()
+
+    def _connection_back(self) -> None:
+        gen = self._gen
+        if gen is not None and gen.dispatcher is not None:
+            gen.dispatcher.connection_back()
 
     async def _acquire_pinned(self, partitions: tuple[int, ...]) -> Generation | None:
         """Pinned mode: ensure the shared member consumer exists, pull until pinned.
@@ -1124,7 +1363,7 @@ class Member:
         gen = self._gen = self._generation(partitions)
         if self._stopping or self._deleted:  # stop() came while we were creating it
             gen.end(StepDown.STOPPING)
-        gen.lease = PinLease(s.pinned_ttl, self._clock)
+        gen.pin_lease = PinLease(s.pinned_ttl, self._clock)
         assert gen.dispatcher is not None
         gen.dispatcher.pause()
         pinned = asyncio.get_running_loop().create_future()
@@ -1140,14 +1379,15 @@ class Member:
 
     def _generation(self, partitions: tuple[int, ...]) -> Generation:
         s = self.settings
-        gen = Generation(partitions)
+        gen = Generation(partitions, lease=Lease(s.lease, self._clock))
         pinned = s.exclusivity is Exclusivity.PINNED
         gen.dispatcher = Dispatcher(
             self.js.nc, self.handler, ordering=s.ordering, max_in_flight=s.max_in_flight,
             ack_wait=s.ack_wait, backoff=s.backoff,
             key_of=key_function(s.key, self.config), before_start=lambda: self._fence(gen),
             on_settled=lambda: self._refill(gen), log=self._log, stats=self.stats,
-            guard=_PinnedAcks(self, gen) if pinned else None)
+            guard=_PinnedAcks(self, gen) if pinned else None,
+            hand_back_on_close=pinned, completed=self._completed)
         gen.dispatcher.accept = set(partitions)
         if pinned and self.static:
             gen.dispatcher.ack_not_owned = True
@@ -1200,8 +1440,7 @@ class Member:
         if self.on_active is not None:
             await self._callback(self.on_active, gen.partitions)
         if self.settings.exclusivity is Exclusivity.SYNC:
-            self._last_tick = self._clock()
-            for work in (self._rebalance_loop, self._verify_loop, self._watch_clock):
+            for work in (self._rebalance_loop, self._verify_loop):
                 self._spawn(gen, work(gen), work.__name__)
         else:
             self._spawn(gen, self._hold_pin(gen), "_hold_pin")
@@ -1210,7 +1449,11 @@ class Member:
         why, detail = await gen.ended
         self._transition(MemberState.STEPPING_DOWN, reason=why.value, detail=detail)
         self.stats["step_downs"] += why is not StepDown.STOPPING
-        await self._release(gen)
+        self._stepping_since = self._clock()
+        try:
+            await self._release(gen)
+        finally:
+            self._stepping_since = None
         self._gen = None
         self.partitions = ()
         self._transition(MemberState.STOPPED if self._stopping or self._deleted
@@ -1236,6 +1479,8 @@ class Member:
     async def _release(self, gen: Generation) -> None:
         """Stop taking messages, let running handlers finish (bounded), drop consumers."""
         gen.end(StepDown.STOPPING)
+        if gen.verifying is not None:
+            gen.verifying.cancel()
         for task in gen.tasks:
             task.cancel()
         for task in gen.tasks:
@@ -1244,22 +1489,60 @@ class Member:
         if self.settings.exclusivity is Exclusivity.PINNED:
             await self._release_pinned(gen)
             return
+        # Our own data consumers: ask for nothing more while handlers finish (what still
+        # arrives stays unacknowledged, for the next owner).
+        for puller in gen.pullers:
+            if puller.delivers:
+                await puller.pause()
         if gen.dispatcher is not None:
             await gen.dispatcher.drain(self.settings.drain_timeout)
+        await self._release_sync(gen)
+
+    async def _release_sync(self, gen: Generation) -> None:
+        """Sync exclusivity, once no handler runs any more: confirm our settlements, drop
+        our data consumers (never skipped silently), then our claim if it is still ours."""
+        # Settlements first: once the server confirmed them, deleting a data consumer
+        # cannot hand a message we finished to the next owner.
+        if gen.dispatcher is not None and gen.dispatcher.unconfirmed:
+            deadline = self._clock() + 2 * jsapi.API_TIMEOUT
+            while not await gen.dispatcher.confirm():
+                if self._clock() > deadline:
+                    self._log.warning("settlements not confirmed before release; the next "
+                                      "owner may run those messages again",
+                                      count=gen.dispatcher.unconfirmed)
+                    break
+                await self._sleep(0.05)
+        claims = [p for p in gen.pullers if not p.delivers]
         for puller in gen.pullers:
-            await puller.stop()
-        # Data consumer first: its unacked messages become available to the next owner,
-        # who can only create its data consumer once ours is gone. Acks are applied by
-        # the server asynchronously: wait for ours, or the next owner would get (and
-        # process again) messages we finished.
-        unsettled = gen.dispatcher.holding if gen.dispatcher is not None else 0
-        for name in gen.data:
-            with contextlib.suppress(CgroupdError):
-                await self._acks_applied(name, unsettled, timeout=1.0)
-                await self.js.delete_consumer(self._consume_stream, name)
-        if await self._sync_is_ours():
+            if puller.delivers:
+                await puller.stop()
+        # Data consumers first: their unacked messages become available to the next owner,
+        # who can only create its data consumer once ours are gone.
+        for name in list(gen.data):
+            await self._delete_own(name)
+        # The claim: only if nothing says it went to someone else. Our sync puller would
+        # have been told of its deletion, and the info must still name this process.
+        intact = (gen.ended.result()[0] is not StepDown.SYNC_LOST
+                  and not any(p.ended.done() for p in claims))
+        if intact and await self._sync_is_ours() and not any(p.ended.done() for p in claims):
             with contextlib.suppress(CgroupdError):
                 await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
+        for puller in claims:
+            await puller.stop()
+
+    async def _delete_own(self, name: str, attempts: int = 3) -> None:
+        """Delete one of our consumers, retrying; say so loudly if it cannot be done (the
+        next owner then reclaims it: we answer that we are no longer active)."""
+        for attempt in range(attempts):
+            try:
+                await self.js.delete_consumer(self._consume_stream, name)
+                return
+            except CgroupdError as exc:
+                if attempt + 1 == attempts:
+                    self._log.error("could not delete our data consumer", consumer=name,
+                                    error=str(exc))
+                    return
+            await self._sleep(0.1 * (attempt + 1))
 
     async def _release_pinned(self, gen: Generation) -> None:
         """Pinned mode: the member consumer is shared by every instance and outlives us.
@@ -1276,7 +1559,7 @@ class Member:
             await gen.dispatcher.drain(s.drain_timeout, hold_late=True)
         asked = self._clock()
         unpinned = await self._unpin(gen)
-        lease = gen.lease
+        lease = gen.pin_lease
         safe_until = asked + s.pinned_ttl - (lease.margin if lease is not None else 0.0)
         if unpinned and gen.dispatcher is not None and self._clock() < safe_until:
             back = await gen.dispatcher.hand_back()
@@ -1292,7 +1575,7 @@ class Member:
         """Give up the pin at once so the server picks a standby without waiting for the
         pinned TTL; only while the pin is provably ours: unpinning after losing it would
         unpin the new holder (issue 13)."""
-        lease = gen.lease
+        lease = gen.pin_lease
         if lease is None or lease.lost or not gen.ended.done() \
                 or gen.ended.result()[0] is StepDown.PIN_LOST:
             return False
@@ -1328,7 +1611,7 @@ class Member:
     async def _renew_once(self, gen: Generation) -> bool:
         """A pull carrying our pin id, a round trip proving the server read it, then the
         consumer info showing our pin id still (see :mod:`cgroupd.pinning`)."""
-        lease = gen.lease
+        lease = gen.pin_lease
         puller = next((p for p in gen.pullers if p.delivers), None)
         if lease is None or lease.lost or puller is None:
             return False
@@ -1493,26 +1776,32 @@ class Member:
         except CgroupdError:
             return False
         meta = ((info or {}).get("config") or {}).get("metadata") or {}
-        return bool(meta.get(INSTANCE_KEY) == self.instance_id)
+        return bool(meta.get(INSTANCE_KEY) == self.instance_id
+                    and meta.get(TOKEN_KEY) == self._token)
 
     async def _verify_loop(self, gen: Generation) -> None:
-        """ADR: the active instance checks its consumers still exist and name it.
+        """ADR: the active instance checks its consumers still exist and name it; each
+        confirmed check renews its lease.
 
         It also notices a data consumer that starves us, at three checks in a row: the
         server holds messages for it, none is unacknowledged and we hold none (a
         nats-server killed with SIGKILL can come back with consumer state that no longer
         matches its stream), or the server counts more unacknowledged deliveries than we
-        hold (a delivery lost in a reconnect). A new data consumer starts cleanly from
-        what the work-queue stream still holds.
+        hold or nak'ed with a delay still to run out (a delivery lost in a reconnect). A new
+        data consumer starts cleanly from what the work-queue stream still holds.
         """
         starved = received = 0
         while not gen.ended.done():
             await self._sleep(self.settings.retry_interval)
             gen.data_info = None
-            if not await self._verify(gen) or gen.data_info is None:
+            if await self._check(gen) is not True or gen.data_info is None:
                 continue
             info = gen.data_info
-            holding = gen.dispatcher.holding if gen.dispatcher is not None else 0
+            dispatcher = gen.dispatcher
+            holding = dispatcher.holding if dispatcher is not None else 0
+            # A message nak'ed with a delay stays unacknowledged on the server until it is
+            # redelivered, while we hold nothing of it: not a lost delivery (item 10).
+            delayed = dispatcher.delayed() if dispatcher is not None else 0
             unacked = int(info.get("num_ack_pending", 0))
             waiting = int(info.get("num_pending", 0)) > 0
             quiet = gen.received == received and holding == 0
@@ -1520,7 +1809,7 @@ class Member:
             # comes; or, with nothing arriving and nothing held, the server still counts
             # deliveries unacknowledged (lost in a reconnect): they would sit out their
             # ack wait.
-            if (waiting and unacked == 0 and holding == 0) or (quiet and unacked > 0):
+            if (waiting and unacked == 0 and holding == 0) or (quiet and unacked > delayed):
                 starved += 1
             else:
                 starved = 0
@@ -1528,7 +1817,18 @@ class Member:
             if starved >= 3:
                 gen.end(StepDown.STALLED, "data consumer stopped delivering pending messages")
 
-    async def _verify(self, gen: Generation) -> bool:
+    async def _check(self, gen: Generation) -> bool | None:
+        """One self-check at a time per generation, shared by everyone who asks (a
+        generation whose lease ran out has every handler slot waiting for it)."""
+        task = gen.verifying
+        if task is None or task.done():
+            task = gen.verifying = asyncio.ensure_future(self._verify(gen))
+        return await asyncio.shield(task)
+
+    async def _verify(self, gen: Generation) -> bool | None:
+        """Do we still own the member? True (and the lease renewed from when the check was
+        sent), False (the generation ends), None (no answer: the lease runs out meanwhile)."""
+        sent = self._clock()
         names = list(gen.data)
         try:
             sync = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
@@ -1536,9 +1836,10 @@ class Member:
                     for name in names]
         except CgroupdError as exc:
             self._log.warning("self-check could not reach the server", error=str(exc))
-            return True  # unknown: the pull watchdog and inactivity decide
+            return None
         meta = ((sync or {}).get("config") or {}).get("metadata") or {}
-        if sync is None or meta.get(INSTANCE_KEY) != self.instance_id:
+        if sync is None or meta.get(INSTANCE_KEY) != self.instance_id \
+                or meta.get(TOKEN_KEY) != self._token:
             gen.end(StepDown.SYNC_LOST, "sync consumer missing or owned by another instance")
             return False
         # A consumer a rebalance replaced meanwhile is not missing.
@@ -1550,18 +1851,8 @@ class Member:
         gen.data_info = {
             key: sum(int((info or {}).get(key, 0)) for info in data)
             for key in ("num_pending", "num_ack_pending")}
+        gen.lease.renew(sent)
         return True
-
-    async def _watch_clock(self, gen: Generation) -> None:
-        """Notice when this process did not run for a while (SIGSTOP, a starved loop)."""
-        fence = self.settings.inactive_threshold / 2
-        while True:
-            before = self._clock()
-            await asyncio.sleep(fence / 4)
-            now = self._clock()
-            if now - before > fence:
-                gen.suspect = True
-            self._last_tick = now
 
     async def _refill(self, gen: Generation) -> None:
         """A handler slot freed up: let the data pullers ask for more."""
@@ -1570,22 +1861,30 @@ class Member:
                 await puller.refill()
 
     async def _fence(self, gen: Generation) -> bool:
-        """Before a handler starts: if we were not running for a while, another instance
-        may own our partitions by now; check before touching another message. Pinned
-        mode: only within the lease on the pin (renewed here if it ran out)."""
+        """Before a handler starts (or a failed one is retried): may this instance still
+        touch its messages? Sync mode: only under a running lease. Pinned mode: only
+        within the lease on the pin (renewed here if it ran out)."""
         if self.settings.exclusivity is Exclusivity.PINNED:
-            lease = gen.lease
+            lease = gen.pin_lease
             if lease is None or (not lease.valid and not await self._renew(gen)):
                 gen.end(StepDown.PIN_LOST, "cannot prove the pin is still ours")
                 return False
             return not gen.ended.done()
-        fence = self.settings.inactive_threshold / 2
-        if self.settings.exclusivity is Exclusivity.SYNC and (
-                gen.suspect or self._clock() - self._last_tick > fence):
-            if not await self._verify(gen):
-                return False
-            gen.suspect = False
+        if self.settings.exclusivity is Exclusivity.SYNC:
+            return await self._hold_lease(gen)
         return not gen.ended.done()
+
+    async def _hold_lease(self, gen: Generation) -> bool:
+        """Sync exclusivity: start only under a running lease. Once it has run out (cut
+        off, stalled, disconnected), wait until a self-check confirms we still own the
+        member (True) or shows we do not (False: the generation has ended)."""
+        while not gen.ended.done():
+            if gen.lease.valid and self.js.connected:
+                return True
+            self.stats["lease_checks"] += 1
+            if await self._check(gen) is None:
+                await self._sleep(min(0.1, self.settings.retry_interval))
+        return False
 
     async def _callback(self, cb: Callable[..., Awaitable[None] | None], arg: Any) -> None:
         try:

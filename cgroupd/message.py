@@ -4,6 +4,13 @@ Acks are sent on the JetStream reply subject of the delivery, so they reach the 
 consumer that delivered the message: after a takeover that consumer is gone and
 ``double_ack`` raises :class:`~cgroupd.errors.AckNotConfirmed`, which is what the ADR's
 exactly-once pattern relies on.
+
+``double_ack`` tells "not applied" from "unknown" (issue 13 item 8). When no reply comes,
+it asks again: a consumer applies the acks it receives in order, so a confirmed repeat
+proves the ack applied. When the consumer turns out to be gone, it looks the message up in
+the work-queue stream: still stored means the ack was not applied (and never will be: the
+consumer it was addressed to no longer exists); gone means either our ack deleted it or the
+next owner processed it, which nobody can tell apart: :class:`AckOutcomeUnknown`.
 """
 
 from __future__ import annotations
@@ -12,15 +19,18 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from cgroupd import jsapi
-from cgroupd.errors import AckNotConfirmed, AckOutcomeUnknown
+from cgroupd.errors import AckNotConfirmed, AckOutcomeUnknown, CgroupdError
 from cgroupd.partitions import strip_partition
+
+#: Requests a ``double_ack`` sends at most when replies do not come.
+ACK_ATTEMPTS = 2
 
 
 class AckGuard(Protocol):
@@ -56,6 +66,16 @@ class Message:
     _nc: Client = field(repr=False)
     _reply: str = field(repr=False)
     outcome: Outcome | None = None
+    #: The stream and consumer that delivered it (from the delivery's reply subject).
+    stream: str = ""
+    consumer: str = ""
+    #: The settlement sent (``+ACK``, ``+TERM ...``), and whether the server confirmed it.
+    settlement: bytes = field(default=b"", repr=False)
+    confirmed: bool = False
+    #: A ``double_ack`` raised: the handler was told the ack did not go through.
+    ack_failed: bool = False
+    #: Seconds a ``nak`` asked the server to wait before redelivering (None: at once).
+    nak_delay: float | None = None
     _guard: AckGuard | None = field(default=None, repr=False)
 
     @classmethod
@@ -72,6 +92,8 @@ class Message:
             delivery_count=meta.num_delivered,
             _nc=nc,
             _reply=msg.reply,
+            stream=meta.stream,
+            consumer=meta.consumer,
             _guard=guard,
         )
 
@@ -91,6 +113,7 @@ class Message:
             if self._guard is not None and outcome is not Outcome.NAK:
                 await self._guard.before_ack()
             self.outcome = outcome
+            self.settlement = payload
         await self._nc.publish(self._reply, payload)
 
     async def ack(self) -> None:
@@ -98,42 +121,99 @@ class Message:
         await self._send(b"+ACK", Outcome.ACK)
 
     async def double_ack(self, timeout: float = 2.0) -> None:
-        """Acknowledge and wait for the server to confirm it.
+        """Acknowledge and wait for the server to confirm that it applied the ack.
 
-        Raises AckNotConfirmed when the server does not confirm, for example because this
-        instance lost its data consumer to a takeover: roll back side effects then.
+        Returns once applied: commit side effects then. Raises
+        :class:`~cgroupd.errors.AckNotConfirmed` when the ack was not applied (this
+        instance lost its data consumer to a takeover: roll back), and its subclass
+        :class:`~cgroupd.errors.AckOutcomeUnknown` when no reply came and the outcome
+        cannot be known: the message is in doubt (see the error's documentation). Waits
+        up to ``timeout`` for each of at most :data:`ACK_ATTEMPTS` requests.
         """
         if self.outcome is not None and self.outcome is not Outcome.ACK:
+            self.ack_failed = True
             raise AckNotConfirmed(f"message already {self.outcome.value}ed")
-        if self._guard is not None:
-            await self._guard.before_ack()
         try:
-            reply = await self._nc.request(self._reply, b"+ACK", timeout=timeout)
-        except nats.errors.TimeoutError as exc:
-            # The ack may have been applied and only its reply lost (or late): in doubt.
+            if self._guard is not None:
+                await self._guard.before_ack()
+            await self._confirm(b"+ACK", timeout)
+            self.outcome = Outcome.ACK
+            self.settlement = b"+ACK"
+            self.confirmed = True
+            if self._guard is not None:
+                await self._guard.after_confirm()
+        except AckNotConfirmed:
+            self.ack_failed = True
+            raise
+
+    async def _confirm(self, payload: bytes, timeout: float) -> None:
+        seq = self.stream_sequence
+        last: BaseException | None = None
+        for _ in range(ACK_ATTEMPTS):
+            try:
+                reply = await self._nc.request(self._reply, payload, timeout=timeout)
+            except nats.errors.NoRespondersError as exc:
+                # Nobody listens for acks of this consumer: it is gone. An earlier attempt
+                # of ours reached the server before this one did (one connection, in
+                # order), so it was applied or dropped by now: the stream tells which.
+                if last is None:
+                    raise AckNotConfirmed(
+                        f"ack of stream sequence {seq} not applied: the consumer that "
+                        "delivered it is gone (another instance owns the partition now)"
+                    ) from exc
+                await self._after_consumer_gone(last)
+            except (nats.errors.TimeoutError, TimeoutError,
+                    nats.errors.ConnectionReconnectingError,
+                    nats.errors.ConnectionClosedError) as exc:
+                last = exc
+                continue
+            status = jsapi.server_status(reply)
+            if status is not None and status.code != "200":
+                raise AckNotConfirmed(f"server refused the ack of stream sequence {seq}: "
+                                      f"status {status.code} {status.description}".rstrip())
+            return
+        raise AckOutcomeUnknown(
+            f"ack of stream sequence {seq}: no reply to {ACK_ATTEMPTS} attempts ({last!r}); "
+            "it may or may not have been applied")
+
+    async def _after_consumer_gone(self, cause: BaseException) -> NoReturn:
+        """An unanswered ack, and its consumer is gone: applied or not?"""
+        seq = self.stream_sequence
+        try:
+            stored = await jsapi.message_stored(self._nc, self.stream, seq)
+        except (CgroupdError, nats.errors.Error) as exc:
             raise AckOutcomeUnknown(
-                f"ack of stream sequence {self.stream_sequence}: no reply ({exc!r}); it may "
-                "or may not have been applied") from exc
-        except nats.errors.NoRespondersError as exc:
+                f"ack of stream sequence {seq} unanswered ({cause!r}), its consumer is gone "
+                f"and the stream could not be asked: {exc}") from exc
+        if stored:
             raise AckNotConfirmed(
-                f"ack of stream sequence {self.stream_sequence} was not confirmed: {exc!r}"
-            ) from exc
-        except (nats.errors.ConnectionClosedError,
-                nats.errors.ConnectionReconnectingError) as exc:
-            raise AckNotConfirmed(f"not connected, ack not confirmed: {exc!r}") from exc
+                f"ack of stream sequence {seq} not applied: unanswered ({cause!r}), its "
+                "consumer is gone and the message is still in the stream")
+        raise AckOutcomeUnknown(
+            f"ack of stream sequence {seq} unanswered ({cause!r}) and its consumer is gone; "
+            "the message has left the stream, by this ack or by the next owner's")
+
+    async def confirm_settlement(self, timeout: float) -> bool | None:
+        """Send this message's settlement again and wait for the server's reply: True
+        once applied (with every settlement sent before it to the same consumer, which
+        applies them in order), False when the consumer is gone, None when no reply came."""
+        try:
+            reply = await self._nc.request(self._reply, self.settlement or b"+ACK",
+                                           timeout=timeout)
+        except nats.errors.NoRespondersError:
+            return False
+        except (nats.errors.Error, TimeoutError):
+            return None
         status = jsapi.server_status(reply)
-        if status is not None and status.code != "200":
-            raise AckNotConfirmed(f"server refused the ack: status {status.code} "
-                                  f"{status.description}".rstrip())
-        self.outcome = Outcome.ACK
-        if self._guard is not None:
-            await self._guard.after_confirm()
+        return None if status is not None and status.code != "200" else True
 
     async def nak(self, delay: float | None = None) -> None:
         """Ask for redelivery, after ``delay`` seconds if given."""
         payload = b"-NAK"
         if delay:
             payload += b" " + json.dumps({"delay": int(delay * 1e9)}).encode()
+            if self.outcome is None:
+                self.nak_delay = delay
         await self._send(payload, Outcome.NAK)
 
     async def term(self, reason: str = "") -> None:

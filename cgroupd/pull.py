@@ -18,14 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
-import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from cgroupd import jsapi
+from cgroupd import jsapi, logs
 
-log = structlog.get_logger("cgroupd.pull")
+log = logs.get_logger("cgroupd.pull")
 
 PENDING_MSGS = "Nats-Pending-Messages"
 #: Least byte budget of one pull request (see Puller._max_bytes).
@@ -108,6 +107,7 @@ class Puller:
         self._pulled_at = 0.0
         self._retiring = False
         self._hushed = False
+        self._paused = False
         self._quiet_until = 0.0
         self._last_delivery = 0
         self._task: asyncio.Task[None] | None = None
@@ -145,6 +145,23 @@ class Puller:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
             self._sub = None
+
+    async def pause(self) -> None:
+        """Ask for nothing more, but keep receiving what earlier requests bring (a member
+        that drains before releasing its own consumer: nothing new to start, and no naks
+        that the server would answer with the same message again at once)."""
+        self._paused = True
+        await self._end_task()
+
+    def reconnected(self) -> None:
+        """The connection was re-established: requests made before it are gone with the
+        old connection, so forget them and ask again now rather than after the
+        missed-heartbeat watchdog's timeout."""
+        self._pending = 0
+        self._pulled_at = 0.0
+        self._quiet_until = 0.0
+        self.last_seen = self._clock()
+        self._wake.set()
 
     async def retire(self, timeout: float) -> None:
         """Stop asking, but listen until the requests we made are answered (or timeout).
@@ -223,7 +240,7 @@ class Puller:
 
     async def refill(self) -> None:
         """Ask for more if there is room (the dispatcher calls this as messages settle)."""
-        if self._task is not None and not self._retiring:
+        if self._task is not None and not self._retiring and not self._paused:
             want = self._wanted()
             if want:
                 await self._pull(want)
@@ -243,10 +260,13 @@ class Puller:
                 # expiry plus the inactive threshold never costs us our consumers.
                 await self._pull(1)
             self._wake.clear()
+            # Not wait_for: on Python 3.11 it can swallow a cancellation that races with
+            # its timeout, and this loop would go on after stop() or pause().
+            waiter = asyncio.ensure_future(self._wake.wait())
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=opts.heartbeat)
-            except TimeoutError:
-                pass
+                await asyncio.wait({waiter}, timeout=opts.heartbeat)
+            finally:
+                waiter.cancel()
             if self._clock() - self.last_seen > quiet_limit:
                 # Missed heartbeats (ADR-37): the request is lost (server restart,
                 # reconnect, partition); forget it and ask again.

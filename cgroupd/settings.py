@@ -1,4 +1,5 @@
-"""Tunables of a member instance, with the defaults that give ~1 s crash failover.
+"""Tunables of a member instance: crash failover in a fraction of a second, stalls of a few
+seconds survived without a takeover.
 
 One unit everywhere: seconds as float. The CLI is the only place that reads argv or the
 environment; everything below it receives a :class:`MemberSettings`.
@@ -50,9 +51,27 @@ class MemberSettings:
     #: runs by ``in_progress``).
     ack_wait: float = 30.0
     #: Standby retry and active self-check period (the ADR uses 5 s; we react faster).
+    #: Each successful self-check renews the active instance's lease.
     retry_interval: float = 1.0
-    #: The server deletes a consumer nobody pulled on for this long: the crash detector.
-    inactive_threshold: float = 0.5
+    #: How long the active instance may start handlers after sending its last ownership
+    #: check the server confirmed. Once it has run out (cut off from the server, event loop
+    #: stalled) the instance starts no handler and retries none until a new check confirms
+    #: it still owns its consumers. Sync exclusivity.
+    lease: float = 3.0
+    #: A standby replaces an active instance that is alive but silent (no answer, but no
+    #: "no responders" either: host or network loss, a stall) once it has not heard from it
+    #: for ``lease + takeover_margin``; it takes that instance's data consumers another
+    #: ``lease`` later, when the silent instance has certainly stopped starting work. A
+    #: stall shorter than ``lease + takeover_margin`` never causes a takeover.
+    takeover_margin: float = 1.0
+    #: How often a standby asks the active instance whether it is alive. An instance that
+    #: died (its connection closed: the server answers "no responders") is replaced at once.
+    presence_interval: float = 0.125
+    #: The server deletes a consumer nobody pulled on for this long. Not the crash detector
+    #: (standbys probe presence): it cleans up after instances that had no standby, and is
+    #: long enough that a stall the lease survives never costs the owner its consumers
+    #: (at least ``lease + takeover_margin + pull_expires``).
+    inactive_threshold: float = 10.0
     #: Lifetime of one pull request, and the server's idle heartbeat within it.
     pull_expires: float = 1.0
     heartbeat: float = 0.25
@@ -61,8 +80,11 @@ class MemberSettings:
     #: Transition delays on a membership change (ADR "Transitioning").
     transition_delay: float = 0.5
     transition_jitter: float = 0.1
-    #: How long a stopping or stepping-down instance lets running handlers finish.
-    drain_timeout: float = 5.0
+    #: How long a stopping or stepping-down instance lets running handlers finish before
+    #: cancelling async ones. Its consumers are released only once no handler runs any more
+    #: (a sync handler's thread cannot be cancelled: it is waited for), so a webhook's
+    #: timeout must not exceed it (``cgroupd join`` refuses that).
+    drain_timeout: float = 15.0
     #: Retry backoff after a handler raises: base * 2**(deliveries-1), capped.
     retry_backoff: float = 0.1
     retry_backoff_max: float = 10.0
@@ -87,14 +109,14 @@ class MemberSettings:
         # NaN passes every comparison and infinity every bound, then breaks the
         # nanosecond conversions and sleeps at run time: refuse them here.
         for name in ("ack_wait", "retry_interval", "inactive_threshold", "pull_expires",
-                     "heartbeat", "pinned_ttl"):
+                     "heartbeat", "pinned_ttl", "lease", "presence_interval"):
             value = getattr(self, name)
             if not math.isfinite(value) or value <= 0:
                 problems.append(f"{name} must be positive and finite (seconds), not {value}")
             elif value > MAX_SECONDS:
                 problems.append(f"{name} must be at most {MAX_SECONDS:g} seconds, not {value}")
         for name in ("rejoin_delay", "transition_delay", "transition_jitter",
-                     "drain_timeout", "retry_backoff", "retry_backoff_max"):
+                     "drain_timeout", "retry_backoff", "retry_backoff_max", "takeover_margin"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 problems.append(f"{name} must not be negative, and finite (seconds), "
@@ -103,6 +125,15 @@ class MemberSettings:
                 problems.append(f"{name} must be at most {MAX_SECONDS:g} seconds, not {value}")
         if self.heartbeat * 2 > self.pull_expires:
             problems.append("heartbeat must be at most half of pull_expires")
+        if self.lease <= self.retry_interval:
+            problems.append(f"lease ({self.lease:g}s) must be longer than retry_interval "
+                            f"({self.retry_interval:g}s), which renews it")
+        floor = self.lease + self.takeover_margin + self.pull_expires
+        if self.exclusivity is Exclusivity.SYNC and self.inactive_threshold < floor:
+            problems.append(
+                f"inactive_threshold ({self.inactive_threshold:g}s) must be at least lease + "
+                f"takeover_margin + pull_expires ({floor:g}s): otherwise the server deletes "
+                "the consumers of an instance whose stall the lease survives")
         if problems:
             raise ValueError("; ".join(problems))
 

@@ -8,6 +8,7 @@ the same time (their processing intervals do not overlap).
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import signal
@@ -273,10 +274,23 @@ class Fleet:
     def by_member(self, e: dict[str, Any]) -> str:
         return self.member_of[e["instance"]]
 
-    async def close(self) -> None:
-        await asyncio.gather(*(m.stop() for m in self.members), return_exceptions=True)
-        for nc in self._conns:
-            await nc.close()
+    async def close(self, timeout: float = 60.0) -> None:
+        """Stop every member; a stop that hangs fails the test with every task's stack
+        (a hang is a bug to see, not a suite that never ends)."""
+        stops = asyncio.gather(*(m.stop() for m in self.members), return_exceptions=True)
+        try:
+            await asyncio.wait_for(asyncio.shield(stops), timeout)
+        except TimeoutError:
+            stuck = [f"{m.member}/{m.instance_id} {m.state.value}" for m in self.members
+                     if m.state.value != "stopped"]
+            stacks = io.StringIO()
+            for task in asyncio.all_tasks():
+                task.print_stack(file=stacks)
+            raise AssertionError(f"members did not stop within {timeout:g}s: {stuck}\n"
+                                 f"{stacks.getvalue()}") from None
+        finally:
+            for nc in self._conns:
+                await nc.close()
 
 
 async def all_done(fleet: Fleet, sent: list[tuple[str, int]], timeout: float = 30.0) -> None:

@@ -310,7 +310,10 @@ def test_usage_errors_exit_2_with_one_line(server: NatsServer) -> None:
                           "handler module 'no_such_pkg.handlers' not found")
     assert_one_line_error(cli(url, *join, "--handler", "tests.fixtures_cli.record_handler"),
                           2, "package.module:function")
-    assert_one_line_error(cli(url, *join), 2, "exactly one of --handler or --webhook")
+    assert_one_line_error(cli(url, *join), 2,
+                          "missing 1 option: --handler PKG.MODULE:FUNCTION or --webhook URL")
+    assert_one_line_error(cli(url, *join, "--handler", "a:b", "--webhook", "http://x"), 2,
+                          "give one of --handler or --webhook, not both")
     assert_one_line_error(cli(url, *join, "--webhook", "http://x", "--ack-wait", "0"), 2,
                           "ack_wait must be positive")
     assert_one_line_error(cli(url, *join, "--webhook", "http://x", "--non-retryable",
@@ -321,6 +324,35 @@ def test_usage_errors_exit_2_with_one_line(server: NatsServer) -> None:
     assert_one_line_error(cli(url, "group", "create", "USE", "h"), 2,
                           "Missing option '--partitions'")
     assert_one_line_error(cli(url, "frobnicate"), 2, "No such command")
+
+
+def test_join_names_what_is_missing_in_the_order_people_add_it() -> None:
+    """A newcomer's `cgroupd join --stream X --group g` learns first that a member is
+    missing (or the hostname derivation that replaces it), and in the same message that a
+    handler is too; each missing option is named once, in the order people add them."""
+    member = "--member MEMBER (or --member-from-hostname MEMBERS"
+    handler = "--handler PKG.MODULE:FUNCTION or --webhook URL"
+    result = cli(None, "join", "--stream", "X", "--group", "g")
+    assert_one_line_error(result, 2, "join is missing 2 options: ", member, handler)
+    err = result.stderr
+    assert err.index(member) < err.index(handler), err
+    assert "exactly one" not in err
+    result = cli(None, "join")
+    assert_one_line_error(result, 2, "missing 4 options: --stream STREAM; --group GROUP; "
+                          + member, handler)
+    # Environment variables count as given, the hostname derivation replaces --member.
+    result = cli(None, "join", env={"CGROUPD_STREAM": "X", "CGROUPD_MEMBERS": "3"})
+    assert_one_line_error(result, 2, "missing 2 options: --group GROUP; " + handler)
+    assert "--member" not in result.stderr
+    # The real command, as a person runs it: same line, exit 2, nothing on stdout.
+    proc = subprocess.run([sys.executable, "-m", "cgroupd", "join", "--stream", "X",
+                           "--group", "g"], capture_output=True, text=True,
+                          env=child_env(), timeout=60)
+    assert proc.returncode == 2, proc
+    assert proc.stdout == ""
+    assert proc.stderr.strip() == ("cgroupd: error: join is missing 2 options: " + member
+                                   + " to derive it from a StatefulSet pod name); "
+                                   + handler), proc.stderr
 
 
 def test_member_from_hostname_option(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -291,7 +291,7 @@ async def test_second_signal_exits_without_waiting_for_the_drain(
     hook = await WebhookServer(delay=20).start()
     proc = JoinProcess(nats_server.url, tmp_path, "s", "--stream", "ORDERS", "--group", "g",
                        "--member", "m1", "--webhook", hook.url, "--webhook-timeout", "60",
-                       "--drain-timeout", "20")
+                       "--drain-timeout", "60")
     try:
         await poll(lambda: proc.metric(http, "cgroupd_member_active"), 20, "active")
         await publish(nc, "orders.k1", {"key": "slow"})

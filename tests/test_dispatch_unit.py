@@ -5,25 +5,40 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from typing import Any
 
+import nats.errors
 import pytest
 from nats.aio.msg import Msg
 
 from cgroupd.dispatch import Dispatcher, Ordering
+from cgroupd.errors import AckNotConfirmed
 from cgroupd.message import Message
 from cgroupd.partitions import key_function
 from tests.groups import eventually
 
 
 class FakeConnection:
-    """Records what the dispatcher publishes (acks, naks, in-progress)."""
+    """Records what the dispatcher publishes (acks, naks, in-progress) and requests
+    (settlement confirmations, answered as a consumer that applied them would)."""
 
     def __init__(self) -> None:
         self.published: list[tuple[str, bytes]] = []
+        self.requests: list[tuple[str, bytes]] = []
+        self.stats = {"reconnects": 0}
+        #: Requests to answer with "no responders" (the consumer is gone) before replying.
+        self.refuse = 0
 
     async def publish(self, subject: str, payload: bytes = b"", **_: Any) -> None:
         self.published.append((subject, payload))
+
+    async def request(self, subject: str, payload: bytes = b"", **_: Any) -> Msg:
+        self.requests.append((subject, payload))
+        if self.refuse:
+            self.refuse -= 1
+            raise nats.errors.NoRespondersError
+        return Msg(self, subject="reply", data=b"")  # type: ignore[arg-type]
 
     def replies(self, payload_prefix: bytes) -> list[str]:
         return [s for s, p in self.published if p.startswith(payload_prefix)]
@@ -38,7 +53,7 @@ def delivery(nc: FakeConnection, seq: int, key: str, partition: int = 0,
 
 
 def dispatcher(nc: FakeConnection, handler: Any, ordering: Ordering = Ordering.KEY,
-               max_in_flight: int = 64) -> tuple[Dispatcher, dict[str, int]]:
+               max_in_flight: int = 64, **kw: Any) -> tuple[Dispatcher, dict[str, int]]:
     stats = {k: 0 for k in ("delivered", "acked", "naked", "termed", "retries", "duplicates")}
 
     async def allowed() -> bool:
@@ -50,7 +65,7 @@ def dispatcher(nc: FakeConnection, handler: Any, ordering: Ordering = Ordering.K
     d = Dispatcher(nc, handler, ordering=ordering, max_in_flight=max_in_flight,  # type: ignore[arg-type]
                    ack_wait=30.0, backoff=lambda n: 0.001, key_of=key_function("tokens:2", None),
                    before_start=allowed, on_settled=settled,
-                   log=_Log(), stats=stats)
+                   log=_Log(), stats=stats, **kw)
     d.start()
     return d, stats
 
@@ -410,3 +425,124 @@ async def test_skipped_messages_are_acked_without_running() -> None:
     assert stats["skipped"] == 2
     assert {s.split(".")[5] for s in nc.replies(b"+ACK")} == {"1", "2", "3"}
     assert d.last_settled is not None and d.last_settled.stream_sequence == 3
+
+
+async def test_a_handler_that_swallows_ack_not_confirmed_is_retried_not_acked() -> None:
+    """The handler catches AckNotConfirmed (rolls back) and returns: acking now could
+    delete a message whose work was undone. It is retried in place instead, and its next
+    double_ack succeeds."""
+    nc = FakeConnection()
+    nc.refuse = 1
+    outcomes: list[str] = []
+
+    async def handler(msg: Message) -> None:
+        try:
+            await msg.double_ack()
+            outcomes.append("committed")
+        except AckNotConfirmed:
+            outcomes.append("rolled back")
+
+    d, stats = dispatcher(nc, handler)
+    d.submit(delivery(nc, 1, "a"))
+    await eventually(lambda: outcomes == ["rolled back", "committed"], 5)
+    await d.drain(1)
+    assert not nc.replies(b"+ACK"), "no plain ack after the failed double_ack"
+    assert stats["swallowed"] == 1 and stats["acked"] == 1
+
+
+async def test_a_redelivery_of_a_completed_message_is_settled_again_not_run() -> None:
+    """Its ack was lost (a reconnect): the server delivers it again after later messages of
+    its key ran. Running it again would break per-key order: it is acked again."""
+    nc = FakeConnection()
+    runs: list[int] = []
+
+    async def handler(msg: Message) -> None:
+        runs.append(msg.stream_sequence)
+
+    d, stats = dispatcher(nc, handler)
+    for seq in (1, 2):
+        d.submit(delivery(nc, seq, "a"))
+    await eventually(lambda: runs == [1, 2], 5)
+    d.submit(delivery(nc, 1, "a", delivered=2))
+    await eventually(lambda: stats.get("resettled") == 1, 5)
+    await d.drain(1)
+    assert runs == [1, 2]
+    assert len([s for s in nc.replies(b"+ACK") if s.split(".")[5] == "1"]) == 2
+
+
+async def test_settlements_are_confirmed_and_sent_again_after_a_reconnect() -> None:
+    """Settled messages wait for one confirmation per consumer; after a reconnect they are
+    published again and confirmed before the next handler starts."""
+    nc = FakeConnection()
+    runs: list[int] = []
+
+    async def handler(msg: Message) -> None:
+        runs.append(msg.stream_sequence)
+
+    d, stats = dispatcher(nc, handler, confirm_interval=30.0)
+    for seq in (1, 2, 3):
+        d.submit(delivery(nc, seq, "a"))
+    await eventually(lambda: runs == [1, 2, 3], 5)
+    assert d.unconfirmed == 3 and not nc.requests
+    nc.stats["reconnects"] += 1
+    d.submit(delivery(nc, 4, "a"))
+    await eventually(lambda: runs == [1, 2, 3, 4], 5)
+    assert stats["ack_fences"] == 1
+    acks = [s.split(".")[5] for s in nc.replies(b"+ACK")]
+    assert acks[:6] == ["1", "2", "3", "1", "2", "3"], "sent again before #4 started"
+    assert [s.split(".")[5] for s, _ in nc.requests] == ["3"], "one confirmation"
+    assert await d.confirm() and d.unconfirmed == 0
+    await d.drain(1)
+
+
+async def test_on_its_own_consumer_a_closing_dispatcher_naks_nothing() -> None:
+    """Sync exclusivity (the consumer is ours alone): a delivery arriving while draining
+    is left for the next owner, not nak'ed (the server would hand it straight back)."""
+    nc = FakeConnection()
+    release = asyncio.Event()
+
+    async def handler(msg: Message) -> None:
+        await release.wait()
+
+    d, _ = dispatcher(nc, handler, hand_back_on_close=False)
+    d.submit(delivery(nc, 1, "a"))
+    await asyncio.sleep(0.01)
+    draining = asyncio.create_task(d.drain(5))
+    await asyncio.sleep(0.01)
+    d.submit(delivery(nc, 2, "b"))
+    release.set()
+    await draining
+    assert not nc.replies(b"-NAK")
+
+
+async def test_drain_waits_for_a_sync_handler_thread_and_settles_its_message() -> None:
+    """A sync handler still in its thread at the drain timeout cannot be cancelled: the
+    drain waits for it and its message is acked as usual."""
+    nc = FakeConnection()
+
+    def handler(msg: Message) -> None:
+        time.sleep(0.5)
+
+    d, stats = dispatcher(nc, handler)
+    d.submit(delivery(nc, 1, "a"))
+    await eventually(lambda: d.running_threads == 1, 5)
+    await d.drain(0.05)
+    assert d.running_threads == 0 and stats["acked"] == 1
+    assert [s.split(".")[5] for s in nc.replies(b"+ACK")] == ["1"]
+
+
+async def test_a_nak_with_a_delay_is_counted_until_its_redelivery() -> None:
+    """The server keeps a message nak'ed with a delay unacknowledged: the dispatcher says
+    so (the stall detector must not take it for a lost delivery) until it comes back."""
+    nc = FakeConnection()
+
+    async def handler(msg: Message) -> None:
+        if msg.delivery_count == 1:
+            await msg.nak(5.0)
+
+    d, _ = dispatcher(nc, handler)
+    d.submit(delivery(nc, 1, "a"))
+    await eventually(lambda: d.delayed() == 1, 5)
+    d.submit(delivery(nc, 1, "a", delivered=2))
+    await eventually(lambda: d.delayed() == 0 and d.holding == 0, 5)
+    await d.drain(1)

@@ -309,6 +309,7 @@ def test_schema_validation_rejects_broken_objects(default_objects: list[dict[str
     (["members=0"], "minimum"),
     (["handler.type=module"], "handler.module"),
     (["terminationGracePeriodSeconds=5"], "must exceed the drain timeout"),
+    (["consume.drainTimeout=5"], "must be at least handler.webhook.timeout"),
     (["handler.webhook.sidecar.native=false", "terminationGracePeriodSeconds=7"],
      "preStop"),
     (["nats.tls.enabled=true"], "nats.tls.secretName"),
@@ -359,7 +360,7 @@ def test_member_env_is_wired(default_objects: list[dict[str, Any]], image: Image
     assert member_from_hostname(env["HOSTNAME"], 3) == "m1"
     assert env["CGROUPD_STREAM"] == "ORDERS" and env["CGROUPD_GROUP"] == "workers"
     assert env["CGROUPD_WEBHOOK"] == "http://127.0.0.1:8000/"
-    assert env["CGROUPD_METRICS_PORT"] == "8080" and env["CGROUPD_DRAIN_TIMEOUT"] == "5"
+    assert env["CGROUPD_METRICS_PORT"] == "8080" and env["CGROUPD_DRAIN_TIMEOUT"] == "15"
     assert env["CGROUPD_SERVER"] == "nats://nats:4222"
     # Every variable is one the command line reads (a typo would be silently ignored).
     configured = {k for k in env if k.startswith("CGROUPD_")}
@@ -745,7 +746,8 @@ async def _run_pods(helm: Helm, image: Image, tmp_path: Path, pods: list[LocalPo
         "group": {"stream": "ORDERS", "name": "workers", "partitions": 4,
                   "filters": [{"subject": "orders.*.*", "wildcards": [1]}]},
         "members": 2, "standbysPerMember": 1,
-        "handler": {"webhook": {"sidecar": {"port": hook.port, "path": "/hook"}}},
+        "handler": {"webhook": {"timeout": 2,
+                                "sidecar": {"port": hook.port, "path": "/hook"}}},
         "consume": {"drainTimeout": 2},
     }))
     objects = helm.template("e2e", values=[values])

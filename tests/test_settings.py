@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from cgroupd.dispatch import Ordering
+from cgroupd.handlers import DEFAULT_WEBHOOK_TIMEOUT
 from cgroupd.member import Member, MemberState
-from cgroupd.settings import MemberSettings
+from cgroupd.settings import Exclusivity, MemberSettings
 
 
 @pytest.mark.parametrize(("changes", "message"), [
@@ -17,6 +18,11 @@ from cgroupd.settings import MemberSettings
     ({"inactive_threshold": -1}, "inactive_threshold must be positive"),
     ({"drain_timeout": -1}, "drain_timeout must not be negative"),
     ({"heartbeat": 0.6, "pull_expires": 1.0}, "heartbeat must be at most half"),
+    ({"lease": 1.0, "retry_interval": 1.0}, r"lease \(1s\) must be longer than retry_interval"),
+    ({"presence_interval": 0}, "presence_interval must be positive"),
+    ({"takeover_margin": -1}, "takeover_margin must not be negative"),
+    ({"inactive_threshold": 0.5},
+     r"inactive_threshold \(0.5s\) must be at least lease \+ takeover_margin \+ pull_expires"),
 ])
 def test_invalid_settings_say_which_rule(changes: dict[str, Any], message: str) -> None:
     """Each broken rule is named in the error."""
@@ -30,11 +36,21 @@ def test_backoff_doubles_and_caps() -> None:
     assert [s.backoff(n) for n in (1, 2, 3, 4, 5, 10)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
 
 
-def test_defaults_give_strict_order_and_fast_failover() -> None:
-    """The defaults are strict per-partition order and sub-second crash detection."""
+def test_defaults_give_strict_order_fast_failover_and_stall_tolerance() -> None:
+    """The defaults are strict per-partition order, crash detection in a fraction of a
+    second (presence probes), stalls of 2 s survived without a takeover, and a drain that
+    outlasts the default webhook timeout."""
     s = MemberSettings()
     assert s.ordering is Ordering.PARTITION and s.max_in_flight == 1
-    assert s.inactive_threshold <= 0.5 and s.retry_interval <= 1.0
+    assert s.presence_interval <= 0.15 and s.retry_interval <= 1.0
+    assert s.lease + s.takeover_margin > 3.0
+    assert s.inactive_threshold >= s.lease + s.takeover_margin + s.pull_expires
+    assert s.drain_timeout >= DEFAULT_WEBHOOK_TIMEOUT
+
+
+def test_pinned_mode_keeps_its_own_inactive_threshold_rule() -> None:
+    """The inactive-threshold floor protects the sync election; pinned mode may differ."""
+    MemberSettings(exclusivity=Exclusivity.PINNED, inactive_threshold=0.5)
 
 
 async def test_member_rejects_illegal_state_transitions() -> None:

@@ -10,11 +10,17 @@ picked for this test only (checked against every address and route on the host);
 nats-server listens on the host end. Taking the host end down cuts the namespace off
 (the host end's local address keeps working for host-side clients); bringing it up heals.
 If namespaces cannot be made, :class:`NetnsUnavailable` is raised and the test fails.
+
+:class:`HoldingProxy` sits between in-process clients and nats-server on loopback: it can
+hold traffic in one direction (bytes kept, not forwarded: a reply or an ack "in flight"),
+release it, or cut every connection (what it held is lost): the wire faults behind lost
+acks and unanswered double-acks, made deterministic.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import json
 import random
@@ -22,6 +28,7 @@ import secrets
 import subprocess
 import time
 
+from tests.groups import eventually
 from tests.natsserver import NatsCluster, NatsServer
 
 #: Prefix of every namespace and interface name created here (the leak check uses it).
@@ -205,3 +212,101 @@ async def rolling_restart(cluster: NatsCluster, streams: tuple[str, ...]) -> lis
         await restart_node(cluster, i, streams)
         took.append(time.monotonic() - began)
     return took
+
+
+# -- the wire ------------------------------------------------------------------------
+class HoldingProxy:
+    """A TCP proxy to one nats-server whose traffic can be held, released or cut.
+
+    ``hold_up`` holds what clients send (``up``), ``hold_down`` what the server sends,
+    ``refuse`` turns new connections away;
+    :meth:`release` forwards what was held; :meth:`cut` closes every connection and drops
+    what was held (clients reconnect through the proxy). :meth:`wait_seen` waits until
+    a byte pattern went up (or was held going up) a number of times.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self.upstream = (host, port)
+        self.hold_up = False
+        self.hold_down = False
+        #: Turn new connections away (a server that cannot be reached for a while).
+        self.refuse = False
+        self._held: dict[str, list[tuple[asyncio.StreamWriter, bytes]]] = {"up": [], "down": []}
+        self._seen_up = bytearray()
+        self._server: asyncio.Server | None = None
+        self._links: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    async def __aenter__(self) -> HoldingProxy:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        await self.cut()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _accept(self, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
+        if self.refuse:
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        self._links.append((writer, up_writer))
+        for args in ((reader, up_writer, "up"), (up_reader, writer, "down")):
+            task = asyncio.create_task(self._pump(*args))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    direction: str) -> None:
+        try:
+            while data := await reader.read(65536):
+                if direction == "up":
+                    self._seen_up += data
+                if self.hold_up if direction == "up" else self.hold_down:
+                    self._held[direction].append((writer, data))
+                    continue
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    async def release(self) -> None:
+        """Stop holding; forward what was held, in order."""
+        self.hold_up = self.hold_down = False
+        for direction in ("up", "down"):
+            held, self._held[direction] = self._held[direction], []
+            for writer, data in held:
+                if not writer.is_closing():
+                    writer.write(data)
+                    with contextlib.suppress(ConnectionError, OSError):
+                        await writer.drain()
+
+    async def cut(self) -> None:
+        """Close every connection; whatever was held is lost."""
+        self.hold_up = self.hold_down = False
+        self._held = {"up": [], "down": []}
+        links, self._links = self._links, []
+        for client, upstream in links:
+            for writer in (client, upstream):
+                writer.close()
+
+    def seen(self, pattern: bytes) -> int:
+        return self._seen_up.count(pattern)
+
+    async def wait_seen(self, pattern: bytes, count: int, timeout: float = 10.0) -> None:
+        await eventually(lambda: self.seen(pattern) >= count, timeout, 0.005,
+                         f"{count} x {pattern!r} sent through the proxy")

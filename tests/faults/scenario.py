@@ -57,6 +57,9 @@ class Scenario:
         self.notes: list[str] = []
         #: Set by a test that crashes a server (SIGKILL): acks it had not synced are lost.
         self.crash = False
+        #: Set by a test that cuts a member off the network: the acks it sent meanwhile are
+        #: lost, so its successor redoes that work (like after a crash).
+        self.lost_acks = False
         #: Set by a test whose full rejoins may give a member back to an instance that
         #: had it before (see :func:`tests.faults.checks.start_violations`).
         self.returns = False
@@ -134,11 +137,12 @@ class Scenario:
         return proc
 
     def traffic(self, count: int, *, keys: int = 32, rate: float = 200.0,
-                holds: dict[int, float] | None = None, window: int = 1) -> KeyedPublisher:
+                holds: dict[int, float] | None = None, window: int = 1,
+                blocks: dict[int, float] | None = None) -> KeyedPublisher:
         assert self.nc is not None
         self.publisher = KeyedPublisher(self.nc, count=count, keys=keys, rate=rate,
                                         prefix=self.stream.lower(), holds=holds,
-                                        window=window)
+                                        window=window, blocks=blocks)
         return self.publisher
 
     def keys_of(self, partitions: Iterable[int], keys: int = 32) -> list[str]:
@@ -258,7 +262,7 @@ class Scenario:
         sent = [(s, n) for s, n in pub.sent if n not in self._excluded]
         # Stalls count from the first publish until the last message was finished.
         window = (pub.started_at or 0.0, self._settled_at)
-        rewinds = self.crash or any(p.killed for p in self.procs)
+        rewinds = self.crash or self.lost_acks or any(p.killed for p in self.procs)
         verdict = judge(self.name, self.variant, self.rows(), sent, window=window,
                         rewinds=rewinds, returns=self.returns)
         self.note(f"publisher: {pub.retries} publish retries, longest publish "

@@ -1,7 +1,8 @@
 """Keyed traffic with a known sequence per key, at a set rate, that survives server faults.
 
 Message ``n`` (0-based, global) goes to ``<prefix>.k<n % keys>`` with payload
-``{"key": ..., "i": <index within its key>, "n": n}``. Publishes are sequential and each
+``{"key": ..., "i": <index within its key>, "n": n}`` (plus ``hold`` / ``block`` seconds for
+the messages a test marks: see :mod:`tests.faults.recorder`). Publishes are sequential and each
 waits for its PubAck, so the stream holds every key's messages in publish order. A
 publish that fails (server restarting, cluster electing a leader) is retried with the same
 ``Nats-Msg-Id``, so one whose PubAck was lost is dropped by the stream's duplicate window
@@ -43,6 +44,7 @@ class KeyedPublisher:
 
     def __init__(self, nc: Client, *, count: int, keys: int = 32, rate: float = 200.0,
                  prefix: str = "orders", holds: Mapping[int, float] | None = None,
+                 blocks: Mapping[int, float] | None = None,
                  retry_for: float = 60.0, publish_timeout: float = 2.0,
                  window: int = 1) -> None:
         self.js = nc.jetstream(timeout=publish_timeout)
@@ -51,6 +53,8 @@ class KeyedPublisher:
         self.rate = rate
         self.prefix = prefix
         self.holds = dict(holds or {})
+        #: Messages whose first handler blocks its event loop this long (``time.sleep``).
+        self.blocks = dict(blocks or {})
         self.retry_for = retry_for
         #: PubAcks awaited at once. Above 1 (high rates; one connection keeps the stream in
         #: publish order) a failed publish fails the run instead of being retried, which
@@ -106,6 +110,8 @@ class KeyedPublisher:
             body: dict[str, object] = {"key": subject, "i": i, "n": n}
             if n in self.holds:
                 body["hold"] = self.holds[n]
+            if n in self.blocks:
+                body["block"] = self.blocks[n]
             await self._publish(subject, json.dumps(body).encode(), f"faults-{n}")
             self.sent.append((subject, n))
             # Pacing, not synchronisation: keep the configured rate.
@@ -141,6 +147,8 @@ class KeyedPublisher:
             body: dict[str, object] = {"key": subject, "i": i, "n": n}
             if n in self.holds:
                 body["hold"] = self.holds[n]
+            if n in self.blocks:
+                body["block"] = self.blocks[n]
             ack = await self.js.publish_async(subject, json.dumps(body).encode(),
                                               headers={"Nats-Msg-Id": f"faults-{n}"})
             waiting.append((subject, n, ack))

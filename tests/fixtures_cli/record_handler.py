@@ -95,3 +95,14 @@ def misbehave_sync(message: Message) -> object:
     if result is None:
         _event("end", message)
     return result
+async def block_loop(message: Message) -> None:
+    """An async handler that blocks the event loop for the payload's ``block`` seconds
+    (``time.sleep`` in an ``async def``: the bug a /healthz must reveal)."""
+    _record(message, "block")
+    time.sleep(float(json.loads(message.data).get("block", 0)))  # noqa: ASYNC251
+
+
+def hang(message: Message) -> None:
+    """A sync handler that does not return for the payload's ``hang`` seconds."""
+    _record(message, "hang")
+    time.sleep(float(json.loads(message.data).get("hang", 0)))

@@ -93,6 +93,9 @@ app.kubernetes.io/component: member
 {{- if and (eq .Values.handler.type "module") (not .Values.handler.module) -}}
 {{- fail "handler.type module needs handler.module (pkg.module:function)" -}}
 {{- end -}}
+{{- if and (eq .Values.handler.type "webhook") (lt (float64 .Values.consume.drainTimeout) (float64 .Values.handler.webhook.timeout)) -}}
+{{- fail (printf "consume.drainTimeout (%v) must be at least handler.webhook.timeout (%v): a webhook still running when a stopping instance gives up waiting may go on while the next owner runs the same key" .Values.consume.drainTimeout .Values.handler.webhook.timeout) -}}
+{{- end -}}
 {{- if and .Values.nats.tls.enabled (not .Values.nats.tls.secretName) -}}
 {{- fail "nats.tls.enabled needs nats.tls.secretName" -}}
 {{- end -}}

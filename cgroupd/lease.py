@@ -1,0 +1,203 @@
+"""Who may start handlers in sync exclusivity: the owner's lease and a standby's watch.
+
+Crash detection and liveness are two different questions (issue 13 items 5 and 6, issue 19):
+
+- **A process that died** closes its connection; the server then answers a request to the
+  instance's presence subject with "no responders" at once. A standby probes the active
+  instance's presence every ``presence_interval`` and replaces a dead one within
+  milliseconds (:func:`probe`, :class:`OwnerWatch`). No server-side timer is involved, so
+  those timers can be long.
+- **An instance that is alive but silent** (host or network loss, a stalled event loop, a
+  suspended process) gives no such answer. The owner then protects its partitions itself:
+  it starts a handler only while its :class:`Lease` runs, ``lease`` seconds from the
+  *sending* of its last ownership check that the server confirmed (a stall between sending
+  and reading the reply only shortens it; a disconnection revokes it). A standby replaces a
+  silent owner in two steps: after ``lease + takeover_margin`` without an answer it takes
+  the synchronization consumer, so that every later check of the old owner fails; it takes
+  the old owner's data consumers only ``lease`` after that (:meth:`OwnerWatch.may_reclaim`),
+  when the old owner has stopped starting work whatever it heard last. A stall shorter than
+  ``lease + takeover_margin`` costs a re-check, never a takeover.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+import nats.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+
+def presence_subject(key: str, instance: str) -> str:
+    """Where an instance answers "I am alive" (its absence is the server's word)."""
+    return f"_CGROUPD.presence.{key}.{instance}"
+
+
+#: What an instance answers while it may run handlers on its consumers: the
+#: :class:`cgroupd.member.MemberState` values ``active`` and ``stepping-down``, and
+#: ``claiming`` (a standby that holds the synchronization consumer and is creating its
+#: data consumer: not idle, though not active yet).
+ACTIVE_STATES = ("active", "stepping-down", "claiming")
+
+
+class Presence(Enum):
+    """What a presence probe learned about an instance."""
+
+    ALIVE = "alive"  # it answered
+    GONE = "gone"  # "no responders": its connection is closed (the process died)
+    SILENT = "silent"  # no answer in time: stalled, suspended, cut off, or we are
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One probe's outcome, and the state the instance reported (when it answered)."""
+
+    presence: Presence
+    state: str = ""
+
+
+async def probe(nc: Client, subject: str, timeout: float) -> Answer:
+    """Ask once whether the instance answering on ``subject`` is alive."""
+    try:
+        reply = await nc.request(subject, b"", timeout=timeout)
+    except nats.errors.NoRespondersError:
+        return Answer(Presence.GONE)
+    except (nats.errors.TimeoutError, nats.errors.Error, TimeoutError):
+        return Answer(Presence.SILENT)
+    _, _, state = reply.data.decode(errors="replace").partition(" ")
+    return Answer(Presence.ALIVE, state)
+
+
+class Lease:
+    """The active instance's right to start handlers.
+
+    ``renew(sent_at)`` after the server confirmed ownership in answer to a request sent at
+    ``sent_at``; ``revoke()`` when the connection drops (checks sent before that prove
+    nothing any more). ``valid`` says whether a handler may start now.
+    """
+
+    def __init__(self, duration: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.duration = duration
+        self._clock = clock
+        self._anchor = -math.inf
+        self._floor = -math.inf
+
+    def renew(self, sent_at: float) -> None:
+        if sent_at >= self._floor and sent_at > self._anchor:
+            self._anchor = sent_at
+
+    def revoke(self) -> None:
+        self._anchor = -math.inf
+        self._floor = self._clock()
+
+    @property
+    def valid(self) -> bool:
+        return self._clock() - self._anchor < self.duration
+
+    @property
+    def remaining(self) -> float:
+        return max(0.0, self._anchor + self.duration - self._clock())
+
+
+@dataclass
+class OwnerWatch:
+    """A standby's view of the instance that holds the member's synchronization consumer.
+
+    ``heard`` is when it last answered (the watch's start counts as an answer: a standby
+    never replaces an owner it has not watched for a whole lease and margin).
+    """
+
+    instance: str
+    heard: float
+    #: It was seen gone ("no responders"): its consumers may be taken at once.
+    gone: bool = False
+    #: It answered that it is not active (a standby, stopped, or still acquiring): it runs
+    #: no handler, so a synchronization consumer naming it is left over and may be taken.
+    idle: bool = False
+    probes: int = field(default=0)
+
+    def update(self, answer: Answer, now: float) -> None:
+        self.probes += 1
+        if answer.presence is Presence.GONE:
+            self.gone = True
+        elif answer.presence is Presence.ALIVE:
+            self.heard = now
+            self.gone = False
+            self.idle = answer.state not in ACTIVE_STATES
+
+    def silent_for(self, now: float) -> float:
+        return now - self.heard
+
+    def replaceable(self, now: float, lease: float, margin: float) -> bool:
+        """Gone, idle, or silent for longer than its lease and the margin."""
+        return self.gone or self.idle or self.silent_for(now) >= lease + margin
+
+
+def may_reclaim(answer: Answer, claimed_for: float, lease: float) -> bool:
+    """May a new owner delete the data consumer of an instance that answered ``answer``,
+    having held the member's synchronization consumer for ``claimed_for`` seconds?
+
+    Gone: yes. Alive: only if it says it is neither active nor stepping down (a live
+    instance releases its consumers itself once it sees it lost; one still draining its
+    handlers is never robbed). Silent: once we have held the synchronization consumer for a
+    whole lease, because any ownership check the silent instance sent after we took it
+    failed, so its lease ran out by then.
+    """
+    if answer.presence is Presence.GONE:
+        return True
+    if answer.presence is Presence.ALIVE:
+        return answer.state not in ACTIVE_STATES
+    return claimed_for >= lease
+
+
+class Prober:
+    """Probes one instance's presence over and over, cheaply: one subscription, one publish
+    per probe, answers handled as they come (no request future or timer per probe).
+
+    Each answer updates ``watch``: an answer is an ALIVE (with the state it reports); the
+    server's "no responders" status is GONE; no answer leaves ``watch.heard`` behind, which
+    is what silence is measured by.
+    """
+
+    def __init__(self, nc: Client, subject: str, watch: OwnerWatch,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_replaceable: Callable[[], None] | None = None) -> None:
+        self.nc = nc
+        self.subject = subject
+        self.watch = watch
+        self._clock = clock
+        #: Called when an answer makes the instance replaceable at once (gone or idle).
+        self._on_replaceable = on_replaceable
+        self._inbox = ""
+        self._sub: Subscription | None = None
+
+    async def send(self) -> None:
+        """Ask once more (the answer arrives on its own)."""
+        if self._sub is None:
+            self._inbox = self.nc.new_inbox()
+            self._sub = await self.nc.subscribe(self._inbox, cb=self._answer)
+        if self.nc.is_connected:
+            with contextlib.suppress(nats.errors.Error):
+                await self.nc.publish(self.subject, b"", reply=self._inbox)
+
+    async def _answer(self, msg: Msg) -> None:
+        status = (msg.headers or {}).get("Status")
+        if status == "503":
+            self.watch.update(Answer(Presence.GONE), self._clock())
+        elif not status:
+            _, _, state = msg.data.decode(errors="replace").partition(" ")
+            self.watch.update(Answer(Presence.ALIVE, state), self._clock())
+        if (self.watch.gone or self.watch.idle) and self._on_replaceable is not None:
+            self._on_replaceable()
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None

@@ -1,0 +1,100 @@
+"""The active instance stalls: its event loop blocks (issue 19) or its process is suspended.
+
+Setup (the issue's reproduction, smaller): one member m1 with an active instance and a hot
+standby, ``cgroupd join --ordering key --max-in-flight 64``, the at-least-once recorder
+(every start recorded) with 20 ms of work per message, traffic over 16 keys at 200 msg/s.
+
+Event-loop stall: one message makes the active instance's handler block its event loop
+with ``time.sleep(S)`` once, while it has up to 64 messages in flight: what a long GC
+pause, a blocking call in an async handler or a throttled pod does.
+
+- Shorter than ``lease + takeover_margin``: no takeover and nothing run twice (the
+  instance re-checks its ownership before starting anything once its lease ran out, and
+  its consumers outlive the stall).
+- Longer: the standby takes the member's synchronization consumer; the resumed instance
+  finds out before it starts anything new (the starts checker), finishes what it was
+  running, confirms its acks and releases its data consumer; the standby carries on at
+  once. The group stops for the stall plus the hand-over, never for an ack wait (the issue
+  saw 30 s in one of two runs), and nothing is run twice.
+
+SIGSTOP for 2 s: no takeover, nothing run twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import pytest
+
+from cgroupd.settings import MemberSettings
+from tests.faults.runner import JoinProc
+from tests.faults.scenario import Scenario
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+
+SETTINGS = MemberSettings()
+#: Stalls the owner survives without a takeover, and one it does not.
+SHORT = 2.0
+LONG = 6.0
+#: Bound on the hand-over after a long stall: the resumed instance's self-check, the
+#: release of what it holds (20 ms handlers) and the standby's data consumer.
+HANDOVER = 1.0
+ARGS = ("--ordering", "key", "--max-in-flight", "64")
+ENV = {"FAULTS_DELAY": "0.02"}
+COUNT = 1000
+AT = 300
+
+
+async def _setup(sc: Scenario, blocks: dict[int, float] | None = None
+                 ) -> tuple[JoinProc, JoinProc]:
+    sc.variant = "at_least_once"
+    await sc.make_group(partitions=4, members=("m1",))
+    active = sc.start("m1", args=ARGS, env=ENV)
+    await sc.wait_active("m1")
+    standby = sc.start("m1", args=ARGS, env=ENV)
+    await sc.wait_joined([standby])
+    pub = sc.traffic(COUNT, keys=16, rate=200, blocks=blocks)
+    pub.start()
+    return active, standby
+
+
+@pytest.mark.parametrize("stall", [SHORT, LONG, LONG], ids=["short", "long-1", "long-2"])
+async def test_event_loop_stall_of_the_active_instance(single: Scenario, stall: float) -> None:
+    """Block the active instance's event loop for ``stall`` seconds while it has 64
+    messages in flight (issue 19); the long case runs twice to catch a run that gets
+    stuck."""
+    assert SHORT + 1 < SETTINGS.lease + SETTINGS.takeover_margin < LONG
+    sc = single
+    active, standby = await _setup(sc, {AT: stall})
+    row = await sc.wait_started(AT)
+    assert row.instance == active.instance
+    sc.note(f"{active.instance} blocks its event loop for {stall:g}s at #{AT}")
+    verdict = await sc.finish(timeout=60)
+    verdict.assert_ok()
+    assert verdict.duplicates == 0, "nothing is run twice"
+    if stall == SHORT:
+        assert not verdict.handovers, "a stall shorter than the lease costs no takeover"
+        assert standby.count("became active") == 0
+        assert active.count("stepped down") == 1  # at the final SIGTERM only
+    else:
+        assert [(m, old, new) for m, old, new, _ in verdict.handovers] == [
+            ("m1", active.instance, standby.instance)]
+        assert verdict.stall <= stall + HANDOVER, \
+            f"the group stopped for {verdict.stall:.2f}s, the stall was {stall:g}s"
+
+
+async def test_sigstop_for_two_seconds_causes_no_takeover(single: Scenario) -> None:
+    """SIGSTOP the active instance for 2 s (64 in flight), then SIGCONT: no takeover,
+    nothing run twice, nothing lost or out of order."""
+    sc = single
+    active, standby = await _setup(sc)
+    await sc.wait_progress(AT)
+    active.signal(signal.SIGSTOP)
+    await asyncio.sleep(SHORT)  # the fault's duration, not a synchronisation
+    active.signal(signal.SIGCONT)
+    sc.note(f"SIGSTOP {active.instance} for {SHORT:g}s")
+    verdict = await sc.finish(timeout=60)
+    verdict.assert_ok()
+    assert not verdict.handovers and standby.count("became active") == 0
+    assert verdict.duplicates == 0

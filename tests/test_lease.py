@@ -1,0 +1,86 @@
+"""The lease and the standby's watch (cgroupd.lease), with a fake clock: no server."""
+
+from __future__ import annotations
+
+import pytest
+
+from cgroupd.lease import Answer, Lease, OwnerWatch, Presence, may_reclaim
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_lease_runs_from_the_sending_of_the_confirmed_check() -> None:
+    """Renewed with the time the check was *sent*: a reply read late (a stall between
+    sending and reading) buys no extra time."""
+    clock = Clock()
+    lease = Lease(3.0, clock)
+    assert not lease.valid, "no check confirmed yet"
+    lease.renew(clock.now)
+    clock.now += 2.9
+    assert lease.valid
+    clock.now += 0.2
+    assert not lease.valid
+    sent = clock.now - 2.5  # a check sent 2.5 s ago, its reply read only now
+    lease.renew(sent)
+    assert lease.valid and lease.remaining == pytest.approx(0.5)
+    lease.renew(sent - 1)  # an older check never moves it back
+    assert lease.remaining == pytest.approx(0.5)
+
+
+def test_a_revoked_lease_ignores_checks_sent_before_the_revocation() -> None:
+    """A disconnection revokes the lease; a check sent before it and answered after it
+    proves nothing about now."""
+    clock = Clock()
+    lease = Lease(3.0, clock)
+    before = clock.now
+    clock.now += 0.1
+    lease.revoke()
+    lease.renew(before)
+    assert not lease.valid
+    clock.now += 0.1
+    lease.renew(clock.now)
+    assert lease.valid
+
+
+def test_a_watched_owner_is_replaceable_when_gone_idle_or_silent_long_enough() -> None:
+    """Gone: at once. Idle (it says it is not active): at once. Silent: only after
+    lease + margin without an answer, counted from the last answer (or the watch's start)."""
+    watch = OwnerWatch("a", heard=0.0)
+    assert not watch.replaceable(3.9, 3.0, 1.0)
+    assert watch.replaceable(4.0, 3.0, 1.0)
+    watch.update(Answer(Presence.SILENT), 4.0)
+    assert watch.replaceable(4.0, 3.0, 1.0)
+    watch.update(Answer(Presence.ALIVE, "active"), 4.0)
+    assert not watch.replaceable(7.9, 3.0, 1.0)
+    watch.update(Answer(Presence.ALIVE, "stepping-down"), 5.0)
+    assert not watch.replaceable(5.0, 3.0, 1.0)
+    watch.update(Answer(Presence.ALIVE, "claiming"), 5.0)
+    assert not watch.replaceable(5.0, 3.0, 1.0), "a standby creating its data consumer"
+    watch.update(Answer(Presence.ALIVE, "standby"), 5.0)
+    assert watch.idle and watch.replaceable(5.0, 3.0, 1.0)
+    watch.update(Answer(Presence.GONE), 5.1)
+    assert watch.gone and watch.replaceable(5.1, 3.0, 1.0)
+
+
+@pytest.mark.parametrize(("answer", "held", "allowed"), [
+    (Answer(Presence.GONE), 0.0, True),
+    (Answer(Presence.ALIVE, "active"), 100.0, False),
+    (Answer(Presence.ALIVE, "stepping-down"), 100.0, False),
+    (Answer(Presence.ALIVE, "claiming"), 100.0, False),
+    (Answer(Presence.ALIVE, "standby"), 0.0, True),
+    (Answer(Presence.ALIVE, "stopped"), 0.0, True),
+    (Answer(Presence.SILENT), 2.9, False),
+    (Answer(Presence.SILENT), 3.0, True),
+])
+def test_who_may_have_its_data_consumer_reclaimed(answer: Answer, held: float,
+                                                  allowed: bool) -> None:
+    """A dead or idle instance's data consumer at once; a live active or draining one's
+    never (it releases it itself); a silent one's once the new owner has held the
+    synchronization consumer for a whole lease."""
+    assert may_reclaim(answer, held, 3.0) is allowed
