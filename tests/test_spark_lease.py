@@ -14,7 +14,8 @@ from nats.aio.msg import Msg
 from cgroupd import admin
 from cgroupd.config import group_key
 from cgroupd.jetstream import JetStream
-from cgroupd.member import INSTANCE_KEY, MEMBER_KEY, Member, MemberState, presence_subject
+from cgroupd.lease import presence_subject
+from cgroupd.member import INSTANCE_KEY, MEMBER_KEY, Member, MemberState
 from cgroupd.message import Message
 from cgroupd.settings import MemberSettings
 from cgroupd.spark.directget import DirectGet, nth_sequence, read_range

@@ -43,7 +43,8 @@ from cgroupd import jsapi
 from cgroupd.config import GroupConfig
 from cgroupd.errors import ApiError, CgroupdError, LeaseLost, LeaseUnavailable
 from cgroupd.jetstream import JetStream
-from cgroupd.member import INSTANCE_KEY, MEMBER_KEY, presence_subject
+from cgroupd.lease import presence_subject
+from cgroupd.member import INSTANCE_KEY, MEMBER_KEY
 from cgroupd.partitions import SYNC_PREFIX, owners, sync_filters
 from cgroupd.pull import Puller, PullOptions
 from cgroupd.settings import PRIORITY_GROUP
