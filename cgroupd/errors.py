@@ -15,7 +15,9 @@
     │   └── AckOutcomeUnknown         ``double_ack``: applied or not, nobody can tell
     ├── InstanceIdInUse               another running process already uses this instance id
     ├── LeaseUnavailable              a Spark query cannot hold a member another holder has
-    └── LeaseLost                     a running Spark query lost a member it reads
+    ├── LeaseLost                     a running Spark query lost a member it reads
+    ├── DataLoss                      messages a Spark query had to read are gone
+    └── ReplicaBehind                 no replica served a range to its end (retriable)
 
 Lower-level errors (nats-py exceptions) are translated at the JetStream adapter boundary
 with ``raise ... from``; nothing above the adapter sees a nats-py exception.
@@ -133,3 +135,15 @@ class LeaseUnavailable(CgroupdError):
 
 class LeaseLost(CgroupdError):
     """The query no longer holds a member it is reading: the query must stop."""
+
+
+class DataLoss(CgroupdError):
+    """Messages a Spark query had to read are gone (a stream recreated, messages removed
+    before they were read), or its checkpoint belongs to another stream."""
+
+
+class ReplicaBehind(CgroupdError):
+    """Direct gets kept ending before a range's end although the stream leader holds more:
+    the replicas that answer are behind (or the leader's answer could not be had)."""
+
+    retriable = True

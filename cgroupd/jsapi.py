@@ -220,7 +220,30 @@ def pull_body(
     return json.dumps(body).encode()
 
 
-# -- direct get (lag), consumer reset (replay) --------------------------------------------
+# -- direct get (lag, Spark), consumer reset (replay) ----------------------------------
+# A stream with ``allow_direct`` answers ``$JS.API.DIRECT.GET.<stream>`` on every replica
+# (and on mirrors with ``mirror_direct``): any of them may answer, a lagging follower too.
+# Checked against nats-server 2.15.1:
+#
+# * A reply that carries a message has the message's own header block (its publisher's
+#   headers, kept as stored, even a line that looks like a status) with the server's
+#   trailer appended: ``Nats-Stream``, ``Nats-Subject``, ``Nats-Sequence``,
+#   ``Nats-Time-Stamp`` and, in a batch, ``Nats-Num-Pending`` (messages of the filter
+#   after this one) and ``Nats-Last-Sequence`` (the previous message sent).
+# * A status never carries that trailer and has an empty body: ``204 EOB`` (the end of a
+#   batch: ``Nats-Num-Pending`` and ``Nats-Last-Sequence``), ``404`` (nothing there),
+#   ``408`` (bad request), ``413``, ``503`` (no responders: no stream, or no
+#   ``allow_direct``; ``Nats-Subject`` names the request subject).
+#
+# nats-py's header dict merges a status line with a message's headers, so a publisher's
+# ``Status: 404`` is indistinguishable there: these functions read the raw header block.
+
+#: Trailer lines the server appends to a batched direct-get reply, in order.
+DIRECT_TRAILER = (b"Nats-Stream: ", b"Nats-Subject: ", b"Nats-Sequence: ",
+                  b"Nats-Time-Stamp: ", b"Nats-Num-Pending: ", b"Nats-Last-Sequence: ")
+_TRAILER_START = b"\r\n" + DIRECT_TRAILER[0]
+
+
 def direct_get_subject(stream: str) -> str:
     return f"{API}.DIRECT.GET.{stream}"
 
@@ -339,6 +362,88 @@ async def first_matches(nc: Client, stream: str, queries: list[tuple[str, int]],
             pass
 
 
+def direct_get_body(*, seq: int | None = None, next_by_subj: str | None = None,
+                    batch: int | None = None, max_bytes: int | None = None,
+                    last_by_subj: str | None = None, start_time: str | None = None) -> bytes:
+    """A direct-get request; ``up_to_seq`` is not offered: the server ignores it unless
+    ``multi_last`` is given, so readers stop at their end sequence themselves."""
+    body: dict[str, Any] = {}
+    if seq is not None:
+        body["seq"] = seq
+    if start_time is not None:
+        body["start_time"] = start_time
+    if next_by_subj is not None:
+        body["next_by_subj"] = next_by_subj
+    if last_by_subj is not None:
+        body["last_by_subj"] = last_by_subj
+    if batch is not None:
+        body["batch"] = batch
+    if max_bytes is not None:
+        body["max_bytes"] = max_bytes
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def direct_message(hdr: bytes | None, stream: bytes,
+                   batch: bool = True) -> tuple[int, bytes, int, bytes, int] | None:
+    """Where a direct-get reply's server trailer starts, and what it says: ``(own headers
+    end, subject, sequence, time stamp, num pending)`` (num pending is -1 outside a
+    batch). None when the reply is a status, not a message.
+
+    Only the server appends the trailer, always last, and only to a message: a
+    publisher's own ``Status``, ``Nats-Sequence`` or raw status line stays in front of
+    it and changes nothing here.
+    """
+    if not hdr or not hdr.endswith(b"\r\n\r\n"):
+        return None
+    start = hdr.rfind(_TRAILER_START)
+    if start < 0:
+        return None
+    lines = hdr[start + 2:-4].split(b"\r\n")
+    if len(lines) != (6 if batch else 4):
+        return None
+    for line, name in zip(lines, DIRECT_TRAILER, strict=False):
+        if not line.startswith(name):
+            return None
+    if lines[0][13:] != stream:
+        return None
+    seq = lines[2][15:]
+    if not seq.isdigit():
+        return None
+    pending = int(lines[4][18:]) if batch and lines[4][18:].isdigit() else -1
+    return start, lines[1][14:], int(seq), lines[3][17:], pending
+
+
+def direct_status(hdr: bytes | None) -> tuple[str, str, dict[str, str]]:
+    """``(code, description, headers)`` of a direct-get status reply (see above)."""
+    if not hdr:
+        return "", "", {}
+    first, _, rest = hdr.partition(b"\r\n")
+    status = first[len(b"NATS/1.0"):].strip().decode("ascii", "replace")
+    code, _, description = status.partition(" ")
+    headers: dict[str, str] = {}
+    for line in rest.split(b"\r\n"):
+        name, sep, value = line.partition(b":")
+        if sep:
+            headers[name.strip().decode("ascii", "replace")] = value.strip().decode(
+                "utf-8", "replace")
+    return code, description, headers
+
+
+def own_headers(hdr: bytes, end: int) -> list[tuple[str, bytes]]:
+    """The message's own headers, in order, repeats kept: the lines between the header
+    block's first line and the server's trailer at ``end``. A value is kept as bytes,
+    with surrounding spaces removed; a line without a colon is skipped."""
+    first = hdr.find(b"\r\n")
+    if first < 0 or first >= end:
+        return []
+    out = []
+    for line in hdr[first + 2:end].split(b"\r\n"):
+        name, sep, value = line.partition(b":")
+        if sep:
+            out.append((name.strip().decode("utf-8", "replace"), value.strip()))
+    return out
+
+
 @dataclass(frozen=True)
 class StoredMessage:
     """A message as the message-get API returns it (time and sequence apart from the
@@ -449,3 +554,48 @@ async def scan_subjects(nc: Client, stream: str, filters: list[str], start_seq: 
             await delete_consumer(nc, stream, name)
         except CgroupdError:
             pass  # it expires by itself
+
+
+@dataclass(frozen=True)
+class LeaderMessage:
+    """A message read through the stream leader's message-get API."""
+
+    seq: int
+    subject: str
+    #: The raw header block, as stored (None without headers).
+    headers: bytes | None
+    data: bytes
+    time: str
+
+
+async def get_message(nc: Client, stream: str, seq: int, next_by_subj: str | None = None,
+                      timeout: float = API_TIMEOUT) -> LeaderMessage | None:
+    """The message at ``seq`` (with ``next_by_subj``: the first one on that subject at or
+    after ``seq``), answered by the stream leader only; None when there is none."""
+    body: dict[str, Any] = {"seq": seq}
+    if next_by_subj is not None:
+        body["next_by_subj"] = next_by_subj
+    try:
+        reply = await request(nc, f"{API}.STREAM.MSG.GET.{stream}", body, timeout)
+    except ApiError as exc:
+        if exc.code == 404 and exc.err_code != ERR_STREAM_NOT_FOUND:
+            return None
+        raise
+    msg = reply.get("message") or {}
+    hdrs = msg.get("hdrs")
+    return LeaderMessage(int(msg.get("seq", 0)), str(msg.get("subject", "")),
+                         base64.b64decode(hdrs) if hdrs else None,
+                         base64.b64decode(msg.get("data") or ""), str(msg.get("time", "")))
+
+
+async def stream_state(nc: Client, stream: str,
+                       timeout: float = API_TIMEOUT) -> dict[str, Any]:
+    """A stream's info as JSON (``config``, ``state``, ``created``), from its leader."""
+    return await request(nc, f"{API}.STREAM.INFO.{stream}", None, timeout)
+
+
+async def stream_names(nc: Client, subject: str,
+                       timeout: float = API_TIMEOUT) -> list[str]:
+    """Names of the streams whose subjects capture ``subject``."""
+    reply = await request(nc, f"{API}.STREAM.NAMES", {"subject": subject}, timeout)
+    return [str(n) for n in reply.get("streams") or []]

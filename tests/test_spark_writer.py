@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,20 +21,22 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from cgroupd.jetstream import JetStream
-from tests.groups import make_group, publish_keyed
+from tests.groups import publish_keyed
 from tests.natsserver import NatsServer
-from tests.spark_support import finish, source, start_spark, stop_spark, wait_sourced
+from tests.spark_support import (
+    finish,
+    make_group,
+    shared_spark,
+    source,
+    wait_sourced,
+)
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
-    session = start_spark(tmp_path_factory.mktemp("spark"))
-    try:
-        yield session
-    finally:
-        stop_spark(session)
+def spark() -> SparkSession:
+    return shared_spark()
 
 
 async def _out_stream(js: JetStream) -> None:
@@ -129,3 +130,57 @@ async def test_writer_rejects_a_dataframe_without_data(
     df = spark.createDataFrame([("out.a", "x")], "subject string, payload string")
     with pytest.raises(Exception, match="needs a 'data' column"):
         df.write.format("cgroupd").mode("append").option("servers", nats_server.url).save()
+
+
+async def test_sink_refuses_what_it_cannot_keep(spark: SparkSession, nats_server: NatsServer,
+                                                jetstream: JetStream, tmp_path: Path) -> None:
+    """overwrite and complete modes are refused (a stream is append-only) rather than
+    silently appended; a reused idPrefix publishes new rows instead of dropping them as
+    duplicates; a duplicate window shorter than the trigger interval is refused at start,
+    and check_duplicate_window reports it before a query is started."""
+    from cgroupd.spark.writer import check_duplicate_window
+
+    await _out_stream(jetstream)
+    df = spark.createDataFrame([("out.a", f"first {i}") for i in range(5)],
+                               "subject string, data string")
+    with pytest.raises(Exception, match="append-only"):
+        df.write.format("cgroupd").mode("overwrite").option("servers", nats_server.url).save()
+    info = await jetstream.stream_info("OUT")
+    assert info is not None and info.state.messages == 0
+
+    df.write.format("cgroupd").mode("append").option("servers", nats_server.url) \
+        .option("idPrefix", "job").save()
+    again = spark.createDataFrame([("out.a", f"second {i}") for i in range(5)],
+                                  "subject string, data string")
+    again.write.format("cgroupd").mode("append").option("servers", nats_server.url) \
+        .option("idPrefix", "job").save()
+    assert sorted(d.decode() for _, _, d in await _messages(jetstream)) == sorted(
+        [f"first {i}" for i in range(5)] + [f"second {i}" for i in range(5)])
+
+    counts = (spark.readStream.format("rate").option("rowsPerSecond", "5").load()
+              .groupBy().count()
+              .select(F.lit("out.count").alias("subject"),
+                      F.col("count").cast("string").alias("data")))
+    complete = (counts.writeStream.format("cgroupd").outputMode("complete")
+                .option("servers", nats_server.url)
+                .option("checkpointLocation", str(tmp_path / "complete")).start())
+    with pytest.raises(StreamingQueryException, match="append-only"):
+        await asyncio.to_thread(finish, complete, 60.0)
+
+    await jetstream.add_stream(api.StreamConfig(name="SHORT", subjects=["short.>"],
+                                                duplicate_window=1.0))
+    short = (spark.readStream.format("rate").option("rowsPerSecond", "5").load()
+             .select(F.lit("short.x").alias("subject"),
+                     F.col("value").cast("string").alias("data")))
+    query = (short.writeStream.format("cgroupd").option("servers", nats_server.url)
+             .option("stream", "SHORT").option("triggerInterval", "30")
+             .option("checkpointLocation", str(tmp_path / "short"))
+             .trigger(processingTime="30 seconds").start())
+    with pytest.raises(StreamingQueryException, match="drops duplicates for 1s"):
+        await asyncio.to_thread(finish, query, 60.0)
+    problems = await asyncio.to_thread(
+        check_duplicate_window, {"servers": nats_server.url, "subject": "short.x"},
+        "5 minutes")
+    assert len(problems) == 1 and "'SHORT'" in problems[0]
+    assert await asyncio.to_thread(
+        check_duplicate_window, {"servers": nats_server.url, "stream": "OUT"}, "30s") == []

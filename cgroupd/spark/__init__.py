@@ -12,7 +12,7 @@ Install with ``pip install 'cgroupd[spark]'`` (pyspark >= 4.2, pyarrow), then::
 Source options: ``servers`` (comma-separated), ``creds`` | ``token`` | ``user`` +
 ``password``, ``stream``, ``group``, ``member`` (read only that member's partitions),
 ``startingOffsets`` (``earliest`` | ``latest`` | ``{"<partition>": <sequence>}``),
-``maxMessagesPerTrigger``, ``partitionsPerTask``, ``fetchBatch``,
+``maxOffsetsPerTrigger``, ``minPartitions``, ``fetchBatch``,
 ``leaseInactiveThreshold`` and ``leaseWaitTimeout`` (seconds). Sink options: the same
 connection options, ``subject``, ``stream``, ``idPrefix``, ``maxPending``,
 ``publishTimeout``. See :mod:`cgroupd.spark.source` and :mod:`cgroupd.spark.writer`.

@@ -1,217 +1,265 @@
-"""Reading a group's work-queue stream by sequence, with JetStream direct get.
+"""Reading a stream by sequence with JetStream direct get, to the end of every range.
 
 The Spark source never consumes through a JetStream consumer: it reads with direct get
 (the stream has ``allow_direct``), which leaves messages in place, so any uncommitted
-range can be read again identically, and removes what Spark is done with by purging.
-The request forms below were checked against nats-server 2.15.1:
+range reads back identically. The request forms (:mod:`cgroupd.jsapi`, checked against
+nats-server 2.15.1):
 
-* Last message of partition ``p``: ``$JS.API.DIRECT.GET.<stream>`` with
-  ``{"last_by_subj": "<p>.>"}``. A wildcard is accepted here. One reply: the message, or
-  status 404. Not ``{"multi_last": ["<p>.>"], "batch": 1}``: ``multi_last`` answers with
-  the last message of each *subject* under the filter, in subject order, so a batch of
-  one is the last message of the alphabetically first subject, not of the partition.
-* A run of partition ``p`` from sequence ``s``: ``{"seq": s, "next_by_subj": "<p>.>",
-  "batch": n}``. Up to ``n`` messages with sequence >= ``s``, in order, each carrying
-  ``Nats-Sequence``, ``Nats-Subject``, ``Nats-Time-Stamp`` and ``Nats-Num-Pending``
-  (messages of the filter after this one, up to the stream's end), then a status
-  ``204 EOB`` message; status 404 when there is none. ``up_to_seq`` is ignored with
-  ``next_by_subj`` (only ``multi_last`` honours it), so readers stop at their end
-  sequence themselves.
-* Purge (see :meth:`cgroupd.jetstream.JetStream.purge`): ``$JS.API.STREAM.PURGE.<stream>``
-  with ``{"filter": "<p>.>", "seq": end + 1}`` removes the partition's messages below
-  ``end + 1`` and nothing else; repeating it purges nothing (idempotent).
+* Last message on a subject (wildcards allowed): ``{"last_by_subj": "<p>.>"}``. One
+  reply: the message, or status 404. Not ``multi_last`` with a batch of one: that is the
+  last message of the alphabetically first *subject* under the filter.
+* A run from sequence ``s``: ``{"seq": s, "next_by_subj": "<filter>", "batch": n,
+  "max_bytes": m}``. Messages with sequence >= ``s`` in order, each with
+  ``Nats-Num-Pending`` (messages of the filter after it), then ``204 EOB`` whose
+  ``Nats-Num-Pending`` says whether more follow; status 404 when there is none.
+  ``up_to_seq`` is ignored here, so readers stop at their end sequence themselves.
 
-This module builds ``$JS.API`` subjects by hand, as :mod:`cgroupd.jsapi` does for the
-member runtime; it could move there.
+**Every replica answers direct gets, lagging followers included.** A follower that is
+behind answers "nothing more" (EOB with nothing pending, or 404) for messages the leader
+already has. :func:`read_range` therefore never takes a short answer for the end of a
+range: it reads until it has seen a message at or beyond the range's end, and when a
+replica says there is nothing more before that, it asks the stream *leader* (the
+message-get API, which only the leader answers) whether a message of the range exists
+after the last one read. If the leader has one, a replica is behind: retry (backing off)
+and fail with :class:`~cgroupd.errors.ReplicaBehind` after ``stale_timeout``. If the
+leader has none, the range is complete.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-from dataclasses import dataclass
-from typing import Any
+import time
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, field
 
-from nats.aio.client import Client
-from nats.aio.msg import Msg
+import structlog
 from nats.aio.subscription import Subscription
 
 from cgroupd import jsapi
-from cgroupd.errors import ApiError, ServerUnreachable, StreamNotFound
+from cgroupd.errors import (
+    ApiError,
+    ReplicaBehind,
+    ServerUnreachable,
+    StreamNotFound,
+)
+from cgroupd.spark.wire import ReaderClient
 
-SEQUENCE = "Nats-Sequence"
-SUBJECT = "Nats-Subject"
-TIMESTAMP = "Nats-Time-Stamp"
-NUM_PENDING = "Nats-Num-Pending"
-STATUS = "Status"
-DESCRIPTION = "Description"
+log = structlog.get_logger("cgroupd.spark")
 
-#: Headers the server adds to a direct-get reply; the rest are the message's own.
-REPLY_HEADERS = frozenset({
-    "Nats-Stream", SUBJECT, SEQUENCE, TIMESTAMP, NUM_PENDING, "Nats-Last-Sequence",
-    "Nats-UpTo-Sequence", STATUS, DESCRIPTION,
-})
+#: Bytes one direct-get request asks for at most: well under the server's per-client
+#: pending limit (64 MiB by default), which a burst of 1 MB messages would exceed.
+MAX_BYTES = 8 << 20
+#: How long a range may keep ending early at replicas while the leader has more.
+STALE_TIMEOUT = 10.0
 
-
-#: What ``bytes.strip()`` removes (``str.strip()`` would remove more).
-_ASCII_SPACE = " \t\n\r\x0b\x0c"
-
-
-def _fast_header_lines(raw: bytes) -> dict[str, str]:
-    """nats-py's header parsing, without its per-character whitespace scan.
-
-    Same result for every header block (a name containing whitespace is dropped, values
-    decoded as UTF-8 with replacement); about 4x faster, which matters when a task reads
-    100k messages each carrying a ``Nats-Stream-Source`` header.
-    """
-    out: dict[str, str] = {}
-    # Decoding the block at once equals decoding each line: CR and LF are ASCII.
-    for line in raw.decode("utf-8", "replace").split("\r\n"):
-        name, sep, value = line.partition(":")
-        if not sep:
-            continue
-        key = name.strip(_ASCII_SPACE)
-        if not key.isascii() or (key and key.split() != [key]):
-            continue  # a name that is not ASCII, or holds whitespace, is not a header name
-        out[key] = value.strip(_ASCII_SPACE)
-    return out
+#: One message of a direct-get batch: ``(sequence, subject, time stamp, raw header block,
+#: where the server's trailer starts in it, payload)``.
+Item = tuple[int, bytes, bytes, bytes, int, bytes]
 
 
-class ReaderClient(Client):
-    """A nats-py client whose header parser is :func:`_fast_header_lines`."""
+@dataclass
+class _Call:
+    """One request in flight: what came back so far, and how it ended."""
 
-    _parse_header_lines = staticmethod(_fast_header_lines)
+    batch: bool
+    items: list[Item] = field(default_factory=list)
+    #: ``(code, description, headers)`` of the status that ended it (None: a message).
+    status: tuple[str, str, dict[str, str]] | None = None
+    #: Nats-Num-Pending of the EOB (messages of the filter after the last one sent).
+    pending: int = 0
+    received: int = 0
+    done: asyncio.Future[None] | None = None
 
 
 @dataclass(frozen=True)
-class Probe:
-    """The first message of a partition at or after a sequence."""
+class Batch:
+    """What one batched request returned."""
 
-    sequence: int
-    #: Messages of the partition after it, up to the stream's end.
-    pending_after: int
+    items: list[Item]
+    #: The answering replica has more messages of the filter after the last item.
+    more: bool
 
 
 class DirectGet:
-    """Direct-get requests on one stream over one connection, one request at a time."""
+    """Direct-get requests on one stream over one :class:`ReaderClient`; requests may run
+    concurrently (each has its own reply subject)."""
 
-    def __init__(self, nc: Client, stream: str, timeout: float = jsapi.API_TIMEOUT) -> None:
-        self._nc = nc
-        self._stream = stream
-        self._subject = f"{jsapi.API}.DIRECT.GET.{stream}"
-        self._timeout = timeout
-        self._inbox = ""
+    def __init__(self, nc: ReaderClient, stream: str,
+                 timeout: float = jsapi.API_TIMEOUT) -> None:
+        self.nc = nc
+        self.stream = stream
+        self._stream_b = stream.encode()
+        self._subject = jsapi.direct_get_subject(stream)
+        self.timeout = timeout
+        self._prefix = b""
         self._sub: Subscription | None = None
+        self._calls: dict[bytes, _Call] = {}
         self._serial = 0
-        self._reply = ""
-        self._got: list[Msg] = []
-        self._end: asyncio.Future[Msg] | None = None
-        self._lock = asyncio.Lock()
+        self._opening: asyncio.Lock | None = None
 
     async def close(self) -> None:
         if self._sub is not None:
-            try:
-                await self._sub.unsubscribe()
-            except Exception:  # noqa: BLE001 - connection already closed
-                pass
+            await self.nc.raw_unsubscribe(self._sub)
             self._sub = None
 
-    async def _receive(self, msg: Msg) -> None:
-        if msg.subject != self._reply or self._end is None or self._end.done():
-            return  # a late answer to a request that already timed out
-        if msg.headers and msg.headers.get(STATUS):
-            self._end.set_result(msg)
-        else:
-            self._got.append(msg)
+    def _receive(self, subject: bytes, hdr: bytes | None, payload: bytes) -> None:
+        call = self._calls.get(subject[len(self._prefix):])
+        if call is None or call.done is None or call.done.done():
+            return  # a late answer to a request that gave up
+        call.received += 1
+        found = jsapi.direct_message(hdr, self._stream_b, call.batch)
+        if found is not None and hdr is not None:
+            end, subj, seq, stamp, _ = found
+            call.items.append((seq, subj, stamp, hdr, end, payload))
+            if not call.batch:
+                call.done.set_result(None)
+            return
+        call.status = jsapi.direct_status(hdr)
+        pending = call.status[2].get("Nats-Num-Pending", "0")
+        call.pending = int(pending) if pending.isdigit() else 0
+        call.done.set_result(None)
 
-    async def _request(self, body: dict[str, Any]) -> tuple[list[Msg], Msg]:
-        """Send one request; return its messages and the status message that ended it."""
-        async with self._lock:
-            if self._sub is None:
-                self._inbox = self._nc.new_inbox()
-                self._sub = await self._nc.subscribe(
-                    f"{self._inbox}.*", cb=self._receive,
-                    pending_msgs_limit=1_000_000, pending_bytes_limit=1 << 30)
-            self._serial += 1
-            self._reply = f"{self._inbox}.{self._serial}"
-            self._got = []
-            self._end = asyncio.get_running_loop().create_future()
-            await self._nc.publish(self._subject, json.dumps(body).encode(), reply=self._reply)
+    async def _call(self, body: bytes, batch: bool) -> _Call:
+        if self._sub is None:
+            if self._opening is None:
+                self._opening = asyncio.Lock()
+            async with self._opening:
+                if self._sub is None:
+                    inbox = self.nc.new_inbox()
+                    self._prefix = f"{inbox}.".encode()
+                    self._sub = await self.nc.raw_subscribe(f"{inbox}.*", self._receive)
+        self._serial += 1
+        token = str(self._serial).encode()
+        call = _Call(batch, done=asyncio.get_running_loop().create_future())
+        self._calls[token] = call
+        try:
+            try:
+                await self.nc.publish(self._subject, body,
+                                      reply=(self._prefix + token).decode())
+            except Exception as exc:
+                raise ServerUnreachable(f"direct get on {self.stream}: not connected to "
+                                        f"NATS ({exc or type(exc).__name__})") from exc
             seen = -1
+            assert call.done is not None
             while True:
                 # The deadline is for progress, not for the whole batch.
                 try:
-                    end = await asyncio.wait_for(asyncio.shield(self._end), self._timeout)
-                    break
+                    await asyncio.wait_for(asyncio.shield(call.done), self.timeout)
+                    return call
                 except TimeoutError:
-                    if len(self._got) == seen:
-                        self._end.cancel()
+                    if call.received == seen:
                         raise ServerUnreachable(
-                            f"direct get on {self._stream}: no answer within "
-                            f"{self._timeout:.1f}s") from None
-                    seen = len(self._got)
-            got, self._got = self._got, []
-            return got, end
+                            f"direct get on {self.stream}: no answer within "
+                            f"{self.timeout:.1f}s") from None
+                    seen = call.received
+        finally:
+            self._calls.pop(token, None)
+            if call.done is not None and not call.done.done():
+                call.done.cancel()
 
-    def _check(self, end: Msg) -> bool:
-        """True for a normal end (204 EOB, or 404: nothing there); raise otherwise."""
-        headers = end.headers or {}
-        status = headers.get(STATUS, "")
-        if status in ("204", "404"):
-            return True
-        if status == "503":
+    def _check(self, call: _Call) -> None:
+        """Raise for a status other than a normal end (204 EOB, or 404: nothing there)."""
+        if call.status is None:
+            return
+        code, description, _ = call.status
+        if code in ("204", "404"):
+            return
+        if code == "503":
             raise StreamNotFound(
-                f"stream {self._stream!r} does not answer direct get (missing, or "
-                "allow_direct disabled)")
-        description = headers.get(DESCRIPTION) or ""
-        code = int(status) if status.isdigit() else 500
-        raise ApiError(code, 0, f"direct get on {self._stream}: {description or status}")
+                f"stream {self.stream!r} does not answer direct get: it does not exist, "
+                "does not allow direct get (enable it with `nats stream edit "
+                f"{self.stream} --allow-direct`), or no replica is available")
+        raise ApiError(int(code) if code.isdigit() else 500, 0,
+                       f"direct get on {self.stream}: {description or code or 'bad reply'}")
 
-    async def last_sequence(self, subject: str) -> int | None:
+    async def last(self, subject: str) -> int | None:
         """Sequence of the last message on ``subject`` (wildcards allowed), None if none."""
-        async with self._lock:
-            try:
-                msg = await self._nc.request(
-                    self._subject, json.dumps({"last_by_subj": subject}).encode(),
-                    timeout=self._timeout)
-            except Exception as exc:
-                raise _translate(exc, self._stream) from exc
-        headers = msg.headers or {}
-        if headers.get(STATUS):
-            self._check(msg)
+        call = await self._call(jsapi.direct_get_body(last_by_subj=subject), batch=False)
+        self._check(call)
+        return call.items[0][0] if call.items else None
+
+    async def first(self, seq: int, subject: str) -> tuple[int, int] | None:
+        """``(sequence, messages on subject after it)`` of the first message on
+        ``subject`` at or after ``seq``; None if there is none."""
+        call = await self._call(jsapi.direct_get_body(
+            seq=max(seq, 1), next_by_subj=subject, batch=1), batch=True)
+        self._check(call)
+        if not call.items:
             return None
-        return int(headers[SEQUENCE])
+        item = call.items[0]
+        found = jsapi.direct_message(item[3], self._stream_b, True)
+        return item[0], (found[4] if found else 0)
 
-    async def probe(self, seq: int, subject: str) -> Probe | None:
-        """The first message on ``subject`` at or after ``seq``, and how many follow it."""
-        got, end = await self._request({"seq": max(seq, 1), "next_by_subj": subject,
-                                         "batch": 1})
-        self._check(end)
-        if not got:
-            return None
-        headers = got[0].headers or {}
-        return Probe(int(headers[SEQUENCE]), int(headers.get(NUM_PENDING, 0)))
+    async def first_after_time(self, when: str) -> int | None:
+        """Sequence of the first message stored at or after ``when`` (RFC 3339)."""
+        call = await self._call(jsapi.direct_get_body(start_time=when, batch=1), batch=True)
+        self._check(call)
+        return call.items[0][0] if call.items else None
 
-    async def run(self, seq: int, subject: str, batch: int) -> list[Msg]:
-        """Up to ``batch`` messages on ``subject`` with sequence >= ``seq``, in order."""
-        got, end = await self._request({"seq": max(seq, 1), "next_by_subj": subject,
-                                         "batch": batch})
-        self._check(end)
-        return got
+    async def batch(self, seq: int, subject: str, n: int,
+                    max_bytes: int = MAX_BYTES) -> Batch:
+        """Up to ``n`` messages on ``subject`` with sequence >= ``seq``, in order."""
+        call = await self._call(jsapi.direct_get_body(
+            seq=max(seq, 1), next_by_subj=subject, batch=n, max_bytes=max_bytes), batch=True)
+        self._check(call)
+        more = call.status is not None and call.status[0] == "204" and call.pending > 0
+        return Batch(call.items, more)
 
 
-def _translate(exc: BaseException, stream: str) -> Exception:
-    import nats.errors
+async def leader_has(nc: ReaderClient, stream: str, seq: int, subject: str,
+                     timeout: float = jsapi.API_TIMEOUT) -> int | None:
+    """Sequence of the first message on ``subject`` at or after ``seq`` according to the
+    stream leader, None if it has none."""
+    try:
+        msg = await jsapi.get_message(nc, stream, seq, subject, timeout)
+    except ServerUnreachable:
+        raise
+    return msg.seq if msg is not None else None
 
-    if isinstance(exc, nats.errors.NoRespondersError):
-        return StreamNotFound(f"stream {stream!r} does not answer direct get (missing, or "
-                              "allow_direct disabled)")
-    if isinstance(exc, (nats.errors.TimeoutError, TimeoutError)):
-        return ServerUnreachable(f"direct get on {stream}: no answer in time")
-    if isinstance(exc, (nats.errors.ConnectionClosedError,
-                        nats.errors.ConnectionReconnectingError)):
-        return ServerUnreachable(f"direct get on {stream}: not connected to NATS")
-    return exc if isinstance(exc, Exception) else RuntimeError(str(exc))
+
+async def read_range(
+    dg: DirectGet,
+    subject: str,
+    start: int,
+    end: int,
+    *,
+    fetch: int,
+    stale_timeout: float = STALE_TIMEOUT,
+    clock: Callable[[], float] = time.monotonic,
+) -> AsyncGenerator[list[Item], None]:
+    """Every message on ``subject`` with sequence in ``(start, end]``, in chunks, in order.
+
+    See the module docstring for why a short answer is not the end.
+    """
+    seq = start + 1
+    began = clock()
+    delay = 0.02
+    while seq <= end:
+        got = await dg.batch(seq, subject, min(fetch, end - seq + 1))
+        items = got.items
+        if items:
+            last = items[-1][0]
+            keep = items if last <= end else [i for i in items if i[0] <= end]
+            if keep:
+                yield keep
+            if last >= end:
+                return
+            seq = last + 1
+            if got.more:
+                continue
+        # The replica that answered has nothing more on the subject: ask the leader.
+        nxt = await leader_has(dg.nc, dg.stream, seq, subject)
+        if nxt is None or nxt > end:
+            return
+        if clock() - began > stale_timeout:
+            raise ReplicaBehind(
+                f"direct get on {dg.stream}: the replicas that answer kept ending before "
+                f"sequence {nxt} of {subject} for {stale_timeout:g}s although the stream "
+                "leader has it (a replica is behind; is the cluster healthy?)")
+        log.info("replica behind, retrying", stream=dg.stream, subject=subject, seq=seq,
+                 leader_has=nxt)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.5)
 
 
 async def nth_sequence(dg: DirectGet, subject: str, after: int, n: int,
@@ -224,19 +272,19 @@ async def nth_sequence(dg: DirectGet, subject: str, after: int, n: int,
     ``subject`` during the search; arrivals make it pick a later sequence, by at most the
     messages that arrived. Returns ``upper`` when fewer than ``n`` messages exist.
     """
-    first = await dg.probe(after + 1, subject)
-    if first is None or first.sequence > upper:
+    first = await dg.first(after + 1, subject)
+    if first is None or first[0] > upper:
         return after
-    base = first.pending_after + 1  # messages at or after first.sequence
+    base = first[1] + 1  # messages at or after first
 
     async def rank(seq: int) -> tuple[int, int]:
         """(messages in (after, m], m) for m the first message at or after seq."""
-        p = await dg.probe(seq, subject)
+        p = await dg.first(seq, subject)
         if p is None:
             return base, upper + 1
-        return base - p.pending_after, p.sequence
+        return base - p[1], p[0]
 
-    lo, hi = first.sequence, upper  # answer in [lo, hi]
+    lo, hi = first[0], upper  # answer in [lo, hi]
     if n <= 1:
         return lo
     found = upper

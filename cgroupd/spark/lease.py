@@ -36,12 +36,14 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import nats.errors
 import structlog
 
 from cgroupd import jsapi
 from cgroupd.config import GroupConfig
 from cgroupd.errors import ApiError, CgroupdError, LeaseLost, LeaseUnavailable
 from cgroupd.jetstream import JetStream
+from cgroupd.lease import presence_subject
 from cgroupd.member import INSTANCE_KEY, MEMBER_KEY
 from cgroupd.partitions import SYNC_PREFIX, owners, sync_filters
 from cgroupd.pull import Puller, PullOptions
@@ -56,6 +58,32 @@ HOLDER_KEY = "cgroupd_holder"
 HOLDER_SPARK = "spark"
 #: Ack wait recorded in the consumer config (the sync consumer never delivers).
 _ACK_WAIT = 30.0
+
+
+@dataclass(frozen=True)
+class LeaseRef:
+    """What a Spark task needs to check that its query still holds the lease."""
+
+    stream: str
+    lease_id: str
+    consumers: tuple[str, ...]
+    label: str
+
+
+async def lease_problem(nc: Any, ref: LeaseRef) -> str | None:
+    """Why the query no longer holds its lease, or None while it does.
+
+    Tasks check before and after reading: a task that read while another instance took
+    the partitions over may have read messages that instance consumes too.
+    """
+    for name in ref.consumers:
+        info = await jsapi.consumer_info(nc, ref.stream, name)
+        meta = ((info or {}).get("config") or {}).get("metadata") or {}
+        if info is None or meta.get(INSTANCE_KEY) != ref.lease_id:
+            holder = describe_holder(info) if info is not None else "nobody (deleted)"
+            return (f"the query's lease {ref.lease_id} on group {ref.label} is gone: "
+                    f"consumer {name!r} is held by {holder}")
+    return None
 
 
 def new_lease_id() -> str:
@@ -140,7 +168,9 @@ class Lease:
         claims: list[Claim],
         *,
         lease_id: str | None = None,
+        presence_key: str,
         label: str = "",
+        presence_timeout: float = 0.5,
         inactive_threshold: float = 2.0,
         wait: float = 10.0,
         check_interval: float = 1.0,
@@ -154,6 +184,9 @@ class Lease:
         self.claims = list(claims)
         self.lease_id = lease_id or new_lease_id()
         self.label = label or stream
+        #: ``<origin>.<group>``: where the group's daemon instances answer presence.
+        self.presence_key = presence_key
+        self.presence_timeout = presence_timeout
         self.inactive_threshold = inactive_threshold
         self.wait = wait
         self.check_interval = check_interval
@@ -164,6 +197,11 @@ class Lease:
         self._watch: asyncio.Task[None] | None = None
         self._lost: str | None = None
         self._log = log.bind(stream=stream, lease=self.lease_id)
+
+    @property
+    def ref(self) -> LeaseRef:
+        return LeaseRef(self.stream, self.lease_id, tuple(c.consumer for c in self.claims),
+                        self.label)
 
     @property
     def partitions(self) -> set[int]:
@@ -252,19 +290,29 @@ class Lease:
 
         Holding the election consumers means every previous holder stopped pulling on
         them; its data consumer may linger (the server keeps a consumer with unacked
-        messages until their ack wait). One nobody pulls on in two looks is abandoned,
-        as :meth:`cgroupd.member.Member._reclaim_abandoned` decides too.
+        messages until their ack wait, and a draining instance keeps it until its handlers
+        finish). The liveness check is the daemon's own
+        (:meth:`cgroupd.member.Member._reclaim_abandoned`): an instance that answers on its
+        presence subject is alive and left alone, however idle its consumer looks; one
+        the server says is gone (no responders), or that neither answers nor pulls in two
+        looks, is abandoned and its consumer deleted.
         """
-        idle: set[str] = set()
+        silent: set[str] = set()
         while True:
             foreign = await self._foreign()
             if not foreign:
                 return
-            now_idle = {i["name"] for i in foreign if int(i.get("num_waiting", 0)) == 0}
-            for name in now_idle & idle:
-                self._log.warning("deleting abandoned consumer", consumer=name)
-                await self.js.delete_consumer(self.stream, name)
-            idle = now_idle
+            now_silent = set()
+            for info in foreign:
+                name = info["name"]
+                alive = await self._alive(info)
+                if alive is False or (alive is None and int(info.get("num_waiting", 0)) == 0
+                                      and name in silent):
+                    self._log.warning("deleting abandoned consumer", consumer=name)
+                    await self.js.delete_consumer(self.stream, name)
+                elif alive is None and int(info.get("num_waiting", 0)) == 0:
+                    now_silent.add(name)
+            silent = now_silent
             if self._clock() >= deadline:
                 info = foreign[0]
                 raise LeaseUnavailable(
@@ -272,6 +320,22 @@ class Lease:
                     f"{self.label}: they are being consumed by {describe_holder(info)}. "
                     f"Stop it, then retry (waited {self.wait:g}s).")
             await self._sleep(0.25)
+
+    async def _alive(self, info: dict[str, Any]) -> bool | None:
+        """True if the instance owning consumer ``info`` answers, False if the server
+        knows it is gone, None if it did not answer in time (or names no instance)."""
+        meta = (info.get("config") or {}).get("metadata") or {}
+        instance = meta.get(INSTANCE_KEY)
+        if not instance:
+            return None
+        try:
+            await self.js.nc.request(presence_subject(self.presence_key, instance), b"",
+                                     timeout=self.presence_timeout)
+        except nats.errors.NoRespondersError:
+            return False
+        except (nats.errors.TimeoutError, nats.errors.Error):
+            return None
+        return True
 
     # -- holding --------------------------------------------------------------------
     def check(self) -> None:

