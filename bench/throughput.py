@@ -328,8 +328,11 @@ def ratios(rows: dict[str, dict[str, Any]]) -> None:
             for row in rows.values():
                 if "msgs_per_s" in row:
                     row[label] = round(row["msgs_per_s"] / rate, 2)
+
     def measured(row: dict[str, Any]) -> bool:
-        return "cpu_us_per_msg" in row and "server_cpu_us_per_msg" in row
+        # A short run can show no CPU at all (clock ticks of 10 ms): no ratio then.
+        return row.get("cpu_us_per_msg", 0) + row.get("server_cpu_us_per_msg", 0) > 0 \
+            and "cpu_us_per_msg" in row and "server_cpu_us_per_msg" in row
 
     peer = rows.get("peer", {})
     if measured(peer):

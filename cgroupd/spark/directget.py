@@ -32,10 +32,9 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 
-import structlog
 from nats.aio.subscription import Subscription
 
-from cgroupd import jsapi
+from cgroupd import jsapi, logs
 from cgroupd.errors import (
     ApiError,
     ReplicaBehind,
@@ -44,7 +43,7 @@ from cgroupd.errors import (
 )
 from cgroupd.spark.wire import ReaderClient
 
-log = structlog.get_logger("cgroupd.spark")
+log = logs.get_logger("cgroupd.spark")
 
 #: Bytes one direct-get request asks for at most: well under the server's per-client
 #: pending limit (64 MiB by default), which a burst of 1 MB messages would exceed.

@@ -22,9 +22,7 @@ import time
 from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
-import structlog
-
-from cgroupd import jsapi
+from cgroupd import jsapi, logs
 from cgroupd.admin import StoredGroup, get_group
 from cgroupd.config import group_key
 from cgroupd.errors import ConfigError, DataLoss, StreamNotFound
@@ -44,7 +42,7 @@ from cgroupd.spark.offsets import (
 from cgroupd.spark.options import SourceOptions
 from cgroupd.spark.wire import ReaderClient
 
-log = structlog.get_logger("cgroupd.spark")
+log = logs.get_logger("cgroupd.spark")
 
 T = TypeVar("T")
 

@@ -37,9 +37,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import nats.errors
-import structlog
 
-from cgroupd import jsapi
+from cgroupd import jsapi, logs
 from cgroupd.config import GroupConfig
 from cgroupd.errors import ApiError, CgroupdError, LeaseLost, LeaseUnavailable
 from cgroupd.jetstream import JetStream
@@ -49,7 +48,7 @@ from cgroupd.partitions import SYNC_PREFIX, owners, sync_filters
 from cgroupd.pull import Puller, PullOptions
 from cgroupd.settings import PRIORITY_GROUP
 
-log = structlog.get_logger("cgroupd.spark.lease")
+log = logs.get_logger("cgroupd.spark.lease")
 
 #: Consumer name of the claim on partitions that no member owns.
 UNOWNED_CONSUMER = "cgroupd-spark-unowned"

@@ -20,15 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import nats
-import structlog
 from nats.aio.client import Client
 
+from cgroupd import logs
 from cgroupd.config import name_problems
 from cgroupd.errors import ConfigError, PermissionDenied, ServerUnreachable
 from cgroupd.spark.layout import Mode
 from cgroupd.spark.wire import ReaderClient
 
-log = structlog.get_logger("cgroupd.spark")
+log = logs.get_logger("cgroupd.spark")
 
 DEFAULT_SERVER = "nats://127.0.0.1:4222"
 DEFAULT_CONNECT_TIMEOUT = 5.0

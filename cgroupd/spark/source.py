@@ -27,14 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import threading
 from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import structlog
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -158,18 +156,10 @@ class CgroupdDataSource(DataSource):
         return CgroupdStreamWriter(SinkOptions.parse(self.options), schema, overwrite)
 
 
-def _quiet_logs() -> None:
-    """Info and up only, in the Python processes Spark starts (nothing configured
-    structlog there; its default prints every debug line)."""
-    if not structlog.is_configured():
-        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
-
-
 class _DriverSide:
     """The session and the thread its loop runs on, opened on first use."""
 
     def __init__(self, options: SourceOptions) -> None:
-        _quiet_logs()
         self.thread = LoopThread()
         self.session = DriverSession(options)
         try:
@@ -279,7 +269,6 @@ class CgroupdBatchReader(DataSourceReader):
         self.options = options
 
     def partitions(self) -> list[InputPartition]:
-        _quiet_logs()
         return list(asyncio.run(_plan_batch(self.options)))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -322,7 +311,6 @@ class _ExecutorIO:
     def get(cls) -> _ExecutorIO:
         with cls._lock:
             if cls._instance is None:
-                _quiet_logs()
                 cls._instance = _ExecutorIO()
             return cls._instance
 

@@ -53,7 +53,6 @@ from typing import Any
 
 import nats.errors
 import pyarrow as pa
-import structlog
 from nats.aio.client import Client
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
@@ -70,12 +69,12 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from cgroupd import jsapi
+from cgroupd import jsapi, logs
 from cgroupd.errors import CgroupdError, ConfigError, ServerUnreachable
 from cgroupd.jetstream import translated
 from cgroupd.spark.options import Connection, SinkOptions, parse_duration
 
-log = structlog.get_logger("cgroupd.spark.writer")
+log = logs.get_logger("cgroupd.spark.writer")
 
 MSG_ID = "Nats-Msg-Id"
 #: Local properties Spark sets on every task of a streaming micro-batch.
