@@ -38,7 +38,7 @@ from cgroupd.errors import (
     StreamNotFound,
 )
 from cgroupd.jetstream import JetStream
-from cgroupd.member import INSTANCE_KEY, MEMBER_KEY
+from cgroupd.naming import INSTANCE_KEY, MEMBER_KEY
 from cgroupd.partitions import SYNC_PREFIX, owners, transform_destination
 from cgroupd.settings import PRIORITY_GROUP
 

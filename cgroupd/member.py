@@ -44,6 +44,7 @@ from cgroupd.config import (
     validate_name,
     work_queue_stream,
 )
+from cgroupd.consumerinfo import ConsumerInfo
 from cgroupd.dispatch import Completed, Dispatcher, Handler
 from cgroupd.errors import (
     AckNotConfirmed,
@@ -51,9 +52,12 @@ from cgroupd.errors import (
     ApiError,
     CgroupdError,
     ConfigError,
+    ConsumerExists,
+    ConsumerNotFound,
     GroupNotFound,
     InstanceIdInUse,
     JetStreamNotEnabled,
+    WorkQueueOverlap,
 )
 from cgroupd.jetstream import JetStream, Record
 from cgroupd.lease import (
@@ -64,6 +68,18 @@ from cgroupd.lease import (
     may_reclaim,
     presence_subject,
     probe,
+)
+from cgroupd.naming import (
+    HOLDER_KEY,
+    INSTANCE_KEY,
+    MEMBER_KEY,
+    RELEASED_KEY,
+    RESET_KEY,
+    SKIP_KEY,
+    TOKEN_KEY,
+    consumer_config,
+    data_consumer,
+    sync_consumer,
 )
 from cgroupd.partitions import (
     group_subjects,
@@ -81,41 +97,27 @@ from cgroupd.pinning import PinLease, SkipRules
 from cgroupd.pull import PullEnd, Puller, PullOptions
 from cgroupd.settings import PRIORITY_GROUP, Exclusivity, MemberSettings
 
+__all__ = [
+    "HOLDER_KEY",
+    "INSTANCE_KEY",
+    "MEMBER_KEY",
+    "RELEASED_KEY",
+    "RESET_KEY",
+    "SKIP_KEY",
+    "TOKEN_KEY",
+    "Generation",
+    "Member",
+    "MemberState",
+    "StepDown",
+    "new_instance_id",
+]
+
 log = logs.get_logger("cgroupd.member")
 
 ActiveCallback = Callable[[tuple[int, ...]], Awaitable[None] | None]
 StandbyCallback = Callable[[str], Awaitable[None] | None]
 #: Called with (partitions now owned, seconds the move took) after an in-place rebalance.
 RebalanceCallback = Callable[[tuple[tuple[int, ...], float]], Awaitable[None] | None]
-
-#: Metadata key carrying the instance id in the consumers this runtime creates.
-INSTANCE_KEY = "cgroupd_instance"
-MEMBER_KEY = "cgroupd_member"
-#: Static groups, member consumer metadata: how far each partition this member gave away
-#: was processed, and which redelivered messages were processed already (SkipRules).
-RELEASED_KEY = "cgroupd_released"
-SKIP_KEY = "cgroupd_skip"
-#: Pinned mode: a standby changed the member consumer's filters while nobody held the pin
-#: (pinning needs a delivery); the next holder resets it before running anything.
-RESET_KEY = "cgroupd_reset"
-#: Metadata key carrying a random token per process: two processes given the same instance
-#: id create differing consumers, so the second one's create fails instead of sharing.
-TOKEN_KEY = "cgroupd_token"
-#: Metadata key marking a synchronization consumer held by something other than a member
-#: instance (a Spark query, :mod:`cgroupd.spark.lease`): it answers no presence probe and
-#: is never replaced by a standby; it ends by itself.
-HOLDER_KEY = "cgroupd_holder"
-
-
-def _json_map(info: dict[str, Any], key: str) -> dict[str, Any]:
-    """A JSON object kept in a consumer's metadata (empty if absent or unreadable)."""
-    text = ((info.get("config") or {}).get("metadata") or {}).get(key)
-    try:
-        value = json.loads(text) if text else {}
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
 
 class MemberState(Enum):
     JOINING = "joining"  # reading the group config for the first time
@@ -349,13 +351,11 @@ class Member:
     @property
     def sync_consumer(self) -> str:
         """Name of the member's election consumer (pinned mode: its only consumer)."""
-        if self.static:
-            return f"{self.group}-{self.member}"
-        return self.member
+        return sync_consumer(self.group, self.member, self.static)
 
     @property
     def data_consumer(self) -> str:
-        return f"{self.member}-{self.instance_id}"
+        return data_consumer(self.member, self.instance_id)
 
     async def start(self) -> None:
         """Read the group config and begin competing; raises if the group is unusable, and
@@ -617,17 +617,9 @@ class Member:
     # -- election -------------------------------------------------------------------
     def _consumer_config(self, filters: list[str], **extra: Any) -> dict[str, Any]:
         s = self.settings
-        config: dict[str, Any] = {
-            "ack_policy": "explicit",
-            "deliver_policy": "all",
-            "filter_subjects": filters,
-            "ack_wait": int(s.ack_wait * 1e9),
-            "max_ack_pending": s.max_in_flight,
-            "max_waiting": 512,
-            "metadata": {MEMBER_KEY: self.member},
-        }
-        config.update(extra)
-        return config
+        fields: dict[str, Any] = {"max_ack_pending": s.max_in_flight,
+                                  "metadata": {MEMBER_KEY: self.member}, **extra}
+        return consumer_config(filters, ack_wait=s.ack_wait, **fields)
 
     async def _acquire(self, partitions: tuple[int, ...]) -> Generation | None:
         """Try once to become the active instance; None means stay standby."""
@@ -646,12 +638,11 @@ class Member:
         sent = self._clock()
         try:
             await self.js.create_consumer(self._consume_stream, self.sync_consumer, sync_cfg)
-        except ApiError as exc:
-            if exc.err_code == jsapi.ERR_CONSUMER_EXISTS:
-                if self._watch is None:
-                    await self._learn_owner()
-            elif exc.err_code != jsapi.ERR_WQ_NOT_UNIQUE:
-                self._log.warning("sync consumer create failed", error=str(exc))
+        except ConsumerExists:
+            if self._watch is None:
+                await self._learn_owner()
+            return None
+        except WorkQueueOverlap:
             return None
         except CgroupdError as exc:
             self._log.warning("sync consumer create failed", error=str(exc))
@@ -684,7 +675,7 @@ class Member:
         except CgroupdError as exc:
             self._log.info("could not read the sync consumer's holder", error=str(exc))
             return
-        meta = ((info or {}).get("config") or {}).get("metadata") or {}
+        meta = ConsumerInfo.of(info).metadata
         owner = meta.get(INSTANCE_KEY)
         if info is None or not owner or meta.get(HOLDER_KEY):
             # Gone already, or not a member instance (a Spark query's lease, which answers
@@ -755,8 +746,7 @@ class Member:
         except CgroupdError as exc:
             self._log.info("could not read the sync consumer's holder", error=str(exc))
             return False
-        meta = ((info or {}).get("config") or {}).get("metadata") or {}
-        if info is None or meta.get(INSTANCE_KEY) != watch.instance:
+        if info is None or ConsumerInfo(info).meta(INSTANCE_KEY) != watch.instance:
             self._watch = None  # released meanwhile, or someone else holds it now
             return True
         why = "gone" if watch.gone else "idle" if watch.idle else "silent"
@@ -770,7 +760,7 @@ class Member:
                 # Dead: its data consumer can go now too (saves the successor a round of
                 # "overlapping consumer" and presence checks; extra ones are reclaimed).
                 await self.js.delete_consumer(self._consume_stream,
-                                              f"{self.member}-{watch.instance}")
+                                              data_consumer(self.member, watch.instance))
         except CgroupdError as exc:
             self._log.warning("could not delete the old owner's consumers", error=str(exc))
             return False
@@ -795,9 +785,7 @@ class Member:
             try:
                 await self.js.create_consumer(self._consume_stream, name, config)
                 break
-            except ApiError as exc:
-                if exc.err_code != jsapi.ERR_WQ_NOT_UNIQUE:
-                    raise
+            except WorkQueueOverlap:
                 if s.reclaim_abandoned and await self._reclaim_abandoned(gen):
                     continue
                 if self._clock() > deadline or gen.ended.done() or self._stopping:
@@ -888,7 +876,7 @@ class Member:
                 if not left:
                     return False  # a consumer of lost partitions only: rejoin instead
                 reply = await self._update_filters(name, partition_filters(left))
-                delivered = int((reply.get("delivered") or {}).get("consumer_seq", 0))
+                delivered = ConsumerInfo(reply).delivered_consumer_seq
                 puller = next((p for p in gen.pullers if p.consumer == name), None)
                 if puller is None or not await puller.received_through(
                         delivered, s.drain_timeout):
@@ -910,8 +898,8 @@ class Member:
                 try:
                     await self._update_filters(self.sync_consumer, sync_filters(target))
                     break
-                except ApiError as exc:
-                    if exc.err_code != jsapi.ERR_WQ_NOT_UNIQUE or self._clock() > deadline:
+                except WorkQueueOverlap:
+                    if self._clock() > deadline:
                         raise
                 # Still claimed: by a previous owner finishing (wait), or by a dead one
                 # whose claim nobody will release (reclaimed at once).
@@ -954,8 +942,8 @@ class Member:
             dispatcher.last_settled = None
             dispatcher.accept = set(target)
             gen.rebalances += 1
-            await self._add_data_consumer(gen, f"{self.data_consumer}-{gen.rebalances}",
-                                          target)
+            await self._add_data_consumer(
+                gen, data_consumer(self.member, self.instance_id, gen.rebalances), target)
             return True
         finally:
             dispatcher.resume()
@@ -971,11 +959,10 @@ class Member:
             sync_filters(sorted(partitions)))
         free = True
         try:
-            for info in await self.js.list_consumers(self._consume_stream):
-                config = info.get("config") or {}
-                meta = config.get("metadata") or {}
-                owner, name = meta.get(INSTANCE_KEY), info.get("name", "")
-                filters = set(config.get("filter_subjects") or [config.get("filter_subject")])
+            for info in map(ConsumerInfo, await self.js.list_consumers(self._consume_stream)):
+                meta = info.metadata
+                owner, name = meta.get(INSTANCE_KEY), info.name
+                filters = set(info.filters)
                 if name in gen.data or name == self.sync_consumer or not filters & wanted:
                     continue
                 if meta.get(HOLDER_KEY):
@@ -1013,10 +1000,9 @@ class Member:
         info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
         if info is None or gen.dispatcher is None:
             return False
-        config = info.get("config") or {}
-        real, held = member_consumer_filters(
-            config.get("filter_subjects") or [config.get("filter_subject") or ""])
-        if (config.get("metadata") or {}).get(RESET_KEY) \
+        view = ConsumerInfo(info)
+        real, held = member_consumer_filters(view.filters)
+        if view.meta(RESET_KEY) \
                 and not await self._quiet_reset(gen, real):
             return False
         want = set(target)
@@ -1055,7 +1041,7 @@ class Member:
         puller = next(p for p in gen.pullers if p.delivers)
         reply = await self._update_config(self.sync_consumer, self._member_filters(
             kept, lost | claiming))
-        delivered = int((reply.get("delivered") or {}).get("consumer_seq", 0))
+        delivered = ConsumerInfo(reply).delivered_consumer_seq
         # Every delivery of a lost partition is numbered at most `delivered`: take them all
         # in before settling, or one arriving late would run beside its next owner.
         if not await puller.received_through(delivered, s.drain_timeout):
@@ -1066,7 +1052,7 @@ class Member:
             return False
         meta: dict[str, str] = {}
         if self.static:
-            released = _json_map(reply, RELEASED_KEY)
+            released = ConsumerInfo(reply).json_map(RELEASED_KEY)
             for p in lost:
                 done = max(gen.processed.get(p, 0), gen.dispatcher.highest.get(p, 0))
                 released[str(p)] = max(done, int(released.get(str(p), 0)))
@@ -1115,7 +1101,7 @@ class Member:
             seq = 1  # a work queue holds exactly what is left to do
             if self.static:
                 info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
-                upto = int(((info or {}).get("delivered") or {}).get("stream_seq", 0))
+                upto = ConsumerInfo.of(info).delivered_stream_seq
                 for p in kept:
                     gen.skip.processed_through(
                         p, upto, (m.stream_sequence for m in pending if m.partition == p))
@@ -1148,9 +1134,8 @@ class Member:
                     await self._update_config(self.sync_consumer,
                                               self._member_filters(kept, gained))
                     return starts
-                except ApiError as exc:
-                    if exc.err_code != jsapi.ERR_WQ_NOT_UNIQUE:
-                        raise
+                except WorkQueueOverlap:
+                    pass
             if self._clock() > deadline:
                 self._log.info("partitions not released in time", partitions=sorted(gained),
                                held_by=sorted(busy))
@@ -1164,10 +1149,10 @@ class Member:
         pulled on them for a while: their member is gone)."""
         starts = {p: 0 for p in gained}
         busy: set[str] = set()
-        for info in await self.js.list_consumers(self._consume_stream):
-            name = info.get("name", "")
-            config = info.get("config") or {}
-            owner = (config.get("metadata") or {}).get(MEMBER_KEY)
+        for raw in await self.js.list_consumers(self._consume_stream):
+            info = ConsumerInfo(raw)
+            name = info.name
+            owner = info.meta(MEMBER_KEY)
             # A static stream may carry other groups' consumers: ours are named after
             # their member (as admin reads them; the Go reference's carry no metadata).
             ours = name == f"{self.group}-{owner}" or (
@@ -1175,32 +1160,30 @@ class Member:
             if name == self.sync_consumer or (self.static and not ours):
                 continue
             if self.static:
-                for key, done in _json_map(info, RELEASED_KEY).items():
+                for key, done in info.json_map(RELEASED_KEY).items():
                     if key.isdigit() and int(key) in starts:
                         starts[int(key)] = max(starts[int(key)], int(done))
-            real, held = member_consumer_filters(
-                config.get("filter_subjects") or [config.get("filter_subject") or ""])
+            real, held = member_consumer_filters(info.filters)
             if (real | held) & gained:
                 if await self._reclaim_member_consumer(info):
                     for p in (real | held) & gained:
-                        floor = int((info.get("ack_floor") or {}).get("stream_seq", 0))
+                        floor = info.ack_floor_stream_seq
                         starts[p] = max(starts[p], floor)
                     continue
                 busy.add(name)
         return starts, busy
 
-    async def _reclaim_member_consumer(self, info: dict[str, Any]) -> bool:
+    async def _reclaim_member_consumer(self, info: ConsumerInfo) -> bool:
         """Another member's consumer that holds partitions now ours, and nobody pulls on
         it: all its instances are gone (issue 13 item 12). On a work queue it is deleted
         (its unacknowledged messages stay in the stream for us); on a static stream it is
         left alone (partitions do not conflict there) and we start after its ack floor."""
-        name = info.get("name", "")
+        name = info.name
 
-        def abandoned(view: dict[str, Any]) -> bool:
+        def abandoned(view: ConsumerInfo) -> bool:
             # No pull waiting (a standby or the holder would have one), and no holder: a
             # live holder may pause its pulls for a moment, but keeps its pin.
-            return int(view.get("num_waiting", 0)) == 0 and not any(
-                g.get("pinned_client_id") for g in view.get("priority_groups") or [])
+            return view.num_waiting == 0 and not view.anyone_pinned
 
         if not abandoned(info):
             return False
@@ -1208,7 +1191,7 @@ class Member:
         again = await self.js.consumer_info(self._consume_stream, name)
         if again is None:
             return True
-        if not abandoned(again):
+        if not abandoned(ConsumerInfo(again)):
             return False
         self._log.warning("taking partitions from a member consumer nobody pulls on",
                           consumer=name)
@@ -1236,7 +1219,8 @@ class Member:
         """Change one of our consumers in place: its filters, and metadata entries."""
         info = await self.js.consumer_info(self._consume_stream, name)
         if info is None:
-            raise ApiError(404, jsapi.ERR_CONSUMER_NOT_FOUND, f"consumer {name} disappeared")
+            raise ConsumerNotFound(404, jsapi.ERR_CONSUMER_NOT_FOUND,
+                                   f"consumer {name} disappeared")
         config = dict(info["config"])
         config["filter_subjects"] = filters
         config.pop("filter_subject", None)
@@ -1270,9 +1254,9 @@ class Member:
         mine = set(gen.data) | {self.sync_consumer}
         reclaimed = False
         try:
-            for info in await self.js.list_consumers(self._consume_stream):
-                meta = (info.get("config") or {}).get("metadata") or {}
-                name, owner = info.get("name", ""), meta.get(INSTANCE_KEY)
+            for info in map(ConsumerInfo, await self.js.list_consumers(self._consume_stream)):
+                meta = info.metadata
+                name, owner = info.name, meta.get(INSTANCE_KEY)
                 if name in mine or meta.get(MEMBER_KEY) != self.member or not owner \
                         or name == self.sync_consumer:
                     continue
@@ -1340,18 +1324,14 @@ class Member:
                 {p: (done, frozenset()) for p, done in starts.items() if done}).to_json()
         try:
             await self.js.create_consumer(self._consume_stream, name, cfg)
-        except ApiError as exc:
-            if exc.err_code == jsapi.ERR_WQ_NOT_UNIQUE:
-                with contextlib.suppress(CgroupdError):
-                    await self._previous_owners(set(partitions))  # reclaims abandoned ones
-                return None
-            if exc.err_code != jsapi.ERR_CONSUMER_EXISTS:
-                self._log.warning("member consumer create failed", error=str(exc))
-                return None
+        except WorkQueueOverlap:
+            with contextlib.suppress(CgroupdError):
+                await self._previous_owners(set(partitions))  # reclaims abandoned ones
+            return None
+        except ConsumerExists:
             # It exists (made by another instance, maybe the reference's): share it.
             info = await self.js.consumer_info(self._consume_stream, name)
-            existing = (info or {}).get("config", {})
-            if PRIORITY_GROUP not in (existing.get("priority_groups") or []):
+            if PRIORITY_GROUP not in ConsumerInfo.of(info).priority_groups:
                 self._log.warning("member consumer exists without priority group",
                                   consumer=name)
                 return None
@@ -1627,13 +1607,12 @@ class Member:
         except (CgroupdError, nats.errors.Error, TimeoutError) as exc:
             self._log.info("pin lease not renewed: no answer", error=repr(exc))
             return lease.valid
-        holder = next((g.get("pinned_client_id") for g in (info or {}).get(
-            "priority_groups") or [] if g.get("group") == PRIORITY_GROUP), None)
+        holder = ConsumerInfo.of(info).pinned_client(PRIORITY_GROUP)
         if info is None or holder != pin:
             lease.lose()
             return False
         lease.renewed(pin, sent)
-        if ((info.get("config") or {}).get("metadata") or {}).get(RESET_KEY):
+        if ConsumerInfo(info).meta(RESET_KEY):
             gen.reconcile = True  # a standby retargeted it before we held the pin
             gen.retarget.set()
         return lease.valid
@@ -1717,13 +1696,11 @@ class Member:
         nobody does, no message may pin anyone (pinning takes a delivery), so the standby
         sets them, marking the consumer so the next holder resets it at a quiet point
         before running anything. False: not now, try again later."""
-        config = info.get("config") or {}
-        real, held = member_consumer_filters(
-            config.get("filter_subjects") or [config.get("filter_subject") or ""])
+        view = ConsumerInfo(info)
+        real, held = member_consumer_filters(view.filters)
         if real == set(partitions) and not held:
             return True
-        holder = next((g.get("pinned_client_id") for g in info.get("priority_groups") or []
-                       if g.get("group") == PRIORITY_GROUP), None)
+        holder = view.pinned_client(PRIORITY_GROUP)
         if holder:
             return True  # the holder applies the config; we wait for the pin
         meta = {RESET_KEY: "1"}
@@ -1731,12 +1708,12 @@ class Member:
             starts, busy = await self._previous_owners(set(partitions) - real)
             if busy:
                 return False
-            skip = SkipRules.from_json((config.get("metadata") or {}).get(SKIP_KEY))
+            skip = SkipRules.from_json(view.meta(SKIP_KEY))
             for p, done in starts.items():
                 if done:
                     skip.processed_through(p, done)
-            floor = int((info.get("ack_floor") or {}).get("stream_seq", 0))
-            released = _json_map(info, RELEASED_KEY)
+            floor = view.ack_floor_stream_seq
+            released = view.json_map(RELEASED_KEY)
             for p in real - set(partitions):
                 released[str(p)] = max(floor, int(released.get(str(p), 0)))
             meta[SKIP_KEY] = skip.to_json()
@@ -1745,7 +1722,7 @@ class Member:
             await self._update_config(self.sync_consumer,
                                       self._member_filters(set(partitions), set()), meta)
         except ApiError as exc:
-            if exc.err_code == jsapi.ERR_WQ_NOT_UNIQUE:
+            if isinstance(exc, WorkQueueOverlap):
                 await self._previous_owners(set(partitions) - real)  # reclaims abandoned
             self._log.info("member consumer not retargeted yet", error=str(exc))
             return False
@@ -1753,10 +1730,11 @@ class Member:
 
     def _load_static_state(self, gen: Generation, info: dict[str, Any]) -> None:
         """Static group, on taking over: what the consumer says was processed."""
-        floor = int((info.get("ack_floor") or {}).get("stream_seq", 0))
+        view = ConsumerInfo(info)
+        floor = view.ack_floor_stream_seq
         for p in gen.partitions:
             gen.processed[p] = max(gen.processed.get(p, 0), floor)
-        text = ((info.get("config") or {}).get("metadata") or {}).get(SKIP_KEY)
+        text = view.meta(SKIP_KEY)
         gen.skip.rules = SkipRules.from_json(text).rules
 
     async def _reset_pinned(self, gen: Generation, seq: int = 0) -> None:
@@ -1775,7 +1753,7 @@ class Member:
             info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
         except CgroupdError:
             return False
-        meta = ((info or {}).get("config") or {}).get("metadata") or {}
+        meta = ConsumerInfo.of(info).metadata
         return bool(meta.get(INSTANCE_KEY) == self.instance_id
                     and meta.get(TOKEN_KEY) == self._token)
 
@@ -1837,7 +1815,7 @@ class Member:
         except CgroupdError as exc:
             self._log.warning("self-check could not reach the server", error=str(exc))
             return None
-        meta = ((sync or {}).get("config") or {}).get("metadata") or {}
+        meta = ConsumerInfo.of(sync).metadata
         if sync is None or meta.get(INSTANCE_KEY) != self.instance_id \
                 or meta.get(TOKEN_KEY) != self._token:
             gen.end(StepDown.SYNC_LOST, "sync consumer missing or owned by another instance")
