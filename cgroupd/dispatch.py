@@ -46,13 +46,13 @@ import functools
 import inspect
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Mapping
-from enum import Enum
 from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from cgroupd.message import AckGuard, Message, Outcome
+from cgroupd.ordering import Ordering as Ordering  # re-exported: callers import it from here
 
 Handler = Callable[[Message], Awaitable[None] | None]
 KeyOf = Callable[[str, Mapping[str, str], int | None], str]
@@ -137,14 +137,6 @@ async def settle_result(result: Any) -> None:
             "'yield' from it (handlers are plain or async functions)")
     if inspect.isawaitable(result):
         await result
-
-
-class Ordering(Enum):
-    """What order messages are processed in within one member."""
-
-    PARTITION = "partition"  # per partition (max in flight 1: the whole member in order)
-    KEY = "key"  # per key: same key in stream order, different keys concurrently
-    NONE = "none"  # no order: maximum concurrency
 
 
 class Dispatcher:

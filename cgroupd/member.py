@@ -85,11 +85,10 @@ class Member(ConfigWatch, SyncElection, PinnedElection, Rebalance, PinnedRebalan
         self._connection_off = self.js.on_connection(self._connection_lost,
                                                      self._connection_back)
         with contextlib.suppress(Exception):
-            self._advisories = await self.js.nc.subscribe(
-                f"$JS.EVENT.ADVISORY.CONSUMER.DELETED.{self._consume_stream}.*",
-                cb=self._on_consumer_deleted)
-        self._presence_sub = await self.js.nc.subscribe(
-            presence_subject(self._key, self.instance_id), cb=self._answer_presence)
+            self._advisories = await self.js.watch_deletions(self._consume_stream,
+                                                             self._on_consumer_deleted)
+        self._presence_sub = await self.js.answer(
+            presence_subject(self._key, self.instance_id), self._presence_text)
         self._transition(MemberState.STANDBY)
         self._supervisor = asyncio.create_task(self._supervise(), name="cgroupd-member")
 

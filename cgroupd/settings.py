@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
-from cgroupd.dispatch import Ordering
+from cgroupd.ordering import Ordering
 
 
 class Exclusivity(Enum):
@@ -40,7 +40,7 @@ MAX_SECONDS = 7 * 24 * 3600.0
 class MemberSettings:
     """How a member instance competes, consumes and steps down."""
 
-    #: Order kept within the member (see :mod:`cgroupd.dispatch`).
+    #: Order kept within the member (see :mod:`cgroupd.ordering`, :mod:`cgroupd.dispatch`).
     ordering: Ordering = Ordering.PARTITION
     #: Messages a data consumer may have unacknowledged; 0 picks the ordering's default
     #: (1 for ``partition``: the member processes strictly in stream order; 256 otherwise).

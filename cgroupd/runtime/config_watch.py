@@ -8,8 +8,6 @@ import contextlib
 import random
 from collections.abc import Callable
 
-from nats.aio.msg import Msg
-
 from cgroupd.config import (
     ElasticGroupConfig,
     GroupConfig,
@@ -136,7 +134,7 @@ class ConfigWatch(MemberCore):
                     await sub.unsubscribe()
         self._advisories = self._presence_sub = None
 
-    async def _on_consumer_deleted(self, msg: Msg) -> None:
+    async def _on_consumer_deleted(self) -> None:
         """A consumer of our stream went away: a standby may win right now."""
         if self.state is MemberState.STANDBY:
             self._wake.set()

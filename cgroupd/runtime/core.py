@@ -12,10 +12,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
-import nats.errors
-from nats.aio.msg import Msg
-
 from cgroupd import jsapi, logs
+from cgroupd.adapter import JetStreamPort
 from cgroupd.config import (
     ELASTIC_BUCKET,
     STATIC_BUCKET,
@@ -27,9 +25,9 @@ from cgroupd.config import (
 from cgroupd.dispatch import Completed, Dispatcher, Handler
 from cgroupd.errors import (
     ApiError,
+    CgroupdError,
     ConsumerNotFound,
 )
-from cgroupd.jetstream import JetStream
 from cgroupd.lease import (
     Lease,
     OwnerWatch,
@@ -66,7 +64,7 @@ class MemberCore:
 
     def __init__(
         self,
-        js: JetStream,
+        js: JetStreamPort,
         stream: str,
         group: str,
         member: str,
@@ -194,7 +192,7 @@ class MemberCore:
         s = self.settings
         group = PRIORITY_GROUP if pinned is not None else None
 
-        def on_message(msg: Msg) -> None:
+        def on_message(msg: Any) -> None:
             if pinned is not None and not pinned.done():
                 gen.pinned_at = self._clock()
                 pinned.set_result(None)
@@ -275,13 +273,10 @@ class MemberCore:
         if last is None:
             return True
         try:
-            reply = await self.js.nc.request(last.reply, b"+ACK",
-                                             timeout=self.settings.drain_timeout)
-        except (nats.errors.Error, TimeoutError) as exc:
+            return await self.js.confirm_ack(last.reply, self.settings.drain_timeout)
+        except CgroupdError as exc:
             self._log.info("acks not confirmed", error=repr(exc))
             return False
-        status = jsapi.server_status(reply)
-        return status is None or status.code == "200"
 
     # -- implemented by the job modules (cgroupd.runtime.*) ------------------------
     async def _watch_config(self) -> None:
@@ -293,7 +288,7 @@ class MemberCore:
     async def _close_watch(self) -> None:
         raise NotImplementedError
 
-    async def _on_consumer_deleted(self, msg: Msg) -> None:
+    async def _on_consumer_deleted(self) -> None:
         raise NotImplementedError
 
     async def _acquire_sync(self, partitions: tuple[int, ...]) -> Generation | None:
@@ -302,7 +297,7 @@ class MemberCore:
     async def _refuse_duplicate_id(self) -> None:
         raise NotImplementedError
 
-    async def _answer_presence(self, msg: Msg) -> None:
+    def _presence_text(self) -> str | None:
         raise NotImplementedError
 
     async def _stand_by(self, timeout: float) -> None:

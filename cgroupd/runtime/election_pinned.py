@@ -8,8 +8,6 @@ import contextlib
 import json
 from typing import Any
 
-import nats.errors
-
 from cgroupd.consumerinfo import ConsumerInfo
 from cgroupd.errors import (
     ApiError,
@@ -131,9 +129,9 @@ class PinnedElection(MemberCore):
         await puller.pull_one()
         sent = puller.pin_pulled_at
         try:
-            await self.js.nc.flush(timeout=max(1, int(self.settings.pull_expires)))
+            await self.js.flush(self.settings.pull_expires)
             info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
-        except (CgroupdError, nats.errors.Error, TimeoutError) as exc:
+        except (CgroupdError, TimeoutError) as exc:
             self._log.info("pin lease not renewed: no answer", error=repr(exc))
             return lease.valid
         holder = ConsumerInfo.of(info).pinned_client(PRIORITY_GROUP)

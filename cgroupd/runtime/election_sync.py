@@ -7,8 +7,6 @@ from __future__ import annotations
 import contextlib
 import random
 
-from nats.aio.msg import Msg
-
 from cgroupd.consumerinfo import ConsumerInfo
 from cgroupd.errors import (
     CgroupdError,
@@ -19,10 +17,8 @@ from cgroupd.errors import (
 from cgroupd.lease import (
     OwnerWatch,
     Presence,
-    Prober,
     may_reclaim,
     presence_subject,
-    probe,
 )
 from cgroupd.naming import (
     HOLDER_KEY,
@@ -91,7 +87,7 @@ class SyncElection(MemberCore):
     async def _refuse_duplicate_id(self) -> None:
         """Two processes with one instance id would both pass for the active instance (their
         consumers' configs would be identical): ask whether someone answers for it."""
-        answer = await probe(self.js.nc, presence_subject(self._key, self.instance_id),
+        answer = await self.js.probe(presence_subject(self._key, self.instance_id),
                              self._probe_timeout)
         if answer.presence is Presence.ALIVE:
             raise InstanceIdInUse(
@@ -99,13 +95,12 @@ class SyncElection(MemberCore):
                 f"group {self.stream}/{self.group} (state {answer.state or 'unknown'}); give "
                 "each process its own id, or none (a random one is chosen)")
 
-    async def _answer_presence(self, msg: Msg) -> None:
-        if msg.reply:
-            state = self.state.value
-            if self.state is MemberState.STANDBY and self._gen is not None:
-                state = "claiming"  # holds the claim, creating its data consumer
-            with contextlib.suppress(Exception):
-                await self.js.nc.publish(msg.reply, f"{self.instance_id} {state}".encode())
+    def _presence_text(self) -> str | None:
+        """What this instance answers on its presence subject: its id and state."""
+        state = self.state.value
+        if self.state is MemberState.STANDBY and self._gen is not None:
+            state = "claiming"  # holds the claim, creating its data consumer
+        return f"{self.instance_id} {state}"
 
     async def _learn_owner(self) -> None:
         """Read who holds the member's synchronization consumer, to watch it."""
@@ -147,7 +142,7 @@ class SyncElection(MemberCore):
         prober = self._prober
         if prober is None or prober.watch is not watch:
             await self._close_prober()
-            prober = self._prober = Prober(self.js.nc, presence_subject(
+            prober = self._prober = self.js.prober(presence_subject(
                 self._key, watch.instance), watch, self._clock, self._wake.set)
         deadline = self._clock() + timeout
         while not self._wake.is_set():
@@ -171,7 +166,7 @@ class SyncElection(MemberCore):
         s = self.settings
         if not watch.gone:
             # One last question before taking over from a silent or idle instance.
-            answer = await probe(self.js.nc, presence_subject(self._key, watch.instance),
+            answer = await self.js.probe(presence_subject(self._key, watch.instance),
                                  self._probe_timeout)
             watch.update(answer, self._clock())
             if not watch.replaceable(self._clock(), s.lease, s.takeover_margin):
@@ -255,7 +250,7 @@ class SyncElection(MemberCore):
                 if name in mine or meta.get(MEMBER_KEY) != self.member or not owner \
                         or name == self.sync_consumer:
                     continue
-                answer = await probe(self.js.nc, presence_subject(self._key, owner),
+                answer = await self.js.probe(presence_subject(self._key, owner),
                                      self._probe_timeout)
                 held = self._clock() - gen.claimed_at
                 if may_reclaim(answer, held, self.settings.lease) and not gen.ended.done():

@@ -11,7 +11,6 @@ from cgroupd.errors import (
 from cgroupd.lease import (
     Presence,
     presence_subject,
-    probe,
 )
 from cgroupd.naming import (
     HOLDER_KEY,
@@ -206,7 +205,7 @@ class Rebalance(MemberCore):
                     continue
                 # Only an instance the server says is gone (no responders): one slow to
                 # answer under load may be alive and finishing.
-                answer = await probe(self.js.nc, presence_subject(self._key, owner),
+                answer = await self.js.probe(presence_subject(self._key, owner),
                                      self._probe_timeout) if owner else None
                 gone = answer is not None and answer.presence is Presence.GONE
                 if gone and not gen.ended.done():
