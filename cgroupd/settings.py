@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
+from cgroupd.errors import ConfigError
 from cgroupd.ordering import Ordering
 
 
@@ -135,7 +136,7 @@ class MemberSettings:
                 f"takeover_margin + pull_expires ({floor:g}s): otherwise the server deletes "
                 "the consumers of an instance whose stall the lease survives")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ConfigError(problems)
 
     def backoff(self, deliveries: int) -> float:
         """Delay before redelivering a message that failed ``deliveries`` times."""
