@@ -39,7 +39,7 @@ from cgroupd.errors import (
 )
 from cgroupd.jetstream import JetStream
 from cgroupd.lag import read_lag
-from cgroupd.member import INSTANCE_KEY, MEMBER_KEY
+from cgroupd.naming import INSTANCE_KEY, MEMBER_KEY
 from cgroupd.partitions import SYNC_PREFIX, owners, transform_destination
 from cgroupd.settings import PRIORITY_GROUP
 

@@ -317,8 +317,8 @@ class Daemon:
                 raise GroupNotFound(f"no static consumer group {o.group!r} on stream "
                                     f"{o.stream!r}")
             return True
-        # TODO(library): Member.start() waits forever for a key that was never written
-        # (the KV watch yields only the end-of-initial-values marker); check first.
+        # The record says which kind of group this is (Member.start() itself raises
+        # GroupNotFound for a missing one; this read only decides elastic or static).
         return (await admin.get_group(js, o.stream, o.group)).static
 
     async def _start_member(self, member: Member) -> bool:

@@ -46,13 +46,14 @@ import functools
 import inspect
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Mapping
-from enum import Enum
 from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from cgroupd.message import AckGuard, Message, Outcome
+from cgroupd.ordering import Ordering as Ordering  # re-exported: callers import it from here
+from cgroupd.tasks import cancel_and_wait
 
 Handler = Callable[[Message], Awaitable[None] | None]
 KeyOf = Callable[[str, Mapping[str, str], int | None], str]
@@ -137,14 +138,6 @@ async def settle_result(result: Any) -> None:
             "'yield' from it (handlers are plain or async functions)")
     if inspect.isawaitable(result):
         await result
-
-
-class Ordering(Enum):
-    """What order messages are processed in within one member."""
-
-    PARTITION = "partition"  # per partition (max in flight 1: the whole member in order)
-    KEY = "key"  # per key: same key in stream order, different keys concurrently
-    NONE = "none"  # no order: maximum concurrency
 
 
 class Dispatcher:
@@ -413,13 +406,11 @@ class Dispatcher:
             self._abandoned.update(self._running)
             threads = {t for t in late if t in self._in_thread}
             cancelled = late - threads
-            for task in cancelled:
-                task.cancel()
             if cancelled:
                 self._log.warning("handlers still running after the drain timeout were "
                                   "cancelled; their messages will be redelivered",
                                   count=len(cancelled))
-                await asyncio.wait(cancelled)
+                await asyncio.gather(*(cancel_and_wait(task) for task in cancelled))
             while threads:
                 self._log.warning("sync handlers still running after the drain timeout; "
                                   "their partitions are kept until they return",
@@ -430,13 +421,12 @@ class Dispatcher:
                 await asyncio.wait_for(self._threads_done.wait(), warn_every)
         for background in (self._keepalive, self._confirmer):
             if background is not None:
-                background.cancel()
-                try:
-                    await background
-                except asyncio.CancelledError:
-                    pass
-                except Exception as exc:  # noqa: BLE001 - a bug: say so, release anyway
-                    self._log.warning("dispatcher task failed", error=repr(exc))
+                # Cancelled until it ended: a confirmation request (nats-py's wait_for)
+                # can swallow one cancellation, and its loop would go on (cgroupd.tasks).
+                await cancel_and_wait(background)
+                if not background.cancelled() and background.exception() is not None:
+                    self._log.warning("dispatcher task failed",
+                                      error=repr(background.exception()))
 
     async def confirm(self, resend: bool = False) -> bool:
         """Have the server confirm every settlement sent so far; True once it has.

@@ -11,6 +11,9 @@
     ├── ServerUnreachable             no server answered (retriable)
     ├── ConflictError                 a CAS update lost too many races (retriable)
     ├── ApiError                      any other ``$JS.API`` error: status code and err_code
+    │   ├── ConsumerNotFound          no consumer of that name (10014)
+    │   ├── ConsumerExists            create-only, and a differing consumer exists (10148)
+    │   └── WorkQueueOverlap          a work-queue consumer's filters overlap another's (10100)
     ├── AckNotConfirmed               ``double_ack``: the server did not apply the ack
     │   └── AckOutcomeUnknown         ``double_ack``: applied or not, nobody can tell
     ├── InstanceIdInUse               another running process already uses this instance id
@@ -102,6 +105,20 @@ class ApiError(CgroupdError):
     def retriable(self) -> bool:  # type: ignore[override]
         """Server-side timeouts and unavailability can pass; bad requests do not."""
         return self.code in (408, 503) or self.code >= 500
+
+
+class ConsumerNotFound(ApiError):
+    """The consumer does not exist (err_code 10014)."""
+
+
+class ConsumerExists(ApiError):
+    """``action: create`` found a consumer of that name with a different configuration
+    (err_code 10148): another instance holds it."""
+
+
+class WorkQueueOverlap(ApiError):
+    """A work-queue stream's consumer filters must not overlap (err_code 10100): another
+    consumer still holds some of these partitions."""
 
 
 class AckNotConfirmed(CgroupdError):

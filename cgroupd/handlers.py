@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -415,7 +415,3 @@ def build_handler(options: HandlerOptions, *, session: aiohttp.ClientSession | N
         assert options.function is not None
         inner = options.function
     return HandlerWrapper(inner, options.dead_letter, publish, metrics, context=context)
-
-
-def statuses_text(statuses: Iterable[int]) -> str:
-    return ",".join(str(s) for s in sorted(statuses))

@@ -9,13 +9,15 @@ from __future__ import annotations
 import contextlib
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import api
 from nats.js.kv import KeyValue
 
@@ -30,6 +32,7 @@ from cgroupd.errors import (
     ServerUnreachable,
     StreamNotFound,
 )
+from cgroupd.lease import Answer, OwnerWatch, Prober, probe
 from cgroupd.pull import Puller, PullOptions
 
 #: Header of a KV delete or purge marker.
@@ -376,6 +379,66 @@ class JetStream:
         with self._translated(f"scanning stream {stream}"):
             async for item in jsapi.scan_subjects(self.nc, stream, filters, start_seq):
                 yield item
+    # -- plain NATS: presence, notifications, ack confirmation -------------------------
+    async def notify(self, subject: str,
+                     callback: Callable[[], Awaitable[None] | None]) -> Subscription:
+        """Call ``callback`` for every message on ``subject`` (its content is not needed)."""
+
+        async def on_message(msg: Msg) -> None:
+            result = callback()
+            if result is not None:
+                await result
+
+        with self._translated(f"subscribing to {subject}"):
+            return await self.nc.subscribe(subject, cb=on_message)
+
+    async def watch_deletions(self, stream: str,
+                              callback: Callable[[], Awaitable[None] | None]) -> Subscription:
+        """Call ``callback`` whenever the server advises that a consumer of ``stream`` was
+        deleted."""
+        return await self.notify(f"$JS.EVENT.ADVISORY.CONSUMER.DELETED.{stream}.*", callback)
+
+    async def answer(self, subject: str, text: Callable[[], str | None]) -> Subscription:
+        """Answer every request on ``subject`` with ``text()`` (None: no answer). On a
+        presence subject the server itself says "no responders" once this connection is
+        gone."""
+
+        async def on_request(msg: Msg) -> None:
+            answer = text() if msg.reply else None
+            if answer is not None:
+                with contextlib.suppress(Exception):
+                    await self.nc.publish(msg.reply, answer.encode())
+
+        with self._translated(f"subscribing to {subject}"):
+            return await self.nc.subscribe(subject, cb=on_request)
+
+    async def probe(self, subject: str, timeout: float) -> Answer:
+        """Ask once whether the instance answering on ``subject`` is alive."""
+        return await probe(self.nc, subject, timeout)
+
+    def prober(self, subject: str, watch: OwnerWatch, clock: Callable[[], float],
+               on_replaceable: Callable[[], None] | None = None) -> Prober:
+        """Probes one instance's presence over and over (see :class:`Prober`)."""
+        return Prober(self.nc, subject, watch, clock, on_replaceable)
+
+    async def confirm_ack(self, reply: str, timeout: float) -> bool:
+        """Ack the message of ``reply`` again and wait for the server's answer: the server
+        applies one consumer's acks in order, so a confirmed repeat of the last one proves
+        all of them applied. False: the server did not apply it; raises
+        :class:`ServerUnreachable` when no answer came."""
+        try:
+            msg = await self.nc.request(reply, b"+ACK", timeout=timeout)
+        except (nats.errors.Error, TimeoutError) as exc:
+            raise ServerUnreachable(f"ack confirmation: {exc!r}") from exc
+        status = jsapi.server_status(msg)
+        return status is None or status.code == "200"
+
+    async def flush(self, timeout: float) -> None:
+        """Wait until the server has read everything sent so far (a round trip)."""
+        try:
+            await self.nc.flush(timeout=max(1, int(timeout)))
+        except (nats.errors.Error, TimeoutError) as exc:
+            raise ServerUnreachable(f"flush: {exc!r}") from exc
 
     async def message_stored(self, stream: str, seq: int) -> bool:
         """Whether ``stream`` still holds the message with sequence ``seq``."""

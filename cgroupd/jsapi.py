@@ -25,10 +25,13 @@ from nats.aio.msg import Msg
 from cgroupd.errors import (
     ApiError,
     CgroupdError,
+    ConsumerExists,
+    ConsumerNotFound,
     JetStreamNotEnabled,
     PermissionDenied,
     ServerUnreachable,
     StreamNotFound,
+    WorkQueueOverlap,
 )
 
 API = "$JS.API"
@@ -37,9 +40,7 @@ API = "$JS.API"
 ERR_STREAM_NOT_FOUND = 10059
 ERR_CONSUMER_NOT_FOUND = 10014
 ERR_CONSUMER_EXISTS = 10148
-ERR_CONSUMER_DOES_NOT_EXIST = 10149
 ERR_WQ_NOT_UNIQUE = 10100
-ERR_WQ_OVERLAP = 10138
 ERR_JS_NOT_ENABLED = 10039
 ERR_NO_MESSAGE_FOUND = 10037
 
@@ -115,11 +116,20 @@ def api_error(error: dict[str, Any]) -> CgroupdError:
         return JetStreamNotEnabled(description)
     if err_code == ERR_STREAM_NOT_FOUND:
         return StreamNotFoundApi(code, err_code, description)
-    return ApiError(code, err_code, description)
+    typed = _TYPED.get(err_code, ApiError)
+    return typed(code, err_code, description)
 
 
 class StreamNotFoundApi(ApiError, StreamNotFound):
     """A stream-not-found API reply: both an ApiError and a StreamNotFound."""
+
+
+#: err_codes the runtime reacts to, as their own ApiError subclasses.
+_TYPED: dict[int, type[ApiError]] = {
+    ERR_CONSUMER_NOT_FOUND: ConsumerNotFound,
+    ERR_CONSUMER_EXISTS: ConsumerExists,
+    ERR_WQ_NOT_UNIQUE: WorkQueueOverlap,
+}
 
 
 async def create_consumer(

@@ -23,6 +23,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from cgroupd import jsapi, logs
+from cgroupd.tasks import cancel_and_wait
 
 log = logs.get_logger("cgroupd.pull")
 
@@ -204,9 +205,8 @@ class Puller:
         """Stop the pull loop. Python 3.11's wait_for can swallow a cancellation that
         races with its timeout (its loop then goes on): cancel until it has ended."""
         task, self._task = self._task, None
-        while task is not None and not task.done():
-            task.cancel()
-            await asyncio.wait({task}, timeout=0.1)
+        if task is not None:
+            await cancel_and_wait(task)
 
     def _end(self, why: PullEnd, description: str) -> None:
         if not self.ended.done():

@@ -11,7 +11,8 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
-from cgroupd.dispatch import Ordering
+from cgroupd.errors import ConfigError
+from cgroupd.ordering import Ordering
 
 
 class Exclusivity(Enum):
@@ -40,7 +41,7 @@ MAX_SECONDS = 7 * 24 * 3600.0
 class MemberSettings:
     """How a member instance competes, consumes and steps down."""
 
-    #: Order kept within the member (see :mod:`cgroupd.dispatch`).
+    #: Order kept within the member (see :mod:`cgroupd.ordering`, :mod:`cgroupd.dispatch`).
     ordering: Ordering = Ordering.PARTITION
     #: Messages a data consumer may have unacknowledged; 0 picks the ordering's default
     #: (1 for ``partition``: the member processes strictly in stream order; 256 otherwise).
@@ -135,7 +136,7 @@ class MemberSettings:
                 f"takeover_margin + pull_expires ({floor:g}s): otherwise the server deletes "
                 "the consumers of an instance whose stall the lease survives")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ConfigError(problems)
 
     def backoff(self, deliveries: int) -> float:
         """Delay before redelivering a message that failed ``deliveries`` times."""

@@ -397,9 +397,8 @@ class Muted(Member):
 
     muted = False
 
-    async def _answer_presence(self, msg: Any) -> None:
-        if not self.muted:
-            await super()._answer_presence(msg)
+    def _presence_text(self) -> str | None:
+        return None if self.muted else super()._presence_text()
 
 
 async def test_two_standbys_replace_a_silent_owner_once_and_leave_each_other_alone(

@@ -1,0 +1,14 @@
+"""The member runtime, one module per job (the facade is :class:`cgroupd.member.Member`).
+
+    state            MemberState, StepDown, the wake-up event
+    generation       Generation: one period of activity, its partitions and consumers
+    core             MemberCore: identity, settings, shared helpers
+    config_watch     following the group record; membership changes
+    election_sync    sync exclusivity: election, standby watch, takeover, reclaim
+    election_pinned  pinned exclusivity: pin, pin lease, takeover of a holder's messages
+    pinned_acks      acks count only while the pin is provably ours
+    rebalance        incremental rebalance (sync)
+    rebalance_pinned incremental rebalance on the shared member consumer (pinned)
+    selfcheck        self-check, lease and fencing before each handler start
+    release          stepping down and giving up consumers or the pin
+"""

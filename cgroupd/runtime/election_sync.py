@@ -1,0 +1,263 @@
+"""Sync exclusivity: winning the member's synchronization consumer, standing by while
+watching the active instance (presence), taking over from one that is gone or silent,
+and reclaiming a dead owner's data consumer (see :mod:`cgroupd.lease`)."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+
+from cgroupd.consumerinfo import ConsumerInfo
+from cgroupd.errors import (
+    CgroupdError,
+    ConsumerExists,
+    InstanceIdInUse,
+    WorkQueueOverlap,
+)
+from cgroupd.lease import (
+    OwnerWatch,
+    Presence,
+    may_reclaim,
+    presence_subject,
+)
+from cgroupd.naming import (
+    HOLDER_KEY,
+    INSTANCE_KEY,
+    MEMBER_KEY,
+    TOKEN_KEY,
+    data_consumer,
+)
+from cgroupd.partitions import (
+    partition_filters,
+    sync_filters,
+)
+from cgroupd.runtime.core import MemberCore
+from cgroupd.runtime.generation import Generation
+from cgroupd.runtime.state import MemberState, StepDown
+from cgroupd.settings import Exclusivity
+
+
+class SyncElection(MemberCore):
+    """One job of :class:`cgroupd.member.Member` (see the module docstring)."""
+
+    async def _acquire_sync(self, partitions: tuple[int, ...]) -> Generation | None:
+        """Sync exclusivity: try once to win the election; None means stay standby."""
+        s = self.settings
+        watch = self._watch
+        if (watch is not None and watch.replaceable(self._clock(), s.lease, s.takeover_margin)
+                and not await self._unseat(watch)):
+            return None
+        inactive = int(s.inactive_threshold * 1e9)
+        instance_meta = {MEMBER_KEY: self.member, INSTANCE_KEY: self.instance_id,
+                         TOKEN_KEY: self._token}
+        sync_cfg = self._consumer_config(sync_filters(partitions), inactive_threshold=inactive,
+                                         metadata=instance_meta, max_ack_pending=1)
+        sent = self._clock()
+        try:
+            await self.js.create_consumer(self._consume_stream, self.sync_consumer, sync_cfg)
+        except ConsumerExists:
+            if self._watch is None:
+                await self._learn_owner()
+            return None
+        except WorkQueueOverlap:
+            return None
+        except CgroupdError as exc:
+            self._log.warning("sync consumer create failed", error=str(exc))
+            return None
+        self._watch = None
+        await self._close_prober()
+        gen = self._gen = self._generation(partitions)
+        # Any ownership check the previous holder sent after this point fails: its lease
+        # has run out a lease from now (see _reclaim_abandoned).
+        gen.claimed_at = self._clock()
+        gen.lease.renew(sent)
+        # We hold the election from here on: keep the sync consumer alive while waiting
+        # for the previous owner's data consumer to go (10100). A live previous owner
+        # (draining after a step-down) is never robbed; an abandoned one is reclaimed.
+        gen.pullers.append(await self._start_puller(gen, self.sync_consumer, 1, StepDown.SYNC_LOST))
+        try:
+            await self._add_data_consumer(gen, self.data_consumer, partitions)
+        except CgroupdError as exc:
+            self._log.warning("data consumer create failed", error=str(exc))
+            await self._release(gen)
+            self._gen = None
+            return None
+        return gen
+
+    async def _refuse_duplicate_id(self) -> None:
+        """Two processes with one instance id would both pass for the active instance (their
+        consumers' configs would be identical): ask whether someone answers for it."""
+        answer = await self.js.probe(presence_subject(self._key, self.instance_id),
+                             self._probe_timeout)
+        if answer.presence is Presence.ALIVE:
+            raise InstanceIdInUse(
+                f"instance id {self.instance_id!r} is already used by a running instance of "
+                f"group {self.stream}/{self.group} (state {answer.state or 'unknown'}); give "
+                "each process its own id, or none (a random one is chosen)")
+
+    def _presence_text(self) -> str | None:
+        """What this instance answers on its presence subject: its id and state."""
+        state = self.state.value
+        if self.state is MemberState.STANDBY and self._gen is not None:
+            state = "claiming"  # holds the claim, creating its data consumer
+        return f"{self.instance_id} {state}"
+
+    async def _learn_owner(self) -> None:
+        """Read who holds the member's synchronization consumer, to watch it."""
+        try:
+            info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
+        except CgroupdError as exc:
+            self._log.info("could not read the sync consumer's holder", error=str(exc))
+            return
+        meta = ConsumerInfo.of(info).metadata
+        owner = meta.get(INSTANCE_KEY)
+        if info is None or not owner or meta.get(HOLDER_KEY):
+            # Gone already, or not a member instance (a Spark query's lease, which answers
+            # no probe): nothing to watch; it ends by itself.
+            self._watch = None
+            return
+        if owner == self.instance_id:
+            if meta.get(TOKEN_KEY) != self._token:
+                raise InstanceIdInUse(
+                    f"another process holds member {self.member} of {self.stream}/"
+                    f"{self.group} under this instance id ({self.instance_id!r}); give each "
+                    "process its own id")
+            # Ours, from an earlier period that could not delete it: drop it and compete.
+            with contextlib.suppress(CgroupdError):
+                await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
+            self._watch = None
+            return
+        if self._watch is None or self._watch.instance != owner:
+            self._watch = OwnerWatch(owner, heard=self._clock())
+
+    async def _stand_by(self, timeout: float) -> None:
+        """Wait up to ``timeout`` (a wake ends it early) while watching the active
+        instance: return at once when it is gone, idle, or silent for ``lease +
+        takeover_margin``, so that the next attempt replaces it."""
+        watch, s = self._watch, self.settings
+        if watch is None or s.exclusivity is not Exclusivity.SYNC:
+            await self._close_prober()
+            await self._wait_wake(timeout)
+            return
+        prober = self._prober
+        if prober is None or prober.watch is not watch:
+            await self._close_prober()
+            prober = self._prober = self.js.prober(presence_subject(
+                self._key, watch.instance), watch, self._clock, self._wake.set)
+        deadline = self._clock() + timeout
+        while not self._wake.is_set():
+            await prober.send()
+            # A "no responders" answer, an advisory or a config change wakes us at once.
+            await self._wait_wake(s.presence_interval)
+            now = self._clock()
+            if self._watch is not watch or watch.replaceable(now, s.lease, s.takeover_margin):
+                return
+            if now >= deadline:
+                return
+
+    async def _close_prober(self) -> None:
+        if self._prober is not None:
+            await self._prober.close()
+            self._prober = None
+
+    async def _unseat(self, watch: OwnerWatch) -> bool:
+        """Delete the synchronization consumer of an active instance that is gone, idle, or
+        silent for too long (if it still holds it); True: competing may go on."""
+        s = self.settings
+        if not watch.gone:
+            # One last question before taking over from a silent or idle instance.
+            answer = await self.js.probe(presence_subject(self._key, watch.instance),
+                                 self._probe_timeout)
+            watch.update(answer, self._clock())
+            if not watch.replaceable(self._clock(), s.lease, s.takeover_margin):
+                return False
+            # Other standbys decided at about the same time: spread them out, so that one
+            # is first and the others see it below (no such wait after a crash: speed).
+            await self._sleep(random.uniform(0, 2 * s.presence_interval))
+        # Read the holder right before deleting (another standby may have been quicker).
+        try:
+            info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
+        except CgroupdError as exc:
+            self._log.info("could not read the sync consumer's holder", error=str(exc))
+            return False
+        if info is None or ConsumerInfo(info).meta(INSTANCE_KEY) != watch.instance:
+            self._watch = None  # released meanwhile, or someone else holds it now
+            return True
+        why = "gone" if watch.gone else "idle" if watch.idle else "silent"
+        silent = self._clock() - watch.heard
+        self._log.warning("taking over from the active instance", active=watch.instance,
+                          why=why, silent_for=round(silent, 3))
+        self.stats["takeovers"] += 1
+        try:
+            await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
+            if watch.gone:
+                # Dead: its data consumer can go now too (saves the successor a round of
+                # "overlapping consumer" and presence checks; extra ones are reclaimed).
+                await self.js.delete_consumer(self._consume_stream,
+                                              data_consumer(self.member, watch.instance))
+        except CgroupdError as exc:
+            self._log.warning("could not delete the old owner's consumers", error=str(exc))
+            return False
+        self._watch = None
+        return True
+
+    async def _add_data_consumer(self, gen: Generation, name: str,
+                                 partitions: tuple[int, ...]) -> None:
+        """Create a data consumer for ``partitions`` and pull from it.
+
+        Creation fails with 10100 while the previous owner's data consumer still holds
+        some of them: retry until it lets go (reclaiming it if abandoned), up to a bound.
+        """
+        s = self.settings
+        config = self._consumer_config(
+            partition_filters(partitions), inactive_threshold=int(s.inactive_threshold * 1e9),
+            metadata={MEMBER_KEY: self.member, INSTANCE_KEY: self.instance_id,
+                      TOKEN_KEY: self._token})
+        # Long enough for the previous owner to drain, or its lease to run out.
+        deadline = self._clock() + max(s.drain_timeout, s.lease) + 2 * s.retry_interval
+        while True:
+            try:
+                await self.js.create_consumer(self._consume_stream, name, config)
+                break
+            except WorkQueueOverlap:
+                if s.reclaim_abandoned and await self._reclaim_abandoned(gen):
+                    continue
+                if self._clock() > deadline or gen.ended.done() or self._stopping:
+                    raise
+            await self._sleep(min(0.05, s.retry_interval))
+        gen.data[name] = partitions
+        gen.pullers.append(await self._start_puller(gen, name, s.max_in_flight,
+                                                    StepDown.DATA_LOST, deliver=True))
+
+    async def _reclaim_abandoned(self, gen: Generation) -> bool:
+        """Delete data consumers of this member whose instance cannot be using them.
+
+        The server keeps a consumer holding unacknowledged messages until their ack wait
+        runs out, so a crashed owner would block its successor for ``ack_wait``. Every
+        instance answers on its presence subject, with its state; the server itself says
+        "no responders" when the instance's connection is gone. Reclaimed (see
+        :func:`cgroupd.lease.may_reclaim`): a gone instance's consumer at once; a silent
+        one's once we have held the sync consumer for a whole lease (its lease has run out
+        by then); one that answers it is no longer active. A live owner still draining
+        answers, and is left alone: it deletes its consumer itself.
+        """
+        mine = set(gen.data) | {self.sync_consumer}
+        reclaimed = False
+        try:
+            for info in map(ConsumerInfo, await self.js.list_consumers(self._consume_stream)):
+                meta = info.metadata
+                name, owner = info.name, meta.get(INSTANCE_KEY)
+                if name in mine or meta.get(MEMBER_KEY) != self.member or not owner \
+                        or name == self.sync_consumer:
+                    continue
+                answer = await self.js.probe(presence_subject(self._key, owner),
+                                     self._probe_timeout)
+                held = self._clock() - gen.claimed_at
+                if may_reclaim(answer, held, self.settings.lease) and not gen.ended.done():
+                    self._log.warning("reclaiming abandoned data consumer", consumer=name,
+                                      instance=owner, presence=answer.presence.value,
+                                      state=answer.state or None)
+                    reclaimed |= await self.js.delete_consumer(self._consume_stream, name)
+        except CgroupdError as exc:
+            self._log.warning("could not inspect previous owner's consumer", error=str(exc))
+        return reclaimed

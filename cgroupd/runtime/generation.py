@@ -1,0 +1,68 @@
+"""A generation: one period of activity of a member instance."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from cgroupd.dispatch import Dispatcher
+from cgroupd.lease import Lease
+from cgroupd.pinning import PinLease, SkipRules
+from cgroupd.pull import Puller
+from cgroupd.runtime.state import StepDown
+
+
+@dataclass
+class Generation:
+    """One period of activity: its partitions, this instance's consumers, its tasks. It
+    ends once (``ended``); an incremental rebalance changes its partitions in place.
+
+    The one source of truth for the partitions of an active instance: ``partitions`` is
+    what it owns now, ``target`` what it is moving to (they differ only while a rebalance
+    runs), ``data`` which of its consumers serves which. ``Member.partitions`` is what the
+    member last announced (after a completed move); with no generation, the config says
+    what the member would own."""
+
+    partitions: tuple[int, ...]
+    #: This instance's data consumers and the partitions each serves. One at first; an
+    #: incremental rebalance adds one for the partitions it gains (a consumer never
+    #: rewinds when filters are added to it, so gained partitions need a fresh one).
+    data: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    pullers: list[Puller] = field(default_factory=list)
+    dispatcher: Dispatcher | None = None
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    #: The data consumers' info at the last self-check, and deliveries received so far.
+    data_info: dict[str, Any] | None = None
+    received: int = 0
+    #: Partitions the latest config gives us; differs from ``partitions`` while an
+    #: incremental rebalance moves some of them.
+    target: tuple[int, ...] = ()
+    retarget: asyncio.Event = field(default_factory=asyncio.Event)
+    rebalances: int = 0
+    #: Pinned mode: this instance's lease on the pin (see :mod:`cgroupd.pinning`), when the
+    #: first pinned delivery came, and the renewal in progress (one at a time).
+    pin_lease: PinLease | None = None
+    pinned_at: float = 0.0
+    renewal: asyncio.Future[bool] | None = None
+    #: Static groups: per partition, the stream sequence up to which it is processed
+    #: (what a release records), and the messages redelivered that were processed.
+    processed: dict[int, int] = field(default_factory=dict)
+    skip: SkipRules = field(default_factory=SkipRules)
+    #: The member consumer must be brought to the config again (see RESET_KEY).
+    reconcile: bool = False
+    #: Sync exclusivity: the right to start handlers (see :mod:`cgroupd.lease`), when the
+    #: synchronization consumer became ours, and the one self-check in flight.
+    lease: Lease = field(default_factory=lambda: Lease(0.0))
+    claimed_at: float = 0.0
+    verifying: asyncio.Future[bool | None] | None = None
+
+    ended: asyncio.Future[tuple[StepDown, str]] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    def __post_init__(self) -> None:
+        self.target = self.partitions
+
+    def end(self, why: StepDown, detail: str = "") -> None:
+        if not self.ended.done():
+            self.ended.set_result((why, detail))

@@ -1,0 +1,220 @@
+"""Incremental rebalance (issue 9): apply a membership change in place, moving only the
+partitions that change; sync exclusivity moves them between data consumers."""
+
+from __future__ import annotations
+
+from cgroupd.consumerinfo import ConsumerInfo
+from cgroupd.errors import (
+    CgroupdError,
+    WorkQueueOverlap,
+)
+from cgroupd.lease import (
+    Presence,
+    presence_subject,
+)
+from cgroupd.naming import (
+    HOLDER_KEY,
+    INSTANCE_KEY,
+    data_consumer,
+)
+from cgroupd.partitions import (
+    partition_filters,
+    sync_filters,
+)
+from cgroupd.runtime.core import MemberCore
+from cgroupd.runtime.generation import Generation
+from cgroupd.runtime.state import StepDown
+from cgroupd.settings import Exclusivity
+
+
+class Rebalance(MemberCore):
+    """One job of :class:`cgroupd.member.Member` (see the module docstring)."""
+
+    def _incremental(self, gen: Generation, new: tuple[int, ...]) -> bool:
+        """Can this change be applied by moving only the partitions that change?"""
+        if self.settings.exclusivity is Exclusivity.PINNED:
+            # The member consumer is shared and never deleted (issue 13 item 3): the
+            # pinned instance moves partitions in place, even to none.
+            return True
+        return (self.settings.incremental_rebalance
+                and bool(new) and bool(set(new) & set(gen.partitions)))
+
+    async def _rebalance_loop(self, gen: Generation) -> None:
+        """Apply membership changes in place: release lost partitions once their messages
+        are settled, then claim gained ones as soon as their previous owner let go."""
+        pinned = self.settings.exclusivity is Exclusivity.PINNED
+        retry_until: float | None = None
+        while not gen.ended.done():
+            await gen.retarget.wait()
+            gen.retarget.clear()
+            target = gen.target
+            if target == gen.partitions and not gen.reconcile:
+                retry_until = None
+                continue
+            gen.reconcile = False
+            started = self._clock()
+            move = self._move_pinned if pinned else self._move_partitions
+            try:
+                done = await move(gen, target)
+            except CgroupdError as exc:
+                self._log.warning("rebalance step failed", error=str(exc))
+                done = False
+            if not done:
+                if gen.target != target:
+                    continue  # superseded: the loop goes again
+                if pinned:
+                    # Every attempt starts from the member consumer as it is: one that
+                    # met a passing conflict (another member mid-move) is tried again.
+                    if retry_until is None:
+                        retry_until = started + self.settings.drain_timeout
+                    if self._clock() < retry_until:
+                        gen.reconcile = True
+                        gen.retarget.set()
+                        await self._sleep(0.1)
+                        continue
+                gen.end(StepDown.CONFIG_CHANGED, "incremental rebalance not possible")
+                continue
+            retry_until = None
+            self.partitions = gen.partitions
+            self.stats["rebalances"] += 1
+            if not gen.partitions:
+                gen.end(StepDown.CONFIG_CHANGED, "this member owns no partition any more")
+                continue
+            elapsed = self._clock() - started
+            self._log.info("rebalanced", partitions=list(gen.partitions),
+                           seconds=round(elapsed, 3))
+            if self.on_rebalance is not None:
+                await self._callback(self.on_rebalance, (gen.partitions, elapsed))
+
+    async def _move_partitions(self, gen: Generation, target: tuple[int, ...]) -> bool:
+        """One incremental rebalance; False means fall back to a full rejoin.
+
+        Losing: the data consumer's filters drop the lost partitions; every delivery made
+        before (numbered at most what the update answers) is taken in and finished, our
+        acks are confirmed applied, and only then does the sync consumer let them go, so
+        the next owner never gets a message we still hold or finished. Late deliveries of
+        them are never run (issue 13 item 11). Gaining: once the sync consumer holds them,
+        the member's data consumer is replaced, at a quiet point, by one fresh consumer
+        for all its partitions, so the member keeps one consumer and its in-flight limit
+        (max in flight 1 keeps the member in stream order)."""
+        s = self.settings
+        assert gen.dispatcher is not None
+        kept = tuple(p for p in gen.partitions if p in target)
+        lost = set(gen.partitions) - set(target)
+        if not kept:
+            return False
+        if lost:
+            for name, parts in list(gen.data.items()):
+                left = tuple(p for p in parts if p not in lost)
+                if left == parts:
+                    continue
+                if not left:
+                    return False  # a consumer of lost partitions only: rejoin instead
+                reply = await self._update_filters(name, partition_filters(left))
+                delivered = ConsumerInfo(reply).delivered_consumer_seq
+                puller = next((p for p in gen.pullers if p.consumer == name), None)
+                if puller is None or not await puller.received_through(
+                        delivered, s.drain_timeout):
+                    return False
+                gen.data[name] = left
+            if not await gen.dispatcher.settle(lost, s.drain_timeout):
+                return False
+            if not await self._acks_confirmed(gen):
+                return False
+            gen.dispatcher.accept = set(kept)
+            await self._update_filters(self.sync_consumer, sync_filters(kept))
+            gen.partitions = kept
+        gained = tuple(p for p in target if p not in gen.partitions)
+        if gained:
+            deadline = self._clock() + s.drain_timeout + 2 * s.retry_interval
+            while True:
+                if gen.ended.done() or gen.target != target:
+                    return gen.target != target  # superseded: the loop goes again
+                try:
+                    await self._update_filters(self.sync_consumer, sync_filters(target))
+                    break
+                except WorkQueueOverlap:
+                    if self._clock() > deadline:
+                        raise
+                # Still claimed: by a previous owner finishing (wait), or by a dead one
+                # whose claim nobody will release (reclaimed at once).
+                await self._reclaim_released(gen, set(gained))
+                await self._sleep(0.05)
+            # Claimed: the previous owners are done with them, but an abandoned data
+            # consumer may still hold them; only then pause for the swap.
+            while not await self._reclaim_released(gen, set(gained)):
+                if gen.ended.done() or gen.target != target:
+                    return gen.target != target
+                if self._clock() > deadline:
+                    return False
+                await self._sleep(0.05)
+            if not await self._replace_data_consumer(gen, target):
+                return False
+            gen.partitions = target
+        return True
+
+    async def _replace_data_consumer(self, gen: Generation, target: tuple[int, ...]) -> bool:
+        """At a quiet point (nothing running, our acks applied), swap the data consumer(s)
+        for one fresh consumer of ``target``: it delivers what is left of every partition
+        in stream order. What we held but had not started goes back with the old one."""
+        s = self.settings
+        assert gen.dispatcher is not None
+        dispatcher = gen.dispatcher
+        dispatcher.pause()
+        try:
+            old = list(gen.data)
+            for puller in [p for p in gen.pullers if p.consumer in old]:
+                await puller.stop()  # nothing of the old consumer arrives any more
+            gen.pullers = [p for p in gen.pullers if p.consumer not in old]
+            if not await dispatcher.idle(s.drain_timeout):
+                return False
+            dispatcher.discard_unstarted()
+            if not await self._acks_confirmed(gen):
+                return False
+            for name in old:
+                del gen.data[name]  # first: a self-check must not miss it as "lost"
+                await self.js.delete_consumer(self._consume_stream, name)
+            dispatcher.last_settled = None
+            dispatcher.accept = set(target)
+            gen.rebalances += 1
+            await self._add_data_consumer(
+                gen, data_consumer(self.member, self.instance_id, gen.rebalances), target)
+            return True
+        finally:
+            dispatcher.resume()
+
+    async def _reclaim_released(self, gen: Generation, partitions: set[int]) -> bool:
+        """Consumers of *other* members that still hold partitions we now own, whose
+        instance is gone (issue 13 item 12): a member killed and then dropped leaves its
+        synchronization consumer (until the server's inactive threshold) and its data
+        consumer (kept for its unacknowledged messages' ack wait). One whose instance the
+        server says is gone is deleted; any other (a live previous owner still finishing,
+        a Spark query's lease) is waited for. True when none is left."""
+        wanted = set(partition_filters(sorted(partitions))) | set(
+            sync_filters(sorted(partitions)))
+        free = True
+        try:
+            for info in map(ConsumerInfo, await self.js.list_consumers(self._consume_stream)):
+                meta = info.metadata
+                owner, name = meta.get(INSTANCE_KEY), info.name
+                filters = set(info.filters)
+                if name in gen.data or name == self.sync_consumer or not filters & wanted:
+                    continue
+                if meta.get(HOLDER_KEY):
+                    free = False  # a lease held by something other than a member: it ends
+                    continue
+                # Only an instance the server says is gone (no responders): one slow to
+                # answer under load may be alive and finishing.
+                answer = await self.js.probe(presence_subject(self._key, owner),
+                                     self._probe_timeout) if owner else None
+                gone = answer is not None and answer.presence is Presence.GONE
+                if gone and not gen.ended.done():
+                    self._log.warning("reclaiming a released member's abandoned data "
+                                      "consumer", consumer=name, instance=owner)
+                    await self.js.delete_consumer(self._consume_stream, name)
+                else:
+                    free = False
+        except CgroupdError as exc:
+            self._log.warning("could not inspect a previous owner's consumer", error=str(exc))
+            return False
+        return free

@@ -1,0 +1,129 @@
+"""Stepping down: stop taking messages, let running handlers finish (bounded), confirm
+settlements, then give up this instance's consumers (sync) or the pin (pinned)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from cgroupd import jsapi
+from cgroupd.errors import CgroupdError
+from cgroupd.runtime.core import MemberCore
+from cgroupd.runtime.generation import Generation
+from cgroupd.runtime.state import StepDown
+from cgroupd.settings import PRIORITY_GROUP, Exclusivity
+from cgroupd.tasks import cancel_and_wait
+
+
+class Release(MemberCore):
+    """One job of :class:`cgroupd.member.Member` (see the module docstring)."""
+
+    async def _release(self, gen: Generation) -> None:
+        """Stop taking messages, let running handlers finish (bounded), drop consumers."""
+        gen.end(StepDown.STOPPING)
+        if gen.verifying is not None:
+            gen.verifying.cancel()
+        # Every one of them ended, for certain (see cgroupd.tasks).
+        await asyncio.gather(*(cancel_and_wait(task) for task in gen.tasks))
+        if self.settings.exclusivity is Exclusivity.PINNED:
+            await self._release_pinned(gen)
+            return
+        # Our own data consumers: ask for nothing more while handlers finish (what still
+        # arrives stays unacknowledged, for the next owner).
+        for puller in gen.pullers:
+            if puller.delivers:
+                await puller.pause()
+        if gen.dispatcher is not None:
+            await gen.dispatcher.drain(self.settings.drain_timeout)
+        await self._release_sync(gen)
+
+    async def _release_sync(self, gen: Generation) -> None:
+        """Sync exclusivity, once no handler runs any more: confirm our settlements, drop
+        our data consumers (never skipped silently), then our claim if it is still ours."""
+        # Settlements first: once the server confirmed them, deleting a data consumer
+        # cannot hand a message we finished to the next owner.
+        if gen.dispatcher is not None and gen.dispatcher.unconfirmed:
+            deadline = self._clock() + 2 * jsapi.API_TIMEOUT
+            while not await gen.dispatcher.confirm():
+                if self._clock() > deadline:
+                    self._log.warning("settlements not confirmed before release; the next "
+                                      "owner may run those messages again",
+                                      count=gen.dispatcher.unconfirmed)
+                    break
+                await self._sleep(0.05)
+        claims = [p for p in gen.pullers if not p.delivers]
+        for puller in gen.pullers:
+            if puller.delivers:
+                await puller.stop()
+        # Data consumers first: their unacked messages become available to the next owner,
+        # who can only create its data consumer once ours are gone.
+        for name in list(gen.data):
+            await self._delete_own(name)
+        # The claim: only if nothing says it went to someone else. Our sync puller would
+        # have been told of its deletion, and the info must still name this process.
+        intact = (gen.ended.result()[0] is not StepDown.SYNC_LOST
+                  and not any(p.ended.done() for p in claims))
+        if intact and await self._sync_is_ours() and not any(p.ended.done() for p in claims):
+            with contextlib.suppress(CgroupdError):
+                await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
+        for puller in claims:
+            await puller.stop()
+
+    async def _delete_own(self, name: str, attempts: int = 3) -> None:
+        """Delete one of our consumers, retrying; say so loudly if it cannot be done (the
+        next owner then reclaims it: we answer that we are no longer active)."""
+        for attempt in range(attempts):
+            try:
+                await self.js.delete_consumer(self._consume_stream, name)
+                return
+            except CgroupdError as exc:
+                if attempt + 1 == attempts:
+                    self._log.error("could not delete our data consumer", consumer=name,
+                                    error=str(exc))
+                    return
+            await self._sleep(0.1 * (attempt + 1))
+
+    async def _release_pinned(self, gen: Generation) -> None:
+        """Pinned mode: the member consumer is shared by every instance and outlives us.
+
+        Running handlers finish while we keep pulling (so the pin stays ours); what
+        arrives meanwhile is kept, not started. Then we give up the pin and hand back
+        every message not started, in stream order: the next holder gets them before
+        anything later of their keys (issue 13 item 2). Handing back is safe only within
+        one pinned TTL of the unpin: the next holder takes back what we still hold by a
+        consumer reset no earlier than that (see :meth:`_take_over`).
+        """
+        s = self.settings
+        if gen.dispatcher is not None:
+            await gen.dispatcher.drain(s.drain_timeout, hold_late=True)
+        asked = self._clock()
+        unpinned = await self._unpin(gen)
+        lease = gen.pin_lease
+        safe_until = asked + s.pinned_ttl - (lease.margin if lease is not None else 0.0)
+        if unpinned and gen.dispatcher is not None and self._clock() < safe_until:
+            back = await gen.dispatcher.hand_back()
+            if back:
+                self._log.info("handed back messages not started", count=back)
+        for puller in gen.pullers:
+            if unpinned and puller.delivers:
+                # Deliveries already on their way are nak'ed as they come.
+                await puller.retire(min(0.2, max(0.0, safe_until - self._clock())))
+            await puller.stop()
+
+    async def _unpin(self, gen: Generation) -> bool:
+        """Give up the pin at once so the server picks a standby without waiting for the
+        pinned TTL; only while the pin is provably ours: unpinning after losing it would
+        unpin the new holder (issue 13)."""
+        lease = gen.pin_lease
+        if lease is None or lease.lost or not gen.ended.done() \
+                or gen.ended.result()[0] is StepDown.PIN_LOST:
+            return False
+        if lease.remaining() < 2 * lease.margin and not await self._renew(gen):
+            return False
+        try:
+            await self.js.unpin(self._consume_stream, self.sync_consumer, PRIORITY_GROUP)
+        except CgroupdError as exc:
+            self._log.info("could not unpin", error=str(exc))
+            return False
+        lease.lose()
+        return True

@@ -1,0 +1,149 @@
+"""The active instance's self-check (ADR: its consumers still exist and name it) and the
+fence every handler start passes: sync mode's lease, pinned mode's lease on the pin."""
+
+from __future__ import annotations
+
+import asyncio
+
+from cgroupd.consumerinfo import ConsumerInfo
+from cgroupd.errors import CgroupdError
+from cgroupd.naming import (
+    INSTANCE_KEY,
+    TOKEN_KEY,
+)
+from cgroupd.runtime.core import MemberCore
+from cgroupd.runtime.generation import Generation
+from cgroupd.runtime.state import StepDown
+from cgroupd.settings import Exclusivity
+
+
+class SelfCheck(MemberCore):
+    """One job of :class:`cgroupd.member.Member` (see the module docstring)."""
+
+    async def _sync_is_ours(self) -> bool:
+        try:
+            info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
+        except CgroupdError:
+            return False
+        meta = ConsumerInfo.of(info).metadata
+        return bool(meta.get(INSTANCE_KEY) == self.instance_id
+                    and meta.get(TOKEN_KEY) == self._token)
+
+    async def _verify_loop(self, gen: Generation) -> None:
+        """ADR: the active instance checks its consumers still exist and name it; each
+        confirmed check renews its lease.
+
+        It also notices a data consumer that starves us, at three checks in a row: the
+        server holds messages for it, none is unacknowledged and we hold none (a
+        nats-server killed with SIGKILL can come back with consumer state that no longer
+        matches its stream), or the server counts more unacknowledged deliveries than we
+        hold or nak'ed with a delay still to run out (a delivery lost in a reconnect). A new
+        data consumer starts cleanly from what the work-queue stream still holds.
+        """
+        starved = received = 0
+        while not gen.ended.done():
+            await self._sleep(self.settings.retry_interval)
+            gen.data_info = None
+            if await self._check(gen) is not True or gen.data_info is None:
+                continue
+            info = gen.data_info
+            dispatcher = gen.dispatcher
+            holding = dispatcher.holding if dispatcher is not None else 0
+            # A message nak'ed with a delay stays unacknowledged on the server until it is
+            # redelivered, while we hold nothing of it: not a lost delivery (item 10).
+            delayed = dispatcher.delayed() if dispatcher is not None else 0
+            unacked = int(info.get("num_ack_pending", 0))
+            waiting = int(info.get("num_pending", 0)) > 0
+            quiet = gen.received == received and holding == 0
+            # Starved: messages wait for us and nothing is unacknowledged, yet nothing
+            # comes; or, with nothing arriving and nothing held, the server still counts
+            # deliveries unacknowledged (lost in a reconnect): they would sit out their
+            # ack wait.
+            if (waiting and unacked == 0 and holding == 0) or (quiet and unacked > delayed):
+                starved += 1
+            else:
+                starved = 0
+            received = gen.received
+            if starved >= 3:
+                gen.end(StepDown.STALLED, "data consumer stopped delivering pending messages")
+
+    async def _check(self, gen: Generation) -> bool | None:
+        """One self-check at a time per generation, shared by everyone who asks (a
+        generation whose lease ran out has every handler slot waiting for it)."""
+        task = gen.verifying
+        if task is None or task.done():
+            task = gen.verifying = asyncio.ensure_future(self._verify(gen))
+        return await asyncio.shield(task)
+
+    async def _verify(self, gen: Generation) -> bool | None:
+        """Do we still own the member? True (and the lease renewed from when the check was
+        sent), False (the generation ends), None (no answer: the lease runs out meanwhile)."""
+        sent = self._clock()
+        names = list(gen.data)
+        try:
+            sync = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
+            data = [await self.js.consumer_info(self._consume_stream, name)
+                    for name in names]
+        except CgroupdError as exc:
+            self._log.warning("self-check could not reach the server", error=str(exc))
+            return None
+        meta = ConsumerInfo.of(sync).metadata
+        if sync is None or meta.get(INSTANCE_KEY) != self.instance_id \
+                or meta.get(TOKEN_KEY) != self._token:
+            gen.end(StepDown.SYNC_LOST, "sync consumer missing or owned by another instance")
+            return False
+        # A consumer a rebalance replaced meanwhile is not missing.
+        if any(info is None and name in gen.data for name, info in zip(names, data,
+                                                                        strict=True)):
+            gen.end(StepDown.DATA_LOST, "data consumer missing")
+            return False
+        data = [info for name, info in zip(names, data, strict=True) if name in gen.data]
+        gen.data_info = {
+            key: sum(int((info or {}).get(key, 0)) for info in data)
+            for key in ("num_pending", "num_ack_pending")}
+        gen.lease.renew(sent)
+        return True
+
+    async def _refill(self, gen: Generation) -> None:
+        """A handler slot freed up: let the data pullers ask for more."""
+        for puller in gen.pullers:
+            if puller.delivers:
+                await puller.refill()
+
+    async def _fence(self, gen: Generation) -> bool:
+        """Before a handler starts (or a failed one is retried): may this instance still
+        touch its messages? Sync mode: only under a running lease. Pinned mode: only
+        within the lease on the pin (renewed here if it ran out)."""
+        if self.settings.exclusivity is Exclusivity.PINNED:
+            lease = gen.pin_lease
+            if lease is None or (not lease.valid and not await self._renew(gen)):
+                gen.end(StepDown.PIN_LOST, "cannot prove the pin is still ours")
+                return False
+            return not gen.ended.done()
+        if self.settings.exclusivity is Exclusivity.SYNC:
+            return await self._hold_lease(gen)
+        return not gen.ended.done()
+
+    async def _hold_lease(self, gen: Generation) -> bool:
+        """Sync exclusivity: start only under a running lease. Once it has run out (cut
+        off, stalled, disconnected), wait until a self-check confirms we still own the
+        member (True) or shows we do not (False: the generation has ended)."""
+        while not gen.ended.done():
+            if gen.lease.valid and self.js.connected:
+                return True
+            self.stats["lease_checks"] += 1
+            if await self._check(gen) is None:
+                await self._sleep(min(0.1, self.settings.retry_interval))
+        return False
+
+    def _connection_lost(self) -> None:
+        """Checks sent before a disconnection prove nothing: start nothing until a new one
+        (sync exclusivity; a standby may take over meanwhile)."""
+        gen = self._gen
+        if gen is not None:
+            gen.lease.revoke()
+
+    def _connection_back(self) -> None:
+        gen = self._gen
+        if gen is not None and gen.dispatcher is not None:
+            gen.dispatcher.connection_back()

@@ -1,0 +1,274 @@
+"""Fakes for fast unit tests without a server: a nats-py connection stand-in (what
+:class:`cgroupd.pull.Puller` uses of it), a JetStream adapter
+(:class:`cgroupd.adapter.JetStreamPort`) keeping consumers in memory, and a clock the test
+moves by hand. Behaviour that crosses the wire is tested against real servers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from cgroupd.errors import ConsumerExists, ConsumerNotFound, WorkQueueOverlap
+from cgroupd.jetstream import Record
+from cgroupd.jsapi import ERR_CONSUMER_EXISTS, ERR_CONSUMER_NOT_FOUND, ERR_WQ_NOT_UNIQUE
+from cgroupd.lease import Answer, OwnerWatch, Presence, Prober
+from cgroupd.pull import Puller, PullOptions
+
+
+class FakeClock:
+    """A monotonic clock that moves only when told to."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass
+class FakeMsg:
+    """What the runtime reads of a nats-py message."""
+
+    subject: str = ""
+    data: bytes = b""
+    reply: str = ""
+    headers: dict[str, str] | None = None
+    consumer_seq: int | None = None
+
+    @property
+    def metadata(self) -> Any:
+        if self.consumer_seq is None:
+            raise ValueError("not a JetStream message")
+        return SimpleNamespace(sequence=SimpleNamespace(consumer=self.consumer_seq))
+
+
+def delivery(seq: int, stream: str = "S", consumer: str = "c", **headers: str) -> FakeMsg:
+    """A JetStream delivery numbered ``seq`` (its ack subject carries the number)."""
+    return FakeMsg(subject="x", data=b"m", headers=dict(headers) or None,
+                   reply=f"$JS.ACK.{stream}.{consumer}.1.{seq}.{seq}.0.0",
+                   consumer_seq=seq)
+
+
+def status(code: str, description: str = "", **headers: str) -> FakeMsg:
+    """A status the server sends on a pull inbox (no body, no reply)."""
+    return FakeMsg(headers={"Status": code, "Description": description, **headers})
+
+
+class FakeNats:
+    """The part of a nats-py client a Puller uses: inboxes, subscriptions, publishes."""
+
+    max_payload = 1 << 20
+
+    def __init__(self) -> None:
+        self.is_connected = True
+        self.published: list[tuple[str, bytes, str]] = []
+        self.subs: dict[str, Callable[[Any], Awaitable[None]]] = {}
+        self._n = 0
+
+    def new_inbox(self) -> str:
+        self._n += 1
+        return f"_INBOX.{self._n}"
+
+    async def subscribe(self, subject: str, cb: Callable[[Any], Awaitable[None]]) -> Any:
+        self.subs[subject] = cb
+        fake = self
+
+        class Sub:
+            pending_msgs = 0
+
+            async def unsubscribe(self, limit: int = 0) -> None:
+                fake.subs.pop(subject, None)
+
+        return Sub()
+
+    async def publish(self, subject: str, data: bytes = b"", reply: str = "",
+                      headers: dict[str, str] | None = None) -> None:
+        if not self.is_connected:
+            raise ConnectionError("not connected")
+        self.published.append((subject, data, reply))
+
+    def pulls(self) -> list[dict[str, Any]]:
+        """Bodies of the pull requests sent so far."""
+        return [json.loads(data) for subject, data, _ in self.published
+                if ".CONSUMER.MSG.NEXT." in subject]
+
+    async def deliver(self, inbox: str, msg: FakeMsg) -> None:
+        await self.subs[inbox](msg)
+
+
+@dataclass
+class FakeConsumer:
+    stream: str
+    name: str
+    config: dict[str, Any]
+    num_ack_pending: int = 0
+
+    def info(self) -> dict[str, Any]:
+        return {"name": self.name, "stream_name": self.stream, "config": self.config,
+                "num_pending": 0, "num_ack_pending": self.num_ack_pending,
+                "num_waiting": 1, "delivered": {"consumer_seq": 0, "stream_seq": 0},
+                "ack_floor": {"stream_seq": 0}}
+
+
+@dataclass
+class FakeServer:
+    """State shared by every FakeJetStream (one per simulated process): consumers, the
+    group records, and which instances answer presence probes."""
+
+    consumers: dict[tuple[str, str], FakeConsumer] = field(default_factory=dict)
+    records: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    presence: dict[str, Callable[[], str | None]] = field(default_factory=dict)
+    deletions: list[tuple[str, Callable[[], Awaitable[None] | None]]] = field(
+        default_factory=list)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def names(self, stream: str) -> set[str]:
+        return {name for s, name in self.consumers if s == stream}
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return {k: v for k, v in a.items() if k != "name"} == {
+        k: v for k, v in b.items() if k != "name"}
+
+
+class FakeJetStream:
+    """:class:`cgroupd.adapter.JetStreamPort` in memory, for one process: consumer create
+    rules as the server applies them on a work-queue stream (10148 create-only, 10100
+    overlapping filters), presence answered by the instances registered on the server."""
+
+    def __init__(self, server: FakeServer) -> None:
+        self.server = server
+        self.nc = FakeNats()
+        self.connected = True
+        self._answering: list[str] = []
+
+    # -- consumers ---------------------------------------------------------------------
+    async def create_consumer(self, stream: str, name: str, config: dict[str, Any],
+                              action: str = "create") -> dict[str, Any]:
+        existing = self.server.consumers.get((stream, name))
+        if existing is not None and action == "create" and not _same(existing.config,
+                                                                      config):
+            raise ConsumerExists(400, ERR_CONSUMER_EXISTS, "consumer already exists")
+        filters = set(config.get("filter_subjects") or [])
+        for (s, other), consumer in self.server.consumers.items():
+            if s == stream and other != name and filters & set(
+                    consumer.config.get("filter_subjects") or []):
+                raise WorkQueueOverlap(400, ERR_WQ_NOT_UNIQUE,
+                                       "filtered consumer not unique on workqueue stream")
+        consumer = FakeConsumer(stream, name, dict(config))
+        self.server.consumers[(stream, name)] = consumer
+        return consumer.info()
+
+    async def delete_consumer(self, stream: str, name: str) -> bool:
+        gone = self.server.consumers.pop((stream, name), None) is not None
+        if gone:
+            for prefix, callback in list(self.server.deletions):
+                if stream == prefix:
+                    result = callback()
+                    if result is not None:
+                        await result
+        return gone
+
+    async def consumer_info(self, stream: str, name: str) -> dict[str, Any] | None:
+        consumer = self.server.consumers.get((stream, name))
+        return consumer.info() if consumer is not None else None
+
+    async def list_consumers(self, stream: str) -> list[dict[str, Any]]:
+        return [c.info() for (s, _), c in self.server.consumers.items() if s == stream]
+
+    async def reset_consumer(self, stream: str, consumer: str, seq: int = 0) -> dict[str, Any]:
+        if (stream, consumer) not in self.server.consumers:
+            raise ConsumerNotFound(404, ERR_CONSUMER_NOT_FOUND, "consumer not found")
+        return self.server.consumers[(stream, consumer)].info()
+
+    async def unpin(self, stream: str, consumer: str, group: str) -> None:
+        return None
+
+    async def puller(self, stream: str, consumer: str, options: PullOptions,
+                     on_message: Callable[[Any], None] | None = None,
+                     capacity: Callable[[], int] | None = None) -> Puller:
+        puller = Puller(self.nc, stream, consumer, options,  # type: ignore[arg-type]
+                        on_message, capacity=capacity)
+        await puller.start()
+        return puller
+
+    # -- the group record ----------------------------------------------------------------
+    async def watch_record(self, bucket: str, key: str) -> AsyncIterator[Record]:
+        revision = 0
+        while True:
+            value = self.server.records.get((bucket, key))
+            revision += 1
+            yield Record(value, revision)
+            self.server.changed.clear()
+            await self.server.changed.wait()
+
+    # -- connection, presence ------------------------------------------------------------
+    def on_connection(self, lost: Callable[[], None],
+                      back: Callable[[], None]) -> Callable[[], None]:
+        return lambda: None
+
+    async def notify(self, subject: str, callback: Callable[[], Awaitable[None] | None]) -> Any:
+        return _Unsubscribe(lambda: None)
+
+    async def watch_deletions(self, stream: str,
+                              callback: Callable[[], Awaitable[None] | None]) -> Any:
+        entry = (stream, callback)
+        self.server.deletions.append(entry)
+        return _Unsubscribe(lambda: self.server.deletions.remove(entry))
+
+    async def answer(self, subject: str, text: Callable[[], str | None]) -> Any:
+        self.server.presence[subject] = text
+        self._answering.append(subject)
+        return _Unsubscribe(lambda: self.server.presence.pop(subject, None))
+
+    def crash(self) -> None:
+        """This process dies: its presence subjects get "no responders" from now on."""
+        for subject in self._answering:
+            self.server.presence.pop(subject, None)
+        self.connected = self.nc.is_connected = False
+
+    async def probe(self, subject: str, timeout: float) -> Answer:
+        text = self.server.presence.get(subject)
+        if text is None:
+            return Answer(Presence.GONE)
+        answer = text()
+        if answer is None:
+            return Answer(Presence.SILENT)
+        return Answer(Presence.ALIVE, answer.partition(" ")[2])
+
+    def prober(self, subject: str, watch: OwnerWatch, clock: Callable[[], float],
+               on_replaceable: Callable[[], None] | None = None) -> Prober:
+        fake = self
+
+        class FakeProber(Prober):
+            async def send(self) -> None:
+                self.watch.update(await fake.probe(subject, 1.0), clock())
+                if (self.watch.gone or self.watch.idle) and on_replaceable is not None:
+                    on_replaceable()
+
+            async def close(self) -> None:
+                return None
+
+        return FakeProber(self.nc, subject, watch, clock,  # type: ignore[arg-type]
+                          on_replaceable)
+
+    async def confirm_ack(self, reply: str, timeout: float) -> bool:
+        return True
+
+    async def flush(self, timeout: float) -> None:
+        return None
+
+
+class _Unsubscribe:
+    def __init__(self, undo: Callable[[], None]) -> None:
+        self._undo = undo
+
+    async def unsubscribe(self, limit: int = 0) -> None:
+        self._undo()

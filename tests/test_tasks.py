@@ -1,0 +1,32 @@
+"""cancel_and_wait ends a task that swallows a cancellation (what Python 3.11's wait_for
+inside nats-py's request can do), where a single cancel and an await would hang."""
+
+from __future__ import annotations
+
+import asyncio
+
+from cgroupd.tasks import cancel_and_wait
+
+
+async def test_a_task_that_swallows_one_cancellation_still_ends() -> None:
+    swallowed = 0
+
+    async def stubborn() -> None:
+        nonlocal swallowed
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                if swallowed:
+                    raise
+                swallowed += 1  # as a racing wait_for does: carry on
+
+    task = asyncio.create_task(stubborn())
+    await asyncio.sleep(0)
+    # The single-cancel pattern does not end it ...
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=0.2)
+    assert not done and swallowed == 1
+    # ... cancelling until it has ended does.
+    await asyncio.wait_for(cancel_and_wait(task, retry=0.05), 5)
+    assert task.cancelled()
