@@ -14,6 +14,9 @@ from nats.js import JetStreamContext
 
 from cgroupd.jetstream import JetStream
 from tests import peer
+from tests.fixtures_cli.support import (
+    restore_logging,  # noqa: F401 - autouse for every test: the CLI configures logging globally
+)
 from tests.groups import Fleet
 from tests.natsserver import (
     DockerNatsServer,
