@@ -24,7 +24,8 @@ class Release(MemberCore):
         if gen.verifying is not None:
             gen.verifying.cancel()
         # Every one of them ended, for certain (see cgroupd.tasks).
-        await asyncio.gather(*(cancel_and_wait(task) for task in gen.tasks))
+        await asyncio.gather(*(cancel_and_wait(task) for task in gen.tasks
+                               if task is not asyncio.current_task()))
         if self.settings.exclusivity is Exclusivity.PINNED:
             await self._release_pinned(gen)
             return
