@@ -56,6 +56,7 @@ from cgroupd.member import Member, MemberState
 from cgroupd.metrics import Metrics
 from cgroupd.partitions import member_partitions
 from cgroupd.settings import MemberSettings
+from cgroupd.tasks import cancel_and_wait
 
 log = logs.get_logger("cgroupd.daemon")
 
@@ -345,11 +346,8 @@ class Daemon:
     async def _shutdown(self) -> None:
         await self._flush_events()
         for task in list(self._tasks):
-            # Python 3.11's wait_for can swallow a cancellation that races with its own
-            # result (seen after SIGCONT + SIGTERM): cancel again until the task ends.
-            while not task.done():
-                task.cancel()
-                await asyncio.wait({task}, timeout=0.1)
+            # A swallowed cancellation was seen here after SIGCONT + SIGTERM.
+            await cancel_and_wait(task)
         self._tasks.clear()
         if self.member is not None and self._signals < 2:
             with contextlib.suppress(Exception):  # idempotent; also closes the config watch

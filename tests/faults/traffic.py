@@ -97,6 +97,19 @@ class KeyedPublisher:
     def published(self) -> int:
         return len(self.sent)
 
+    def _payload(self, n: int, per_key: dict[str, int]) -> tuple[str, bytes]:
+        """Message ``n``'s subject and body (its index within its key counted in
+        ``per_key``), with the hold or event-loop block the scenario asked for."""
+        subject = self.subject(n)
+        i = per_key.get(subject, 0)
+        per_key[subject] = i + 1
+        body: dict[str, object] = {"key": subject, "i": i, "n": n}
+        if n in self.holds:
+            body["hold"] = self.holds[n]
+        if n in self.blocks:
+            body["block"] = self.blocks[n]
+        return subject, json.dumps(body).encode()
+
     async def run(self) -> list[tuple[str, int]]:
         if self.window > 1:
             return await self._run_windowed()
@@ -104,15 +117,8 @@ class KeyedPublisher:
         per_key: dict[str, int] = {}
         next_at = time.monotonic()
         for n in range(self.count):
-            subject = self.subject(n)
-            i = per_key.get(subject, 0)
-            per_key[subject] = i + 1
-            body: dict[str, object] = {"key": subject, "i": i, "n": n}
-            if n in self.holds:
-                body["hold"] = self.holds[n]
-            if n in self.blocks:
-                body["block"] = self.blocks[n]
-            await self._publish(subject, json.dumps(body).encode(), f"faults-{n}")
+            subject, payload = self._payload(n, per_key)
+            await self._publish(subject, payload, f"faults-{n}")
             self.sent.append((subject, n))
             # Pacing, not synchronisation: keep the configured rate.
             next_at += 1 / self.rate
@@ -141,15 +147,8 @@ class KeyedPublisher:
             self.sent.append((subject, n))
 
         for n in range(self.count):
-            subject = self.subject(n)
-            i = per_key.get(subject, 0)
-            per_key[subject] = i + 1
-            body: dict[str, object] = {"key": subject, "i": i, "n": n}
-            if n in self.holds:
-                body["hold"] = self.holds[n]
-            if n in self.blocks:
-                body["block"] = self.blocks[n]
-            ack = await self.js.publish_async(subject, json.dumps(body).encode(),
+            subject, payload = self._payload(n, per_key)
+            ack = await self.js.publish_async(subject, payload,
                                               headers={"Nats-Msg-Id": f"faults-{n}"})
             waiting.append((subject, n, ack))
             while waiting and (len(waiting) >= self.window or waiting[0][2].done()):
