@@ -23,6 +23,7 @@ from cgroupd.jetstream import Record
 from cgroupd.partitions import member_partitions
 from cgroupd.runtime.core import MemberCore
 from cgroupd.runtime.state import MemberState, StepDown
+from cgroupd.tasks import cancel_and_wait
 
 
 class ConfigWatch(MemberCore):
@@ -125,11 +126,8 @@ class ConfigWatch(MemberCore):
         self._wake.set()
 
     async def _close_watch(self) -> None:
-        for task in (self._watcher,):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        if self._watcher is not None:
+            await cancel_and_wait(self._watcher)  # a KV watch's request may swallow one
         self._watcher = None
         for sub in (self._advisories, self._presence_sub):
             if sub is not None:
