@@ -209,6 +209,10 @@ class FakeJetStream:
             self.server.changed.clear()
             await self.server.changed.wait()
 
+    async def get_record(self, bucket: str, key: str) -> Record | None:
+        value = self.server.records.get((bucket, key))
+        return None if value is None else Record(value, 1)
+
     # -- connection, presence ------------------------------------------------------------
     def on_connection(self, lost: Callable[[], None],
                       back: Callable[[], None]) -> Callable[[], None]:

@@ -141,3 +141,33 @@ async def test_a_second_process_with_the_same_instance_id_is_refused(group: Grou
     await eventually(lambda: a.active, 5, what="a active")
     with pytest.raises(InstanceIdInUse):
         await group.start(instance_id="same")
+
+
+async def test_a_consumer_gone_with_its_group_reads_as_group_deleted(group: Group) -> None:
+    """Deleting a group removes its record, then its consumers; the active instance may
+    find its data consumer gone before its watch delivers the record's deletion (CI saw
+    on_standby("data-consumer-lost")). Either way it stops, and says the group was deleted."""
+    reasons: list[str] = []
+    a = Member(FakeJetStream(group.server), "ORDERS", "g", "m1", handler,  # type: ignore[arg-type]
+               SETTINGS, on_standby=reasons.append)
+    await a.start()
+    group.members.append(a)
+    await eventually(lambda: a.active, 5, what="a active")
+    # The record goes without waking the watch: only a read of the record can tell.
+    del group.server.records[(ELASTIC_BUCKET, group_key("ORDERS", "g"))]
+    del group.server.consumers[(WQ, f"m1-{a.instance_id}")]
+    assert await asyncio.wait_for(a.wait_stopped(), 5) == "group deleted"
+    assert reasons == ["group-deleted"] and a.state is MemberState.STOPPED
+
+
+async def test_a_consumer_lost_while_the_group_exists_stays_a_loss(group: Group) -> None:
+    """The read of the record only renames a loss when the record is really gone."""
+    reasons: list[str] = []
+    a = Member(FakeJetStream(group.server), "ORDERS", "g", "m1", handler,  # type: ignore[arg-type]
+               SETTINGS, on_standby=reasons.append)
+    await a.start()
+    group.members.append(a)
+    await eventually(lambda: a.active, 5, what="a active")
+    del group.server.consumers[(WQ, f"m1-{a.instance_id}")]
+    await eventually(lambda: reasons, 5, what="a to step down")
+    assert reasons[0] == "data-consumer-lost" and not a.stop_reason

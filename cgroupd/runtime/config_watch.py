@@ -63,18 +63,37 @@ class ConfigWatch(MemberCore):
         self._watcher = asyncio.create_task(self._watch_config(), name="cgroupd-watch")
         self._watcher.add_done_callback(self._watch_ended)
 
+    def _group_deleted(self) -> None:
+        if self._deleted:
+            return
+        self._log.info("group deleted")
+        self._deleted = True
+        self.stop_reason = "group deleted"
+        if self._gen is not None:
+            self._gen.end(StepDown.GROUP_DELETED)
+        self._wake.set()
+
+    async def _deleted_meanwhile(self) -> bool:
+        """Was the group deleted? Asked when a consumer vanished: deleting a group removes
+        its record first, then its consumers or work-queue stream, yet a puller may hear of
+        the consumer's end before the watch delivers the record's deletion."""
+        if self._deleted:
+            return True
+        try:
+            record = await self.js.get_record(self._bucket, self._key)
+        except CgroupdError:
+            return False  # cannot tell: keep the reason we have
+        if record is None or record.value is None:
+            self._group_deleted()
+        return self._deleted
+
     def _apply_record(self, record: Record, decode: Callable[[bytes], GroupConfig]) -> None:
         if record.value is None:
             if not self._first_config.done():
                 self._first_config.set_exception(GroupNotFound(
                     f"no consumer group {self.group!r} on stream {self.stream!r}"))
                 return
-            self._log.info("group deleted")
-            self._deleted = True
-            self.stop_reason = "group deleted"
-            if self._gen is not None:
-                self._gen.end(StepDown.GROUP_DELETED)
-            self._wake.set()
+            self._group_deleted()
             return
         try:
             config = decode(record.value)
