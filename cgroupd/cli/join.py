@@ -50,7 +50,7 @@ DEFAULTS = MemberSettings()
 
 
 def _default(name: str) -> str:
-    """``[default: 30]``: the help's note of a MemberSettings field's default."""
+    """The help's "[default: ...]" note of a MemberSettings field (formatted as typer does)."""
     value = getattr(DEFAULTS, name)
     if isinstance(value, Enum):
         value = value.value
