@@ -122,7 +122,7 @@ def test_system_exit_keeps_its_code(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_bad_arguments_turns_value_errors_into_usage_errors() -> None:
     """A ValueError inside becomes a UsageError with the same message; others pass."""
-    with pytest.raises(UsageError, match="^bad value$"), bad_arguments():
+    with pytest.raises(UsageError, match=r"^bad value$"), bad_arguments():
         raise ValueError("bad value")
     with pytest.raises(KeyError), bad_arguments():
         raise KeyError("not an argument problem")
@@ -149,9 +149,11 @@ def test_pair_filters_edges() -> None:
 
 def test_join_missing() -> None:
     """Nothing missing: None; one missing: singular wording; hostname replaces member."""
-    given = dict(stream="S", group="g", member="m1", member_from_hostname=None,
-                 handler=None, webhook="http://x")
-    assert join_missing(**given) is None  # type: ignore[arg-type]
-    assert join_missing(**{**given, "member": None, "member_from_hostname": 3}) is None  # type: ignore[arg-type]
-    assert join_missing(**{**given, "group": None}) == (  # type: ignore[arg-type]
-        "join is missing 1 option: --group GROUP")
+    def missing(member: str | None = "m1", hostname: int | None = None,
+                group: str | None = "g") -> str | None:
+        return join_missing(stream="S", group=group, member=member,
+                            member_from_hostname=hostname, handler=None, webhook="http://x")
+
+    assert missing() is None
+    assert missing(member=None, hostname=3) is None
+    assert missing(group=None) == "join is missing 1 option: --group GROUP"

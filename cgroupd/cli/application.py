@@ -142,6 +142,12 @@ def _version(value: bool) -> None:
         raise typer.Exit(0)
 
 
+def _file(flag: str, envvar: str, help: str) -> Any:
+    """An option naming a file that must exist (credentials, keys, certificates)."""
+    return typer.Option(flag, envvar=envvar, metavar="FILE", exists=True, dir_okay=False,
+                        help=help)
+
+
 @app.callback()
 def _main(
     ctx: typer.Context,
@@ -154,12 +160,10 @@ def _main(
     debug: Annotated[bool, typer.Option(
         "--debug", envvar="CGROUPD_DEBUG",
         help="Show tracebacks and debug logs.")] = False,
-    creds: Annotated[Path | None, typer.Option(
-        "--creds", envvar="CGROUPD_CREDS", metavar="FILE", exists=True, dir_okay=False,
-        help="NATS credentials (.creds) file.")] = None,
-    nkey: Annotated[Path | None, typer.Option(
-        "--nkey", envvar="CGROUPD_NKEY", metavar="FILE", exists=True, dir_okay=False,
-        help="File holding an nkey seed.")] = None,
+    creds: Annotated[Path | None, _file(
+        "--creds", "CGROUPD_CREDS", "NATS credentials (.creds) file.")] = None,
+    nkey: Annotated[Path | None, _file(
+        "--nkey", "CGROUPD_NKEY", "File holding an nkey seed.")] = None,
     token: Annotated[str | None, typer.Option(
         "--token", envvar="CGROUPD_TOKEN", metavar="TOKEN", help="Authentication token.")] = None,
     user: Annotated[str | None, typer.Option(
@@ -167,15 +171,12 @@ def _main(
     password: Annotated[str | None, typer.Option(
         "--password", envvar="CGROUPD_PASSWORD", metavar="PASSWORD",
         help="Password of --user.")] = None,
-    tls_cert: Annotated[Path | None, typer.Option(
-        "--tls-cert", envvar="CGROUPD_TLS_CERT", metavar="FILE", exists=True, dir_okay=False,
-        help="Client certificate (mutual TLS).")] = None,
-    tls_key: Annotated[Path | None, typer.Option(
-        "--tls-key", envvar="CGROUPD_TLS_KEY", metavar="FILE", exists=True, dir_okay=False,
-        help="Key of --tls-cert.")] = None,
-    tls_ca: Annotated[Path | None, typer.Option(
-        "--tls-ca", envvar="CGROUPD_TLS_CA", metavar="FILE", exists=True, dir_okay=False,
-        help="CA bundle that signed the server certificate.")] = None,
+    tls_cert: Annotated[Path | None, _file(
+        "--tls-cert", "CGROUPD_TLS_CERT", "Client certificate (mutual TLS).")] = None,
+    tls_key: Annotated[Path | None, _file(
+        "--tls-key", "CGROUPD_TLS_KEY", "Key of --tls-cert.")] = None,
+    tls_ca: Annotated[Path | None, _file(
+        "--tls-ca", "CGROUPD_TLS_CA", "CA bundle that signed the server certificate.")] = None,
     connect_timeout: Annotated[float, typer.Option(
         "--connect-timeout", envvar="CGROUPD_CONNECT_TIMEOUT", min=0.1, metavar="SEC",
         help="Give up connecting after this long.")] = DEFAULT_CONNECT_TIMEOUT,

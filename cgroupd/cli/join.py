@@ -66,6 +66,13 @@ def _in_flight_default() -> str:
     return f"[default: {strict} for partition ordering, {concurrent} otherwise]"
 
 
+def _setting(flag: str, envvar: str, help: str, field: str, metavar: str | None = "SEC"
+             ) -> Any:
+    """The option of a MemberSettings field: not given (None), the field's default applies,
+    and the help says which."""
+    return typer.Option(flag, envvar=envvar, metavar=metavar, help=f"{help} {_default(field)}")
+
+
 def _settings(**given: Any) -> MemberSettings:
     """MemberSettings from the options given (None: not given, the default applies)."""
     with bad_arguments():
@@ -105,38 +112,32 @@ def join(
     webhook_timeout: Annotated[float, typer.Option(
         "--webhook-timeout", envvar="CGROUPD_WEBHOOK_TIMEOUT", metavar="SEC",
         help="Bound on one webhook request.")] = DEFAULT_WEBHOOK_TIMEOUT,
-    ordering: Annotated[OrderingName | None, typer.Option(
-        "--ordering", envvar="CGROUPD_ORDERING",
-        help="partition: strictly in order per partition; key: in order per key, keys "
-             f"concurrently; none: no order. {_default('ordering')}")] = None,
-    key: Annotated[str | None, typer.Option(
-        "--key", envvar="CGROUPD_KEY", metavar="SPEC",
-        help="What a key is for --ordering key: auto (the partitioning tokens), subject, "
-             f"partition, tokens:1,3 or header:NAME. {_default('key')}")] = None,
+    ordering: Annotated[OrderingName | None, _setting(
+        "--ordering", "CGROUPD_ORDERING", "partition: strictly in order per partition; "
+        "key: in order per key, keys concurrently; none: no order.", "ordering", None)
+    ] = None,
+    key: Annotated[str | None, _setting(
+        "--key", "CGROUPD_KEY", "What a key is for --ordering key: auto (the partitioning "
+        "tokens), subject, partition, tokens:1,3 or header:NAME.", "key", "SPEC")] = None,
     max_in_flight: Annotated[int | None, typer.Option(
         "--max-in-flight", envvar="CGROUPD_MAX_IN_FLIGHT", metavar="N",
         help=f"Messages unacknowledged at once. {_in_flight_default()}")] = None,
-    ack_wait: Annotated[float | None, typer.Option(
-        "--ack-wait", envvar="CGROUPD_ACK_WAIT", metavar="SEC",
-        help="Redeliver a message not acked within this (kept alive while handling). "
-             f"{_default('ack_wait')}")] = None,
-    retry_interval: Annotated[float | None, typer.Option(
-        "--retry-interval", envvar="CGROUPD_RETRY_INTERVAL", metavar="SEC",
-        help="Standby retry and active self-check period. "
-             f"{_default('retry_interval')}")] = None,
-    inactive_threshold: Annotated[float | None, typer.Option(
-        "--inactive-threshold", envvar="CGROUPD_INACTIVE_THRESHOLD", metavar="SEC",
-        help="Server drops the consumers of an instance nobody replaced after this "
-             f"(standbys replace a dead one at once). {_default('inactive_threshold')}")
-    ] = None,
-    drain_timeout: Annotated[float | None, typer.Option(
-        "--drain-timeout", envvar="CGROUPD_DRAIN_TIMEOUT", metavar="SEC",
-        help="On stop or step-down, let running handlers finish this long (at least "
-             f"--webhook-timeout). {_default('drain_timeout')}")] = None,
-    exclusivity: Annotated[ExclusivityName | None, typer.Option(
-        "--exclusivity", envvar="CGROUPD_EXCLUSIVITY",
-        help="How instances of one member elect the active one. "
-             f"{_default('exclusivity')}")] = None,
+    ack_wait: Annotated[float | None, _setting(
+        "--ack-wait", "CGROUPD_ACK_WAIT", "Redeliver a message not acked within this (kept "
+        "alive while handling).", "ack_wait")] = None,
+    retry_interval: Annotated[float | None, _setting(
+        "--retry-interval", "CGROUPD_RETRY_INTERVAL",
+        "Standby retry and active self-check period.", "retry_interval")] = None,
+    inactive_threshold: Annotated[float | None, _setting(
+        "--inactive-threshold", "CGROUPD_INACTIVE_THRESHOLD", "Server drops the consumers "
+        "of an instance nobody replaced after this (standbys replace a dead one at once).",
+        "inactive_threshold")] = None,
+    drain_timeout: Annotated[float | None, _setting(
+        "--drain-timeout", "CGROUPD_DRAIN_TIMEOUT", "On stop or step-down, let running "
+        "handlers finish this long (at least --webhook-timeout).", "drain_timeout")] = None,
+    exclusivity: Annotated[ExclusivityName | None, _setting(
+        "--exclusivity", "CGROUPD_EXCLUSIVITY",
+        "How instances of one member elect the active one.", "exclusivity", None)] = None,
     static: Annotated[bool, typer.Option(
         "--static", envvar="CGROUPD_STATIC",
         help="The group is a static one (default: detected from the group).")] = False,
