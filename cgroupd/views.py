@@ -1,8 +1,9 @@
-"""What the operator commands show: status, members, the live view, replay plans.
+"""What the operator commands and the demo show: tables, group configurations, status,
+members, the live view, replay plans, events.
 
-Pure (no I/O): data in (a :class:`~cgroupd.admin.GroupStatus`, discovered instances,
-replay plans), JSON-ready dicts and text out, so the CLI stays a thin shell and every
-rendering is unit-tested without a server or a terminal.
+Pure (no I/O): data in (a group config, a :class:`~cgroupd.admin.GroupStatus`, discovered
+instances, replay plans), JSON-ready dicts and text out, so the CLI stays a thin shell and
+every rendering is unit-tested without a server or a terminal.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from cgroupd import events
 from cgroupd.admin import GroupStatus
-from cgroupd.config import StaticGroupConfig
+from cgroupd.config import ElasticGroupConfig, GroupConfig, StaticGroupConfig
 from cgroupd.partitions import assignment
 
 #: Characters of a lag bar in the live view.
@@ -61,8 +62,75 @@ def duration(seconds: float | None) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
-def _kind(st: GroupStatus) -> str:
-    return "static" if isinstance(st.group.config, StaticGroupConfig) else "elastic"
+def group_kind(config: GroupConfig) -> str:
+    """``static`` or ``elastic``."""
+    return "static" if isinstance(config, StaticGroupConfig) else "elastic"
+
+
+def group_data(stream: str, group: str, config: GroupConfig,
+               revision: int | None = None) -> dict[str, Any]:
+    """``cgroupd group create|info|ls --json`` and the membership commands: a group's
+    configuration and who owns which partitions."""
+    data: dict[str, Any] = {
+        "stream": stream, "group": group, "type": group_kind(config),
+        "partitions": config.max_members, "members": list(config.members),
+        "mappings": [{"member": m.member, "partitions": list(m.partitions)}
+                     for m in config.member_mappings],
+        "assignment": {m: list(ps) for m, ps in assignment(config).items()},
+    }
+    if isinstance(config, ElasticGroupConfig):
+        data["filters"] = [{"filter": pf.filter, "wildcards": list(pf.partitioning_wildcards)}
+                           for pf in config.partitioning_filters]
+        data["max_buffered_msgs"] = config.max_buffered_msgs
+        data["max_buffered_bytes"] = config.max_buffered_bytes
+        data["consume_stream"] = f"{stream}-{group}"
+    else:
+        data["filters"] = [{"filter": f, "wildcards": []} for f in config.filters]
+        data["consume_stream"] = stream
+    if revision is not None:
+        data["revision"] = revision
+    return data
+
+
+def assignment_text(config: GroupConfig) -> str:
+    """Which member owns which partitions, as a table."""
+    owned = assignment(config)
+    if not owned:
+        return "no members: no partition is consumed"
+    return table(["MEMBER", "PARTITIONS"], [(m, ranges(ps)) for m, ps in sorted(owned.items())])
+
+
+def group_text(stream: str, group: str, config: GroupConfig,
+               revision: int | None = None) -> str:
+    """``cgroupd group info``: the configuration, then the assignment."""
+    if isinstance(config, ElasticGroupConfig):
+        filters = ", ".join(
+            pf.filter + (f" (wildcards {','.join(map(str, pf.partitioning_wildcards))})"
+                         if pf.partitioning_wildcards else " (whole subject)")
+            for pf in config.partitioning_filters)
+        consume = f"{stream}-{group} (work queue)"
+    else:
+        filters = ", ".join(config.filters) or "-"
+        consume = f"{stream} (subjects start with the partition)"
+    if config.member_mappings:
+        membership = "mapped: " + "  ".join(f"{m.member}={ranges(m.partitions)}"
+                                            for m in config.member_mappings)
+    else:
+        membership = ", ".join(config.members) or "-"
+    rows = [("group", f"{stream}/{group} ({group_kind(config)})"),
+            ("partitions", str(config.max_members)),
+            ("filters", filters),
+            ("consumes", consume),
+            ("members", membership)]
+    if isinstance(config, ElasticGroupConfig) and (config.max_buffered_msgs
+                                                   or config.max_buffered_bytes):
+        rows.append(("buffer", f"{config.max_buffered_msgs or 'unlimited'} msgs, "
+                               f"{config.max_buffered_bytes or 'unlimited'} bytes"))
+    if revision is not None:
+        rows.append(("revision", str(revision)))
+    width = max(len(k) for k, _ in rows)
+    head = "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+    return f"{head}\n\n{assignment_text(config)}"
 
 
 def _by_instance(instances: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -93,7 +161,7 @@ def status_data(st: GroupStatus, instances: list[dict[str, Any]]) -> dict[str, A
              "in_flight": r.in_flight} for r in st.partitions]
     owned = [r for r in st.partitions if r.instance is not None]
     return {
-        "stream": st.group.stream, "group": st.group.group, "type": _kind(st),
+        "stream": st.group.stream, "group": st.group.group, "type": group_kind(config),
         "partitions": rows,
         "pending": sum(r.pending for r in st.partitions),
         "max_lag_messages": max((r.pending for r in st.partitions), default=0),

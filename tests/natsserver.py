@@ -52,7 +52,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any, Self
 
-from cgroupd.demo import DemoError, find_nats_server
+from cgroupd.embedded import EmbeddedServerError, find_nats_server
 
 __all__ = [
     "BACKEND_ENV",
@@ -108,7 +108,7 @@ def find_nats_server_binary() -> str:
     demo does."""
     try:
         return find_nats_server()
-    except DemoError as exc:
+    except EmbeddedServerError as exc:
         raise NatsServerError(str(exc)) from exc
 
 

@@ -25,15 +25,14 @@ import pytest
 from nats.js import api
 from typer.testing import CliRunner, Result
 
-from cgroupd.cli import (
-    app,
+from cgroupd.cli import app
+from cgroupd.cli.parsers import (
     member_from_hostname,
     pair_filters,
     parse_mappings,
     parse_partitions,
-    ranges,
-    table,
 )
+from cgroupd.views import ranges, table
 from tests.fixtures_cli.support import (
     child_env,
     restore_logging,  # noqa: F401 - autouse fixture
@@ -361,17 +360,17 @@ def test_join_names_what_is_missing_in_the_order_people_add_it() -> None:
 def test_member_from_hostname_option(monkeypatch: pytest.MonkeyPatch) -> None:
     """--member-from-hostname (CGROUPD_MEMBERS) derives the member from the pod name;
     a hostname without an ordinal, or both ways at once, is a usage error."""
-    import cgroupd.cli
+    import cgroupd.cli.join
 
     join = ["join", "--stream", "S", "--group", "g", "--webhook", "http://127.0.0.1:1/x"]
-    monkeypatch.setattr(cgroupd.cli.socket, "gethostname", lambda: "worker")
+    monkeypatch.setattr(cgroupd.cli.join.socket, "gethostname", lambda: "worker")
     assert_one_line_error(cli(None, *join, "--member-from-hostname", "3"), 2,
                           "does not end in -<ordinal>")
     assert_one_line_error(cli(None, *join, env={"CGROUPD_MEMBERS": "3"}), 2,
                           "does not end in -<ordinal>")
     assert_one_line_error(cli(None, *join, "--member", "m1", env={"CGROUPD_MEMBERS": "3"}),
                           2, "not both")
-    monkeypatch.setattr(cgroupd.cli.socket, "gethostname", lambda: "worker-4.workers.ns")
+    monkeypatch.setattr(cgroupd.cli.join.socket, "gethostname", lambda: "worker-4.workers.ns")
     # Ordinal 4 of 3 members is m1: shown here through the name check of the prefix.
     assert_one_line_error(cli(None, *join, "--member-from-hostname", "3",
                               "--member-prefix", "a."), 2, "member name 'a.1'")

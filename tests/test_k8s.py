@@ -39,7 +39,7 @@ import pytest
 import yaml
 
 from cgroupd import admin
-from cgroupd.cli import member_from_hostname
+from cgroupd.cli.parsers import member_from_hostname
 from cgroupd.jetstream import JetStream
 from tests.fixtures_cli.support import WebhookServer
 from tests.k8s_pods import Image, LocalPod, Objects, host_env, pod_names, resolve_container
@@ -371,8 +371,8 @@ def test_member_env_is_wired(default_objects: list[dict[str, Any]], image: Image
 
 
 def _join_env_vars() -> set[str]:
-    """Every CGROUPD_* variable the command line reads (cli.py is the only reader)."""
-    text = (ROOT / "cgroupd" / "cli.py").read_text()
+    """Every CGROUPD_* variable the command line reads (cgroupd/cli/ is the only reader)."""
+    text = "".join(p.read_text() for p in (ROOT / "cgroupd" / "cli").glob("*.py"))
     return set(re.findall(r'"(CGROUPD_[A-Z_]+)"', text))
 
 

@@ -27,6 +27,9 @@ LAYERS: dict[str, set[str]] = {
                 "runtime.release", "runtime.selfcheck", "runtime.state"},
     # What users and operators touch: the public package, the CLI and daemon, Spark.
     "edges": {"__init__", "__main__", "cli", "daemon", "demo", "handlers", "metrics",
+              "cli.application", "cli.context", "cli.demo", "cli.errors", "cli.groups",
+              "cli.join", "cli.members", "cli.observe", "cli.options", "cli.parsers",
+              "cli.replay", "embedded",
               "spark", "spark.directget", "spark.driver", "spark.layout", "spark.lease",
               "spark.offsets", "spark.options", "spark.rows", "spark.source", "spark.wire",
               "spark.writer", "views"},

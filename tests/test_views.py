@@ -11,7 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cgroupd import events, views
-from cgroupd.cli import app, parse_duration, parse_time
+from cgroupd.cli import app
+from cgroupd.cli.parsers import parse_duration, parse_time
 from cgroupd.replay import PartitionPlan, Plan, Target, _origin_seq
 from tests.fixtures_cli.support import restore_logging  # noqa: F401 - autouse fixture
 
