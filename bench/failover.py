@@ -483,12 +483,13 @@ async def _netns_trials(ns: VethNamespace, procs: Members, isolated: subprocess.
 async def main(parts: set[str], trials: int = 20, peer_trials: int = 20, rate: float = 200,
                stall: float = 2.0, stall_trials: int = 5, netns_trials: int = 5,
                cuts: tuple[float, ...] = (0.5, 5.0), settle: float = 1.0,
-               observe: float = 5.0) -> dict[str, Any]:
+               observe: float = 5.0, workdir: Path | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {
         "benchmark": "failover", "machine": machine(),
         "setup": {"members": 1, "instances": 2, "partitions": PARTITIONS, "rate": rate,
                   "trials": trials, "settle_s": settle, "cgroupd_options": "defaults"}}
-    with server() as srv, tempfile.TemporaryDirectory(prefix="bench-failover-") as tmp:
+    with server() as srv, tempfile.TemporaryDirectory(prefix="bench-failover-") as scratch:
+        tmp = str(workdir or scratch)
         nc = await nats.connect(servers=[srv.url], **client_options())
         js = JetStream(nc, timeout=10)
         try:
@@ -557,9 +558,14 @@ if __name__ == "__main__":
                         help="seconds a fresh standby stands by before a fault")
     parser.add_argument("--observe", type=float, default=5.0,
                         help="seconds watched after a stall ends")
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="keep the records and logs here (an empty directory) to see "
+                             "where a slow trial's time went")
     args = parser.parse_args()
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
     emit(asyncio.run(main(set(args.parts.split(",")), args.trials,
                           args.trials if args.peer_trials is None else args.peer_trials,
                           args.rate, args.stall, args.stall_trials, args.netns_trials,
                           tuple(float(c) for c in args.cuts.split(",")), args.settle,
-                          args.observe)))
+                          args.observe, args.workdir)))

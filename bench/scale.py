@@ -72,6 +72,10 @@ class Shape:
     settle: float = 5.0
     #: Seconds of traffic before and after the membership change (for the gap measures).
     window: float = 3.0
+    #: Member settings the command line lacks (bench.variant), e.g. "presence_interval=0.25".
+    settings: str = ""
+    #: Add members under traffic after the idle measurement.
+    add: bool = True
 
 
 def spread(values: list[float], digits: int = 2) -> dict[str, float | None]:
@@ -85,13 +89,25 @@ def _pid(srv: NatsServer) -> int:
     return srv.pid
 
 
-async def idle_cost(server_pid: int, pids: list[int], seconds: float,
+def server_counters(srv: NatsServer) -> dict[str, float]:
+    """What the server routed and answered so far: messages in and out (every pull
+    request, heartbeat, probe and reply is one) and JetStream API requests."""
+    varz = srv.monitor("/varz")
+    api_total = int((srv.monitor("/jsz").get("api") or {}).get("total", 0))
+    return {"in_msgs": varz["in_msgs"], "out_msgs": varz["out_msgs"], "js_api": api_total}
+
+
+async def idle_cost(srv: NatsServer, pids: list[int], seconds: float,
                     active: list[int] | None = None) -> dict[str, Any]:
     """CPU % of a core of the server and of each process over ``seconds``; RSS each (and
-    of the ``active`` instances and the others apart, when given)."""
+    of the ``active`` instances and the others apart, when given); the server's message
+    and JetStream API rates (what its CPU is spent on)."""
+    server_pid = _pid(srv)
+    counted = await asyncio.to_thread(server_counters, srv)
     meter = CpuMeter([server_pid, *pids]).start()
     await asyncio.sleep(seconds)  # the measurement window
     cpu = meter.stop()
+    after = await asyncio.to_thread(server_counters, srv)
     percent = {pid: 100 * used / meter.wall for pid, used in cpu.items()}
     rss = {pid: rss_mb(pid) for pid in pids}
     out: dict[str, Any] = {
@@ -99,7 +115,8 @@ async def idle_cost(server_pid: int, pids: list[int], seconds: float,
         "server_cpu_percent": round(percent[server_pid], 2),
         "members_cpu_percent_total": round(sum(percent[pid] for pid in pids), 2),
         "member_cpu_percent_each": spread([percent[pid] for pid in pids]),
-        "rss_mb_each": spread(list(rss.values()), 1)}
+        "rss_mb_each": spread(list(rss.values()), 1),
+        "server_per_s": {k: round((after[k] - counted[k]) / meter.wall, 1) for k in after}}
     if active is not None:
         for label, chosen in (("active", [p for p in pids if p in active]),
                               ("standby", [p for p in pids if p not in active])):
@@ -125,10 +142,12 @@ async def cgroupd_scale(shape: Shape, tmp: Path) -> dict[str, Any]:
                 max_members=shape.partitions, members=tuple(first),
                 partitioning_filters=(PartitioningFilter("scale.*", (1,)),)))
             records = Records(tmp / "records")
+            launcher = ("-m", "bench.variant", shape.settings, "--") if shape.settings else (
+                "-m", "cgroupd")
             with Members(srv.url, "SCALE", "g", handler="bench.handlers:events",
                          records=tmp / "records", logs=tmp / "logs", metrics=False) as procs:
                 for name, _ in itertools.product(first, range(shape.instances)):
-                    procs.start(name)
+                    procs.start(name, launcher=launcher)
                 began = time.monotonic()
                 await wait_for(lambda: asyncio.to_thread(procs.ready), 600, 0.2,
                                "every instance to join")
@@ -141,8 +160,10 @@ async def cgroupd_scale(shape: Shape, tmp: Path) -> dict[str, Any]:
                 result["started_s"] = round(time.monotonic() - began, 1)
                 await asyncio.sleep(shape.settle)  # let start-up work die down
                 pids = [p.pid for _, p in procs.procs]
-                result["idle"] = await idle_cost(_pid(srv), pids, shape.idle, active())
-                result["add_members"] = await add_members(shape, js, procs, records)
+                result["idle"] = await idle_cost(srv, pids, shape.idle, active())
+                if shape.add:
+                    result["add_members"] = await add_members(shape, js, procs, records,
+                                                              launcher)
         finally:
             await nc.close()
     return result
@@ -160,13 +181,13 @@ def state(procs: Members, pid: int) -> str | None:
     return now
 
 
-async def add_members(shape: Shape, js: JetStream, procs: Members,
-                      records: Records) -> dict[str, Any]:
+async def add_members(shape: Shape, js: JetStream, procs: Members, records: Records,
+                      launcher: tuple[str, ...] = ("-m", "cgroupd")) -> dict[str, Any]:
     """Add ``shape.added`` members (their processes joined first) under traffic."""
     added = member_names(shape.members, shape.added)
     before_start = len(procs.procs)
     for name in added:
-        procs.start(name)
+        procs.start(name, launcher=launcher)
     await wait_for(lambda: asyncio.to_thread(
         lambda: all(procs.joined(p) for _, p in procs.procs[before_start:])), 300, 0.2,
         "the added members' processes to join")
@@ -265,7 +286,7 @@ async def peer_idle(shape: Shape, python: str, tmp: Path) -> dict[str, Any]:
                                "the peer instances to consume")
             started = round(time.monotonic() - began, 1)
             await asyncio.sleep(shape.settle)
-            idle = await idle_cost(_pid(srv), [p.pid for p in peers], shape.idle)
+            idle = await idle_cost(srv, [p.pid for p in peers], shape.idle)
             return {"what": "natsio-pcgroups, one tests/peer_driver.py process per instance "
                             f"(Python of the peer's venv), max ack pending "
                             f"{PEER_MAX_ACK_PENDING}", "started_s": started, "idle": idle}
@@ -275,10 +296,11 @@ async def peer_idle(shape: Shape, python: str, tmp: Path) -> dict[str, Any]:
             await nc.close()
 
 
-async def main(shape: Shape, with_peer: bool) -> dict[str, Any]:
+async def main(shape: Shape, with_peer: bool, workdir: Path | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {"benchmark": "scale", "shape": shape.__dict__,
                               "machine": machine()}
-    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as scratch:
+        tmp = str(workdir or scratch)
         result["cgroupd"] = await cgroupd_scale(shape, Path(tmp) / "cgroupd")
         if with_peer:
             try:
@@ -291,13 +313,13 @@ async def main(shape: Shape, with_peer: bool) -> dict[str, Any]:
                               else {"skipped": reason})
     result["machine"]["load_average_after"] = machine()["load_average_1_5_15_min"]
     idle = result["cgroupd"]["idle"]
-    add = result["cgroupd"]["add_members"]
+    add = result["cgroupd"].get("add_members")
     result["targets"] = {
         "server <= 3% of a core": idle["server_cpu_percent"] <= 3,
         "members <= 0.2% each (mean)": idle["member_cpu_percent_each"]["mean"] <= 0.2,
         "RSS <= 40 MB per instance (max)": idle["rss_mb_each"]["max"] <= 40,
-        "re-owned < 1 s": add["reowned_s"] < 1,
-        "no duplicates": add["duplicates"] == 0,
+        "re-owned < 1 s": None if add is None else add["reowned_s"] < 1,
+        "no duplicates": None if add is None else add["duplicates"] == 0,
     }
     return result
 
@@ -316,9 +338,19 @@ if __name__ == "__main__":
                         help="seconds after every member is active before measuring")
     parser.add_argument("--window", type=float, default=Shape.window,
                         help="seconds of traffic before and after the membership change")
+    parser.add_argument("--settings", default="", metavar="NAME=VALUE,...",
+                        help="member settings the CLI lacks, via bench.variant "
+                             "(e.g. presence_interval=0.25)")
+    parser.add_argument("--no-add", action="store_true",
+                        help="only the idle measurement (no members added under traffic)")
     parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="keep the records and logs here (an empty directory)")
     a = parser.parse_args()
+    if a.workdir is not None:
+        a.workdir.mkdir(parents=True, exist_ok=True)
     emit(asyncio.run(main(Shape(
         partitions=a.partitions, members=a.members, instances=a.instances, added=a.added,
-        keys=a.keys, rate=a.rate, idle=a.idle, settle=a.settle, window=a.window),
-        not a.no_peer)))
+        keys=a.keys, rate=a.rate, idle=a.idle, settle=a.settle, window=a.window,
+        settings=a.settings, add=not a.no_add),
+        not a.no_peer, a.workdir)))

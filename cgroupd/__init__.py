@@ -7,6 +7,7 @@ following the NATS ADR "Partitioned consumer groups". Layers, bottom up: the pur
 runtime (:mod:`~cgroupd.member`) and group administration (:mod:`~cgroupd.admin`).
 """
 
+from cgroupd import natsload  # noqa: F401 - first: nats-py without aiohttp (see there)
 from cgroupd.admin import (
     GroupStatus,
     StoredGroup,

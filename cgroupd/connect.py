@@ -24,6 +24,7 @@ from nats.aio.client import Client
 
 from cgroupd import logs
 from cgroupd.errors import ConfigError, PermissionDenied, ServerUnreachable
+from cgroupd.natsload import enable_websockets
 
 log = logs.get_logger("cgroupd.connect")
 
@@ -162,6 +163,8 @@ async def connect(options: ConnectionOptions, *,
     (a server refused the credentials). Once connected, the client reconnects forever.
     """
     kwargs = connect_kwargs(options)
+    if any(url.startswith(("ws://", "wss://")) for url in kwargs["servers"]):
+        enable_websockets()
     errors: list[BaseException] = []
     refused = asyncio.get_running_loop().create_future()
     connected = False

@@ -36,11 +36,9 @@ import signal
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import structlog
-from aiohttp import web
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -57,6 +55,10 @@ from cgroupd.metrics import Metrics
 from cgroupd.partitions import member_partitions
 from cgroupd.settings import MemberSettings
 from cgroupd.tasks import cancel_and_wait
+
+if TYPE_CHECKING:  # aiohttp is imported only when a webhook or the HTTP server is used
+    import aiohttp
+    from aiohttp import web
 
 log = logs.get_logger("cgroupd.daemon")
 
@@ -235,6 +237,8 @@ class Daemon:
         js = JetStream(self.nc)
         static = await self._group_kind(js)
         if self.handler_options.webhook is not None:
+            import aiohttp
+
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=max(10, 2 * self.settings.max_in_flight)))
         publish = (jetstream_publisher(js)
@@ -539,6 +543,8 @@ class Daemon:
         return self.member is not None and self.member.state in _READY_STATES
 
     async def _start_http(self) -> None:
+        from aiohttp import web
+
         o = self.options
         app = web.Application()
         app.router.add_get("/metrics", self._http_metrics)
@@ -556,6 +562,8 @@ class Daemon:
         self._log.info("http listening", host=o.metrics_host, port=o.metrics_port)
 
     async def _http_metrics(self, request: web.Request) -> web.Response:
+        from aiohttp import web
+
         return web.Response(body=self.metrics.render(),
                             headers={"Content-Type": self.metrics.content_type})
 
@@ -579,6 +587,8 @@ class Daemon:
 
 
 def _json_response(body: dict[str, Any], status: int) -> web.Response:
+    from aiohttp import web
+
     return web.Response(text=json.dumps(body), status=status, content_type="application/json")
 
 

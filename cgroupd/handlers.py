@@ -24,9 +24,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-import aiohttp
+from typing import TYPE_CHECKING, Any
 
 from cgroupd import logs
 from cgroupd.dispatch import (
@@ -38,6 +36,9 @@ from cgroupd.dispatch import (
 )
 from cgroupd.message import Message
 from cgroupd.metrics import Metrics
+
+if TYPE_CHECKING:  # aiohttp is imported only when a webhook is used (memory)
+    import aiohttp
 
 log = logs.get_logger("cgroupd.handlers")
 
@@ -264,6 +265,9 @@ class WebhookHandler:
     def __init__(self, options: WebhookOptions, session: aiohttp.ClientSession) -> None:
         self.options = options
         self.session = session
+        import aiohttp
+
+        self._client_error = aiohttp.ClientError
         self._timeout = aiohttp.ClientTimeout(total=options.timeout)
 
     async def __call__(self, message: Message) -> None:
@@ -283,7 +287,7 @@ class WebhookHandler:
         except TimeoutError as exc:
             raise WebhookFailed(f"webhook {url} timed out after "
                                 f"{self.options.timeout:g}s") from exc
-        except aiohttp.ClientError as exc:
+        except self._client_error as exc:
             raise WebhookFailed(f"webhook {url} failed: {exc or type(exc).__name__}") from exc
         if 200 <= status < 300:
             return

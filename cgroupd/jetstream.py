@@ -32,7 +32,7 @@ from cgroupd.errors import (
     ServerUnreachable,
     StreamNotFound,
 )
-from cgroupd.lease import Answer, OwnerWatch, Prober, probe
+from cgroupd.lease import QUIET_PROBE, Answer, OwnerWatch, Prober, probe
 from cgroupd.pull import Puller, PullOptions
 
 #: Header of a KV delete or purge marker.
@@ -404,7 +404,8 @@ class JetStream:
         gone."""
 
         async def on_request(msg: Msg) -> None:
-            answer = text() if msg.reply else None
+            # A quiet probe only checks that we listen (the server answers if nobody does).
+            answer = text() if msg.reply and msg.data != QUIET_PROBE else None
             if answer is not None:
                 with contextlib.suppress(Exception):
                     await self.nc.publish(msg.reply, answer.encode())

@@ -8,8 +8,9 @@ environment; everything below it receives a :class:`MemberSettings`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
+from typing import Any
 
 from cgroupd.errors import ConfigError
 from cgroupd.ordering import Ordering
@@ -65,17 +66,27 @@ class MemberSettings:
     #: ``lease`` later, when the silent instance has certainly stopped starting work. A
     #: stall shorter than ``lease + takeover_margin`` never causes a takeover.
     takeover_margin: float = 1.0
-    #: How often a standby asks the active instance whether it is alive. An instance that
-    #: died (its connection closed: the server answers "no responders") is replaced at once.
-    presence_interval: float = 0.125
+    #: How often a standby probes the active instance's presence. An instance that died
+    #: (its connection closed: the server answers "no responders") is replaced at once, so
+    #: this bounds crash detection; most probes ask for no answer (only the server's, when
+    #: nobody listens), one each ``presence_answer_every`` does (silence is measured by
+    #: those). Measured (bench.scale, 16 members x 2): 0.125 s with an answer to every
+    #: probe was half of the server's idle work.
+    presence_interval: float = 0.25
+    presence_answer_every: float = 1.0
     #: The server deletes a consumer nobody pulled on for this long. Not the crash detector
     #: (standbys probe presence): it cleans up after instances that had no standby, and is
     #: long enough that a stall the lease survives never costs the owner its consumers
     #: (at least ``lease + takeover_margin + pull_expires``).
     inactive_threshold: float = 10.0
-    #: Lifetime of one pull request, and the server's idle heartbeat within it.
-    pull_expires: float = 1.0
-    heartbeat: float = 0.25
+    #: Lifetime of one pull request, and the server's idle heartbeat within it (three
+    #: missed ones: the request is taken as lost and made again). 0 picks the exclusivity's
+    #: default: sync 5 s and 1 s (crash detection is the presence probe's, and every
+    #: request and heartbeat is idle work for the server and a wakeup of the member);
+    #: pinned 1 s and 0.25 s (pulls keep the pin: they must come well within
+    #: ``pinned_ttl``).
+    pull_expires: float = 0.0
+    heartbeat: float = 0.0
     #: After stepping down, wait this long before competing again (ADR: "a second").
     rejoin_delay: float = 1.0
     #: Transition delays on a membership change (ADR "Transitioning").
@@ -104,13 +115,23 @@ class MemberSettings:
         if self.max_in_flight == 0:
             default = 1 if self.ordering is Ordering.PARTITION else DEFAULT_CONCURRENCY
             object.__setattr__(self, "max_in_flight", default)
+        sync = self.exclusivity is Exclusivity.SYNC
+        #: The fields given as 0 ("the exclusivity's default"), for with_exclusivity.
+        chosen = tuple(n for n in ("pull_expires", "heartbeat") if getattr(self, n) == 0)
+        object.__setattr__(self, "_chosen_by_default", chosen)
+        if self.pull_expires == 0:
+            object.__setattr__(self, "pull_expires", 5.0 if sync else 1.0)
+        if self.heartbeat == 0:
+            object.__setattr__(self, "heartbeat", min(1.0 if sync else 0.25,
+                                                      self.pull_expires / 2))
         if self.max_in_flight < 1 or self.max_in_flight > MAX_IN_FLIGHT:
             problems.append(f"max_in_flight must be at least 1 and at most {MAX_IN_FLIGHT}, "
                             f"not {self.max_in_flight}")
         # NaN passes every comparison and infinity every bound, then breaks the
         # nanosecond conversions and sleeps at run time: refuse them here.
         for name in ("ack_wait", "retry_interval", "inactive_threshold", "pull_expires",
-                     "heartbeat", "pinned_ttl", "lease", "presence_interval"):
+                     "heartbeat", "pinned_ttl", "lease", "presence_interval",
+                     "presence_answer_every"):
             value = getattr(self, name)
             if not math.isfinite(value) or value <= 0:
                 problems.append(f"{name} must be positive and finite (seconds), not {value}")
@@ -137,6 +158,13 @@ class MemberSettings:
                 "the consumers of an instance whose stall the lease survives")
         if problems:
             raise ConfigError(problems)
+
+    def with_exclusivity(self, exclusivity: Exclusivity) -> MemberSettings:
+        """These settings under another exclusivity, with that one's defaults for what
+        was left to the default here."""
+        defaults: dict[str, Any] = dict.fromkeys(getattr(self, "_chosen_by_default", ()),
+                                                   0.0)
+        return replace(self, exclusivity=exclusivity, **defaults)
 
     def backoff(self, deliveries: int) -> float:
         """Delay before redelivering a message that failed ``deliveries`` times."""

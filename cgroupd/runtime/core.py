@@ -9,7 +9,6 @@ import asyncio
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from typing import Any
 
 from cgroupd import jsapi, logs
@@ -87,7 +86,7 @@ class MemberCore:
         self.settings = settings or MemberSettings()
         self.static = static
         if static and self.settings.exclusivity is not Exclusivity.PINNED:
-            self.settings = replace(self.settings, exclusivity=Exclusivity.PINNED)
+            self.settings = self.settings.with_exclusivity(Exclusivity.PINNED)
         self.instance_id = instance_id or new_instance_id()
         self.on_active = on_active
         self.on_standby = on_standby

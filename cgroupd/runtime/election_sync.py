@@ -5,6 +5,7 @@ and reclaiming a dead owner's data consumer (see :mod:`cgroupd.lease`)."""
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 
 from cgroupd.consumerinfo import ConsumerInfo
@@ -36,9 +37,29 @@ from cgroupd.runtime.generation import Generation
 from cgroupd.runtime.state import MemberState, StepDown
 from cgroupd.settings import Exclusivity
 
+#: A standby whose active instance answers tries to create the synchronization consumer
+#: only this many retry intervals apart (it would fail: the consumer exists), unless
+#: something happened: a consumer deleted, a config change, the owner gone, idle or silent.
+IDLE_ATTEMPT_EVERY = 5
+
 
 class SyncElection(MemberCore):
     """One job of :class:`cgroupd.member.Member` (see the module docstring)."""
+
+    #: Whether the next attempt must reach the server (see IDLE_ATTEMPT_EVERY), and when
+    #: the last one did.
+    _attempt_due: bool = True
+    _attempted_at: float = -math.inf
+
+    def _attempt_pointless(self) -> bool:
+        """A standby stood by its whole timeout while the active instance kept answering:
+        the sync consumer is still the owner's (a deletion would have woken us), so a
+        create would only cost the server an API request. Tried anyway now and then."""
+        s, watch, now = self.settings, self._watch, self._clock()
+        return (watch is not None and not self._attempt_due
+                and watch.silent_for(now) < s.lease
+                and now - self._attempted_at < IDLE_ATTEMPT_EVERY * s.retry_interval
+                and now >= self._changed_at + 5.0)
 
     async def _acquire_sync(self, partitions: tuple[int, ...]) -> Generation | None:
         """Sync exclusivity: try once to win the election; None means stay standby."""
@@ -47,6 +68,10 @@ class SyncElection(MemberCore):
         if (watch is not None and watch.replaceable(self._clock(), s.lease, s.takeover_margin)
                 and not await self._unseat(watch)):
             return None
+        if self._attempt_pointless():
+            return None
+        self._attempt_due = False
+        self._attempted_at = self._clock()
         inactive = int(s.inactive_threshold * 1e9)
         instance_meta = {MEMBER_KEY: self.member, INSTANCE_KEY: self.instance_id,
                          TOKEN_KEY: self._token}
@@ -135,6 +160,7 @@ class SyncElection(MemberCore):
         instance: return at once when it is gone, idle, or silent for ``lease +
         takeover_margin``, so that the next attempt replaces it."""
         watch, s = self._watch, self.settings
+        self._attempt_due = True  # unless the whole timeout passes with the owner answering
         if watch is None or s.exclusivity is not Exclusivity.SYNC:
             await self._close_prober()
             await self._wait_wake(timeout)
@@ -144,6 +170,7 @@ class SyncElection(MemberCore):
             await self._close_prober()
             prober = self._prober = self.js.prober(presence_subject(
                 self._key, watch.instance), watch, self._clock, self._wake.set)
+            prober.answer_every = s.presence_answer_every
         deadline = self._clock() + timeout
         while not self._wake.is_set():
             await prober.send()
@@ -153,6 +180,7 @@ class SyncElection(MemberCore):
             if self._watch is not watch or watch.replaceable(now, s.lease, s.takeover_margin):
                 return
             if now >= deadline:
+                self._attempt_due = self._wake.is_set()
                 return
 
     async def _close_prober(self) -> None:

@@ -40,9 +40,16 @@ class SelfCheck(MemberCore):
         hold or nak'ed with a delay still to run out (a delivery lost in a reconnect). A new
         data consumer starts cleanly from what the work-queue stream still holds.
         """
+        s = self.settings
         starved = received = 0
+        idle = False
         while not gen.ended.done():
-            await self._sleep(self.settings.retry_interval)
+            # Nothing arrived, held or waiting at the last check: check less often, yet
+            # often enough that the lease never runs out while checks come back within
+            # ``retry_interval`` (an idle member costs the server half the requests).
+            await self._sleep(max(s.retry_interval, s.lease - s.retry_interval) if idle
+                              else s.retry_interval)
+            idle = False
             gen.data_info = None
             if await self._check(gen) is not True or gen.data_info is None:
                 continue
@@ -63,6 +70,7 @@ class SelfCheck(MemberCore):
                 starved += 1
             else:
                 starved = 0
+            idle = (quiet and not waiting and unacked == 0 and not delayed)
             received = gen.received
             if starved >= 3:
                 gen.end(StepDown.STALLED, "data consumer stopped delivering pending messages")

@@ -1,0 +1,36 @@
+"""Loading nats-py lean: without aiohttp unless a websocket server is used.
+
+nats-py imports aiohttp at import time whenever it is installed, only for ``ws://`` and
+``wss://`` servers: ~10 MB resident, a fifth of an idle member instance (bench.scale).
+:mod:`cgroupd` imports this module before anything else, so nats-py's transport module
+finds no aiohttp; :func:`enable_websockets` hands it aiohttp when a websocket server is
+named (:func:`cgroupd.connect.connect` does). A process that imported nats-py or aiohttp
+before cgroupd keeps what it loaded.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+
+def _load_transport_without_aiohttp() -> None:
+    if "nats.aio.transport" in sys.modules or "aiohttp" in sys.modules:
+        return
+    sys.modules["aiohttp"] = None  # type: ignore[assignment]  # its import raises ImportError
+    try:
+        import nats.aio.transport  # noqa: F401 - loaded now, without aiohttp
+    finally:
+        if "aiohttp" in sys.modules and sys.modules["aiohttp"] is None:
+            del sys.modules["aiohttp"]
+
+
+def enable_websockets() -> None:
+    """Let nats-py connect to ``ws://``/``wss://`` servers (imports aiohttp)."""
+    import nats.aio.transport
+
+    if getattr(nats.aio.transport, "aiohttp", None) is None:
+        nats.aio.transport.aiohttp = importlib.import_module("aiohttp")  # type: ignore[attr-defined]
+
+
+_load_transport_without_aiohttp()
