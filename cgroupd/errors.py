@@ -13,7 +13,8 @@
     ├── ApiError                      any other ``$JS.API`` error: status code and err_code
     │   ├── ConsumerNotFound          no consumer of that name (10014)
     │   ├── ConsumerExists            create-only, and a differing consumer exists (10148)
-    │   └── WorkQueueOverlap          a work-queue consumer's filters overlap another's (10100)
+    │   ├── WorkQueueOverlap          a work-queue consumer's filters overlap another's (10100)
+    │   └── DirectGetUnavailable      the stream does not answer direct gets
     ├── AckNotConfirmed               ``double_ack``: the server did not apply the ack
     │   └── AckOutcomeUnknown         ``double_ack``: applied or not, nobody can tell
     ├── InstanceIdInUse               another running process already uses this instance id
@@ -119,6 +120,10 @@ class ConsumerExists(ApiError):
 class WorkQueueOverlap(ApiError):
     """A work-queue stream's consumer filters must not overlap (err_code 10100): another
     consumer still holds some of these partitions."""
+
+
+class DirectGetUnavailable(ApiError):
+    """The stream does not answer direct gets (``allow_direct`` is off)."""
 
 
 class AckNotConfirmed(CgroupdError):

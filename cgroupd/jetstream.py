@@ -21,7 +21,7 @@ from nats.aio.subscription import Subscription
 from nats.js import api
 from nats.js.kv import KeyValue
 
-from cgroupd import jsapi
+from cgroupd import jsapi, streamread
 from cgroupd.errors import (
     ApiError,
     BucketNotFound,
@@ -355,11 +355,11 @@ class JetStream:
 
     # -- lag and replay ----------------------------------------------------------------
     async def first_matches(self, stream: str, queries: list[tuple[str, int]],
-                            concurrency: int = 64) -> list[jsapi.FirstMatch]:
+                            concurrency: int = 64) -> list[streamread.FirstMatch]:
         """Per ``(filter, start sequence)``: matching messages from there, and the first
-        one's sequence and time (one direct get each; see :func:`jsapi.first_matches`)."""
+        one's sequence and time (one direct get each; see :func:`streamread.first_matches`)."""
         with self._translated(f"reading stream {stream}"):
-            return await jsapi.first_matches(self.nc, stream, queries,
+            return await streamread.first_matches(self.nc, stream, queries,
                                              concurrency=concurrency)
 
     async def update_stream(self, config: api.StreamConfig) -> api.StreamInfo:
@@ -367,17 +367,17 @@ class JetStream:
             return await self.jsm.update_stream(config)
 
     async def get_message(self, stream: str, seq: int = 0, next_subject: str | None = None,
-                          start_time: float | None = None) -> jsapi.StoredMessage | None:
+                          start_time: float | None = None) -> streamread.StoredMessage | None:
         """A stored message by sequence, or the first at/after ``seq`` (or ``start_time``)
         matching ``next_subject``; None if there is none."""
         with self._translated(f"reading stream {stream}"):
-            return await jsapi.msg_get(self.nc, stream, seq, next_subject, start_time)
+            return await streamread.msg_get(self.nc, stream, seq, next_subject, start_time)
 
     async def scan_subjects(self, stream: str, filters: list[str],
                             start_seq: int) -> AsyncIterator[tuple[int, str]]:
         """``(sequence, subject)`` of the messages from ``start_seq`` matching ``filters``."""
         with self._translated(f"scanning stream {stream}"):
-            async for item in jsapi.scan_subjects(self.nc, stream, filters, start_seq):
+            async for item in streamread.scan_subjects(self.nc, stream, filters, start_seq):
                 yield item
     # -- plain NATS: presence, notifications, ack confirmation -------------------------
     async def notify(self, subject: str,

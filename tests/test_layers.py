@@ -18,7 +18,7 @@ LAYERS: dict[str, set[str]] = {
              "pinning", "settings", "tasks"},
     # The only modules that talk to nats-py and build $JS.API requests.
     "adapter": {"adapter", "connect", "events", "jetstream", "jsapi", "lease", "message",
-                "pull"},
+                "pull", "streamread"},
     # The member runtime (elections, rebalances, the dispatcher) and the admin API.
     "runtime": {"admin", "dispatch", "lag", "member", "replay", "runtime",
                 "runtime.config_watch", "runtime.core",
