@@ -23,9 +23,7 @@ from cgroupd.config import (
     GroupConfig,
     MemberMapping,
     StaticGroupConfig,
-    elastic_from_json,
     group_key,
-    static_from_json,
     validate_name,
     work_queue_stream,
 )
@@ -41,6 +39,7 @@ from cgroupd.jetstream import JetStream
 from cgroupd.lag import read_lag
 from cgroupd.naming import INSTANCE_KEY, MEMBER_KEY
 from cgroupd.partitions import SYNC_PREFIX, owners, transform_destination
+from cgroupd.records import elastic_from_json, static_from_json
 from cgroupd.settings import PRIORITY_GROUP
 
 #: How often a CAS update is retried before ConflictError is raised, and the longest

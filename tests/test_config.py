@@ -23,15 +23,14 @@ from cgroupd.config import (
     MemberMapping,
     PartitioningFilter,
     StaticGroupConfig,
-    elastic_from_json,
     group_key,
     name_problems,
-    static_from_json,
     validate_name,
     work_queue_stream,
 )
 from cgroupd.errors import CgroupdError, ConfigError
 from cgroupd.partitions import assignment
+from cgroupd.records import elastic_from_json, static_from_json
 
 ORDERS = PartitioningFilter("orders.*", (1,))
 

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "cgroupd"
 LAYERS: dict[str, set[str]] = {
     # No I/O: configs, names, rules, errors.
     "core": {"config", "consumerinfo", "errors", "logs", "naming", "ordering", "partitions",
-             "pinning", "settings", "tasks"},
+             "pinning", "records", "settings", "tasks"},
     # The only modules that talk to nats-py and build $JS.API requests.
     "adapter": {"adapter", "connect", "events", "jetstream", "jsapi", "lease", "message",
                 "pull", "streamread"},
