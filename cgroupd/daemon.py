@@ -48,7 +48,12 @@ import cgroupd
 from cgroupd import admin, events, logs
 from cgroupd.config import STATIC_BUCKET, group_key, name_problems
 from cgroupd.connect import ConnectionOptions, connect
-from cgroupd.errors import BucketNotFound, CgroupdError, ConfigError, GroupNotFound
+from cgroupd.errors import (
+    BucketNotFound,
+    ConfigError,
+    GroupNotFound,
+    StartupError,
+)
 from cgroupd.handlers import HandlerOptions, Publish, build_handler
 from cgroupd.jetstream import JetStream
 from cgroupd.lag import read_lag
@@ -72,10 +77,6 @@ MAX_LOOP_LAG = 1.0
 LAG_WINDOW = 30.0
 
 _READY_STATES = (MemberState.STANDBY, MemberState.ACTIVE)
-
-
-class StartupError(CgroupdError):
-    """The daemon could not start (probe port in use, group unreadable in time)."""
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from cgroupd.errors import (
     JetStreamNotEnabled,
     PermissionDenied,
     ServerUnreachable,
-    StreamNotFound,
+    StreamNotFoundApi,
     WorkQueueOverlap,
 )
 
@@ -116,10 +116,6 @@ def api_error(error: dict[str, Any]) -> CgroupdError:
         return StreamNotFoundApi(code, err_code, description)
     typed = _TYPED.get(err_code, ApiError)
     return typed(code, err_code, description)
-
-
-class StreamNotFoundApi(ApiError, StreamNotFound):
-    """A stream-not-found API reply: both an ApiError and a StreamNotFound."""
 
 
 #: err_codes the runtime reacts to, as their own ApiError subclasses.

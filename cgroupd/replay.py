@@ -36,7 +36,13 @@ from nats.js import api
 from cgroupd import admin
 from cgroupd.admin import ConsumerView, StoredGroup
 from cgroupd.config import ElasticGroupConfig
-from cgroupd.errors import ApiError, CgroupdError, JetStreamNotEnabled, ServerUnreachable
+from cgroupd.errors import (
+    ApiError,
+    CgroupdError,
+    JetStreamNotEnabled,
+    ReplayRefused,
+    ServerUnreachable,
+)
 from cgroupd.events import discover
 from cgroupd.jetstream import JetStream
 from cgroupd.lag import partition_subjects, read_lag
@@ -46,10 +52,6 @@ from cgroupd.partitions import assignment, owners, partition_of, transform_desti
 PLACEHOLDER = "_CGROUPD.replay.{stream}"
 #: How long to wait for the re-sourced stream to show the first replayed message.
 VERIFY_TIMEOUT = 10.0
-
-
-class ReplayRefused(CgroupdError):
-    """The replay cannot be done safely now (instances running, messages in the way)."""
 
 
 @dataclass(frozen=True)
