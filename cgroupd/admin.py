@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import random
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
-
-from nats.js import api
 
 from cgroupd.config import (
     ELASTIC_BUCKET,
@@ -35,10 +32,11 @@ from cgroupd.errors import (
     GroupNotFound,
     StreamNotFound,
 )
+from cgroupd.groupstreams import StreamInfo, ensure_bucket, ensure_work_queue_stream
 from cgroupd.jetstream import JetStream
 from cgroupd.lag import read_lag
 from cgroupd.naming import INSTANCE_KEY, MEMBER_KEY
-from cgroupd.partitions import SYNC_PREFIX, owners, transform_destination
+from cgroupd.partitions import SYNC_PREFIX, owners
 from cgroupd.records import elastic_from_json, static_from_json
 from cgroupd.settings import PRIORITY_GROUP
 
@@ -113,13 +111,7 @@ class GroupStatus:
         return [p.partition for p in self.partitions if p.instance is None]
 
 
-def _bucket_config(bucket: str, origin: api.StreamInfo) -> api.KeyValueConfig:
-    return api.KeyValueConfig(bucket=bucket, history=1,
-                              replicas=origin.config.num_replicas or 1,
-                              storage=api.StorageType.FILE)
-
-
-async def _origin(js: JetStream, stream: str) -> api.StreamInfo:
+async def _origin(js: JetStream, stream: str) -> StreamInfo:
     info = await js.stream_info(stream)
     if info is None:
         raise StreamNotFound(f"stream {stream!r} does not exist")
@@ -131,9 +123,9 @@ def _decode(bucket: str, value: bytes) -> GroupConfig:
 
 
 async def _create_record(js: JetStream, bucket: str, stream: str, group: str,
-                         config: GroupConfig, origin: api.StreamInfo) -> bool:
+                         config: GroupConfig, origin: StreamInfo) -> bool:
     """Store the record if absent. True when created, False when an identical one exists."""
-    await js.bucket(bucket, create_with=_bucket_config(bucket, origin))
+    await ensure_bucket(js, bucket, origin)
     key = group_key(stream, group)
     existing = await js.get_record(bucket, key)
     if existing is None or existing.value is None:
@@ -175,51 +167,9 @@ async def create_elastic_group(js: JetStream, stream: str, group: str,
     origin = await _origin(js, stream)
     await _check_other_kind(js, stream, group, ELASTIC_BUCKET)
     await _create_record(js, ELASTIC_BUCKET, stream, group, config, origin)
-    wq = work_queue_stream(stream, group)
-    transforms = [
-        api.SubjectTransform(src=pf.filter, dest=transform_destination(pf, config.max_members))
-        for pf in config.partitioning_filters
-    ]
-    existing = await js.stream_info(wq)
-    if existing is not None:
-        _check_work_queue_stream(existing, stream, transforms)
-    else:
-        await js.add_stream(api.StreamConfig(
-            name=wq,
-            retention=api.RetentionPolicy.WORK_QUEUE,
-            discard=api.DiscardPolicy.NEW,
-            max_msgs=config.max_buffered_msgs or -1,
-            max_bytes=config.max_buffered_bytes or -1,
-            num_replicas=origin.config.num_replicas or 1,
-            storage=origin.config.storage,
-            allow_direct=True,
-            sources=[api.StreamSource(name=stream, subject_transforms=transforms)],
-        ))
+    await ensure_work_queue_stream(js, work_queue_stream(stream, group), stream, origin,
+                                   config)
     return config
-
-
-def _check_work_queue_stream(info: api.StreamInfo, origin: str,
-                             transforms: list[api.SubjectTransform]) -> None:
-    """An existing ``<stream>-<group>`` is reused only if it is this group's stream: a
-    work queue sourcing the origin with the group's partitioning transforms."""
-    cfg = info.config
-    sources = cfg.sources or []
-    want = sorted((t.src, _transform_key(t.dest)) for t in transforms)
-    have = sorted((t.src, _transform_key(t.dest)) for t in (sources[0].subject_transforms
-                                                            if sources else None) or [])
-    ok = (cfg.retention == api.RetentionPolicy.WORK_QUEUE and len(sources) == 1
-          and sources[0].name == origin and have == want)
-    if not ok:
-        raise GroupExists(
-            f"stream {cfg.name!r} exists but is not this group's work-queue stream (it must "
-            f"be a work queue sourcing {origin!r} with the group's partitioning); delete "
-            "it or choose another group name")
-
-
-def _transform_key(dest: str | None) -> str:
-    """A transform destination as the server reads it: function names in any case and
-    spaces inside ``{{ }}`` (the reference writes ``{{Partition(4,1)}}``) do not matter."""
-    return re.sub(r"\{\{[^}]*\}\}", lambda m: m.group(0).replace(" ", "").lower(), dest or "")
 
 
 async def create_static_group(js: JetStream, stream: str, group: str,

@@ -18,7 +18,7 @@ LAYERS: dict[str, set[str]] = {
              "pinning", "records", "settings", "tasks"},
     # The only modules that talk to nats-py and build $JS.API requests.
     "adapter": {"adapter", "connect", "events", "jetstream", "jsapi", "lease", "message",
-                "pull", "streamread"},
+                "groupstreams", "pull", "streamread"},
     # The member runtime (elections, rebalances, the dispatcher) and the admin API.
     "runtime": {"admin", "calling", "dispatch", "lag", "member", "replay", "runtime",
                 "runtime.config_watch", "runtime.core",
@@ -33,10 +33,8 @@ LAYERS: dict[str, set[str]] = {
 }
 ORDER = ["core", "adapter", "runtime", "edges"]
 #: Runtime modules that still import nats-py (issue 14, left): the dispatcher settles
-#: messages on the nats-py client it is given (cgroupd.message does the wire part); the
-#: admin API builds streams and KV buckets with nats-py's config types, and replay
-#: updates streams with them.
-NATS_DEBT = {"admin", "dispatch", "replay"}
+#: messages on the nats-py client it is given (cgroupd.message does the wire part).
+NATS_DEBT = {"dispatch"}
 
 
 def _module_name(path: Path) -> str:
