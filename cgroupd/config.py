@@ -11,7 +11,7 @@ Reading is as tolerant as the reference (natsio-pcgroups, orbit.go): ``-1``, ``0
 were; a member list may repeat names or name members cgroupd would not create. Writing
 (the CLI, the admin API) keeps cgroupd's stricter rules. Validation is linear in the
 record's size, and a record is bounded: at most :data:`MAX_PARTITIONS` partitions and
-:data:`MAX_LISTED_MEMBERS` listed members.
+:data:`MAX_LISTED_MEMBERS` listed members. :mod:`cgroupd.records` reads records.
 """
 
 from __future__ import annotations
@@ -378,114 +378,6 @@ class StaticGroupConfig(_GroupBase):
 
 GroupConfig: TypeAlias = ElasticGroupConfig | StaticGroupConfig
 
-_ELASTIC_KNOWN = {
-    "max_members", "partitioning_filters", "filter", "partitioning_wildcards",
-    "partitioning-wildcards", "max_buffered_msg", "max_buffered_msgs", "msg-buffer-size",
-    "max_buffered_bytes", "members", "member_mappings", "member-mappings",
-}
-_STATIC_KNOWN = {"max_members", "filters", "filter", "members", "member_mappings",
-                 "member-mappings"}
-
-
-def _load_object(data: bytes | str) -> dict[str, Any]:
-    try:
-        obj = json.loads(data)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # deep nesting
-        raise ConfigError(f"group record is not valid JSON: {exc}") from exc
-    if not isinstance(obj, dict):
-        raise ConfigError(f"group record must be a JSON object, not {type(obj).__name__}")
-    return obj
-
-
-def _int_list(value: Any, what: str) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise ConfigError(f"{what} must be a list of integers, not {value!r}")
-    return tuple(value)
-
-
-def _str_list(value: Any, what: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{what} must be a list of strings, not {value!r}")
-    return tuple(value)
-
-
-def _mappings(value: Any) -> tuple[MemberMapping, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise ConfigError(f"member_mappings must be a list, not {value!r}")
-    out = []
-    for item in value:
-        if not isinstance(item, dict) or not isinstance(item.get("member"), str):
-            raise ConfigError(f"member mapping {item!r} needs a 'member' string")
-        out.append(MemberMapping(item["member"], _int_list(item.get("partitions"),
-                                                           "mapping partitions")))
-    return tuple(out)
-
-
-def elastic_from_json(data: bytes | str) -> ElasticGroupConfig:
-    """Decode an elastic group record (current Go, older Go single-filter, or ADR rev-1)."""
-    obj = _load_object(data)
-    if "partitioning_filters" in obj:
-        raw = obj["partitioning_filters"]
-        if not isinstance(raw, list) or not all(isinstance(x, dict) for x in raw):
-            raise ConfigError("partitioning_filters must be a list of objects")
-        filters = []
-        for item in raw:
-            if not isinstance(item.get("filter"), str):
-                raise ConfigError(f"partitioning filter {item!r} needs a 'filter' string")
-            filters.append(PartitioningFilter(
-                item["filter"],
-                _int_list(item.get("partitioning_wildcards"), "partitioning_wildcards")))
-    elif isinstance(obj.get("filter"), str):
-        wild = obj.get("partitioning_wildcards", obj.get("partitioning-wildcards"))
-        filters = [PartitioningFilter(obj["filter"], _int_list(wild, "partitioning_wildcards"))]
-    else:
-        raise ConfigError("group record has no partitioning_filters (nor a 'filter')")
-    max_msgs = obj.get("max_buffered_msg", obj.get("max_buffered_msgs",
-                                                   obj.get("msg-buffer-size")))
-    max_bytes = obj.get("max_buffered_bytes")
-    extra = {k: v for k, v in obj.items() if k not in _ELASTIC_KNOWN}
-    # "No limit" is written as -1 (natsio-pcgroups), 0 or null, or left out (orbit.go):
-    # write back exactly what was there, or the reference's members see a change of
-    # the group's fixed settings and stop.
-    for name in ("max_buffered_msg", "max_buffered_bytes"):
-        if name in obj and _no_limit(obj[name]):
-            extra[name] = obj[name]
-    return ElasticGroupConfig(
-        max_members=obj.get("max_members"),  # type: ignore[arg-type]  # checked in post_init
-        partitioning_filters=tuple(filters),
-        max_buffered_msgs=0 if _no_limit(max_msgs) else max_msgs,  # type: ignore[arg-type]
-        max_buffered_bytes=0 if _no_limit(max_bytes) else max_bytes,  # type: ignore[arg-type]
-        members=_str_list(obj.get("members"), "members"),
-        member_mappings=_mappings(obj.get("member_mappings", obj.get("member-mappings"))),
-        extra=extra,
-        lenient=True,
-    )
-
-
-def _no_limit(value: object) -> bool:
-    return value is None or (type(value) is int and value in (0, -1))
-
-
-def static_from_json(data: bytes | str) -> StaticGroupConfig:
-    """Decode a static group record (``filters`` list, or the older single ``filter``)."""
-    obj = _load_object(data)
-    filters = obj.get("filters")
-    if filters is None and isinstance(obj.get("filter"), str) and obj["filter"]:
-        filters = [obj["filter"]]
-    return StaticGroupConfig(
-        max_members=obj.get("max_members"),  # type: ignore[arg-type]
-        filters=_str_list(filters, "filters"),
-        members=_str_list(obj.get("members"), "members"),
-        member_mappings=_mappings(obj.get("member_mappings", obj.get("member-mappings"))),
-        extra={k: v for k, v in obj.items() if k not in _STATIC_KNOWN},
-        lenient=True,
-    )
 
 
 def group_key(stream: str, group: str) -> str:

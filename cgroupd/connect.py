@@ -152,6 +152,9 @@ def describe(exc: BaseException | None) -> str:
 
 
 Callback = Callable[[], Awaitable[None]]
+#: A connection to NATS, as :func:`connect` returns it (layers above the adapter name the
+#: type through this alias, never through nats-py).
+Connection = Client
 
 
 async def connect(options: ConnectionOptions, *,

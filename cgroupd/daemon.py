@@ -34,22 +34,25 @@ import math
 import os
 import signal
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from nats.aio.client import Client
-from nats.aio.msg import Msg
 
 import cgroupd
 from cgroupd import admin, events, logs
 from cgroupd.config import STATIC_BUCKET, group_key, name_problems
-from cgroupd.connect import ConnectionOptions, connect
-from cgroupd.errors import BucketNotFound, CgroupdError, ConfigError, GroupNotFound
+from cgroupd.connect import Connection, ConnectionOptions, connect
+from cgroupd.errors import (
+    BucketNotFound,
+    ConfigError,
+    GroupNotFound,
+    StartupError,
+)
 from cgroupd.handlers import HandlerOptions, Publish, build_handler
 from cgroupd.jetstream import JetStream
 from cgroupd.lag import read_lag
+from cgroupd.loopmonitor import MAX_LOOP_LAG, LoopMonitor
 from cgroupd.member import Member, MemberState
 from cgroupd.metrics import Metrics
 from cgroupd.partitions import member_partitions
@@ -58,7 +61,8 @@ from cgroupd.tasks import cancel_and_wait
 
 if TYPE_CHECKING:  # aiohttp is imported only when a webhook or the HTTP server is used
     import aiohttp
-    from aiohttp import web
+
+    from cgroupd.probes import ProbeServer
 
 log = logs.get_logger("cgroupd.daemon")
 
@@ -68,16 +72,8 @@ STATUS_INTERVAL = 10.0
 START_TIMEOUT = 10.0
 #: Bound on a dead-letter publish (waiting for the stream's PubAck).
 DEAD_LETTER_TIMEOUT = 5.0
-#: /healthz fails when the event loop ran a timer this late (seconds) ...
-MAX_LOOP_LAG = 1.0
-#: ... within this many seconds.
-LAG_WINDOW = 30.0
 
 _READY_STATES = (MemberState.STANDBY, MemberState.ACTIVE)
-
-
-class StartupError(CgroupdError):
-    """The daemon could not start (probe port in use, group unreadable in time)."""
 
 
 @dataclass(frozen=True)
@@ -126,35 +122,6 @@ def drain_problems(settings: MemberSettings, handler: HandlerOptions) -> list[st
     return []
 
 
-class LoopMonitor:
-    """How late the event loop runs a timer: a handler blocking the loop, or a process
-    starved of CPU, shows here (and in /healthz) before anywhere else."""
-
-    def __init__(self, interval: float = 0.25, window: float = LAG_WINDOW) -> None:
-        self.interval = interval
-        self.window = window
-        self._lags: deque[tuple[float, float]] = deque()
-        self._last = time.monotonic()
-
-    async def run(self) -> None:
-        while True:
-            before = time.monotonic()
-            await asyncio.sleep(self.interval)
-            self._last = now = time.monotonic()
-            lag = now - before - self.interval
-            if lag > self.interval:
-                self._lags.append((now, lag))
-            while self._lags and self._lags[0][0] < now - self.window:
-                self._lags.popleft()
-
-    def worst(self) -> float:
-        """The longest stall seen within the window, including one still going on."""
-        now = time.monotonic()
-        ongoing = now - self._last - self.interval
-        recent = max((lag for at, lag in self._lags if at >= now - self.window), default=0.0)
-        return max(ongoing, recent, 0.0)
-
-
 def jetstream_publisher(js: JetStream, timeout: float = DEAD_LETTER_TIMEOUT) -> Publish:
     """A confirmed (PubAck) publish, for dead letters; raises when not stored."""
 
@@ -179,7 +146,7 @@ class Daemon:
         self.metrics = Metrics(options.stream, options.group, options.member)
         self.metrics.count_ignored_input(lambda: self.member.stats if self.member else {})
         self.loop_monitor = LoopMonitor()
-        self.nc: Client | None = None
+        self.nc: Connection | None = None
         self.member: Member | None = None
         self._stop = asyncio.Event()
         #: A second signal: give up draining. (Member.stop() swallows a CancelledError of
@@ -188,7 +155,7 @@ class Daemon:
         self._signals = 0
         self._closing = False
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._runner: web.AppRunner | None = None
+        self._probes: ProbeServer | None = None
         self._session: aiohttp.ClientSession | None = None
         self._log = log.bind(stream=options.stream, group=options.group,
                              member=options.member)
@@ -253,8 +220,8 @@ class Daemon:
             instance_id=o.instance_id, on_active=self._on_active,
             on_standby=self._on_standby, on_rebalance=self._on_rebalance)
         structlog.contextvars.bind_contextvars(instance=member.instance_id)
-        self._info_sub = await self.nc.subscribe(events.info_subject(o.stream, o.group),
-                                                 cb=self._answer_info)
+        self._info_sub = await js.answer(events.info_subject(o.stream, o.group),
+                                         self._instance_info)
         self._spawn(self.loop_monitor.run(), "cgroupd-loop-monitor")
         if o.metrics_port:
             await self._start_http()
@@ -357,9 +324,9 @@ class Daemon:
             with contextlib.suppress(Exception):  # idempotent; also closes the config watch
                 await self.member.stop()
             await self._flush_events()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._probes is not None:
+            await self._probes.stop()
+            self._probes = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -427,18 +394,17 @@ class Daemon:
         if self._publishing:
             await asyncio.wait(set(self._publishing), timeout=1.0)
 
-    async def _answer_info(self, msg: Msg) -> None:
-        if not msg.reply or self.member is None:
-            return
+    def _instance_info(self) -> str | None:
+        """This instance's answer to a discovery request (None before the member exists)."""
+        if self.member is None:
+            return None
         m = self.member
         info = events.instance_info(
             stream=self.options.stream, group=self.options.group, member=self.options.member,
             instance=m.instance_id, state=m.state.value, since=events.iso(self._since),
             partitions=list(m.partitions), exclusivity=m.settings.exclusivity.value,
             in_flight=self.metrics.in_flight(), version=cgroupd.__version__)
-        if self.nc is not None:
-            with contextlib.suppress(Exception):
-                await self.nc.publish(msg.reply, json.dumps(info).encode())
+        return json.dumps(info)
 
     async def _lag_loop(self, js: JetStream) -> None:
         """While active, export the lag of this instance's partitions: one direct get
@@ -543,29 +509,14 @@ class Daemon:
         return self.member is not None and self.member.state in _READY_STATES
 
     async def _start_http(self) -> None:
-        from aiohttp import web
+        from cgroupd.probes import ProbeServer
 
         o = self.options
-        app = web.Application()
-        app.router.add_get("/metrics", self._http_metrics)
-        app.router.add_get("/healthz", self._http_health)
-        app.router.add_get("/readyz", self._http_ready)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, o.metrics_host, o.metrics_port).start()
-        except OSError as exc:
-            await runner.cleanup()
-            raise StartupError(f"cannot listen on {o.metrics_host}:{o.metrics_port}: "
-                               f"{exc.strerror or exc}") from exc
-        self._runner = runner
+        probes = ProbeServer(self.metrics, problems=self.problems, ready=lambda: self.ready,
+                             state=self._state)
+        await probes.start(o.metrics_host, o.metrics_port)
+        self._probes = probes
         self._log.info("http listening", host=o.metrics_host, port=o.metrics_port)
-
-    async def _http_metrics(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
-        return web.Response(body=self.metrics.render(),
-                            headers={"Content-Type": self.metrics.content_type})
 
     def _state(self) -> dict[str, Any]:
         m = self.member
@@ -576,20 +527,6 @@ class Daemon:
             "instance": m.instance_id if m is not None else None,
             "partitions": list(m.partitions) if m is not None else [],
         }
-
-    async def _http_health(self, request: web.Request) -> web.Response:
-        problems = self.problems()
-        return _json_response({**self._state(), "problems": problems},
-                              503 if problems else 200)
-
-    async def _http_ready(self, request: web.Request) -> web.Response:
-        return _json_response(self._state(), 200 if self.ready else 503)
-
-
-def _json_response(body: dict[str, Any], status: int) -> web.Response:
-    from aiohttp import web
-
-    return web.Response(text=json.dumps(body), status=status, content_type="application/json")
 
 
 async def run_join(connection: ConnectionOptions, options: JoinOptions,

@@ -43,7 +43,6 @@ import asyncio
 import contextlib
 import contextvars
 import functools
-import inspect
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -51,6 +50,7 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from cgroupd.calling import call_handler, handler_failure, is_async
 from cgroupd.message import AckGuard, Message, Outcome
 from cgroupd.ordering import Ordering as Ordering  # re-exported: callers import it from here
 from cgroupd.tasks import cancel_and_wait
@@ -82,62 +82,6 @@ async def run_in_thread(fn: Callable[..., Any], *args: Any) -> Any:
 #: Unconfirmed settlements that make the confirmer run at once, not after its interval.
 CONFIRM_BATCH = 1024
 
-
-def is_async(handler: Any) -> bool:
-    """An ``async def`` function, or an object whose ``__call__`` is one."""
-    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
-        type(handler).__call__)
-
-
-class HandlerRaised(Exception):
-    """A sync handler raised something that is not an ``Exception`` (SystemExit,
-    KeyboardInterrupt, GeneratorExit, another BaseException) in its thread."""
-
-    def __init__(self, original: BaseException) -> None:
-        super().__init__(f"the handler raised {original!r}")
-        self.original = original
-
-
-def call_in_thread(handler: Callable[[Message], Any], message: Message) -> Any:
-    """Run a sync handler (in a worker thread). Whatever it raises crosses back into the
-    event loop as an ``Exception``: a ``GeneratorExit`` or ``SystemExit`` surfacing
-    through an awaited future would escape the coroutine that catches it."""
-    try:
-        return handler(message)
-    except Exception:
-        raise
-    except BaseException as exc:
-        raise HandlerRaised(exc) from exc
-
-
-class HandlerReturnedGenerator(TypeError):
-    """The handler returned a generator: its body (with a ``yield`` by mistake) never ran."""
-
-
-def handler_failure(exc: BaseException) -> bool:
-    """Whether ``exc``, raised while running a handler, is the handler's failure.
-
-    Anything the handler raises is: ``SystemExit``, ``KeyboardInterrupt`` (signals reach
-    the daemon through its own handlers, never as exceptions inside a handler),
-    ``GeneratorExit``, other ``BaseException`` subclasses, and a ``CancelledError`` of
-    the handler's own making. Only the cancellation of the task running it (a drain
-    timeout, a stop) is not: that must propagate.
-    """
-    if isinstance(exc, asyncio.CancelledError):
-        task = asyncio.current_task()
-        return task is None or task.cancelling() == 0
-    return True
-
-
-async def settle_result(result: Any) -> None:
-    """Await what a handler returned if it is awaitable; refuse a generator, which means
-    the handler's body never ran (returning would ack a message nobody handled)."""
-    if inspect.isgenerator(result) or inspect.isasyncgen(result):
-        raise HandlerReturnedGenerator(
-            f"the handler returned {type(result).__name__} instead of running: remove the "
-            "'yield' from it (handlers are plain or async functions)")
-    if inspect.isawaitable(result):
-        await result
 
 
 class Dispatcher:
@@ -562,11 +506,8 @@ class Dispatcher:
             message.ack_failed = False
             _calling.set(self)
             try:
-                if self._handler_is_async:
-                    result = await self._handler(message)  # type: ignore[misc]
-                else:
-                    result = await self._run_in_thread(call_in_thread, self._handler, message)
-                await settle_result(result)
+                await call_handler(self._handler, message, self._handler_is_async,
+                                   self._run_in_thread)
             except BaseException as exc:  # a handler failure never kills us
                 if not handler_failure(exc):
                     raise

@@ -1,26 +1,41 @@
-"""Every error cgroupd raises, as one tree.
+"""Every error cgroupd raises, as one tree of families: catch a family to handle every
+error of its kind, or one error for one case.
 
     CgroupdError                      base; ``retriable`` says whether trying again can help
-    ├── ConfigError                   a group config, KV record or name breaks a rule
-    ├── GroupNotFound                 no KV record for <stream>.<group>
-    ├── GroupExists                   create asked for a config that differs from the stored one
-    ├── StreamNotFound                a stream the operation needs does not exist
-    ├── BucketNotFound                the consumer-group KV bucket does not exist
-    ├── JetStreamNotEnabled           the server (or account) has no JetStream
-    ├── PermissionDenied              the server refused the operation for these credentials
-    ├── ServerUnreachable             no server answered (retriable)
-    ├── ConflictError                 a CAS update lost too many races (retriable)
-    ├── ApiError                      any other ``$JS.API`` error: status code and err_code
-    │   ├── ConsumerNotFound          no consumer of that name (10014)
-    │   ├── ConsumerExists            create-only, and a differing consumer exists (10148)
-    │   └── WorkQueueOverlap          a work-queue consumer's filters overlap another's (10100)
+    ├── ConfigError                   bad settings, group config, KV record, name or argument
+    │   └── HandlerLoadError          a ``pkg.module:function`` handler cannot be loaded
+    ├── NotFoundError                 something the operation needs does not exist
+    │   ├── GroupNotFound             no KV record for <stream>.<group>
+    │   ├── StreamNotFound            a stream the operation needs does not exist
+    │   ├── BucketNotFound            the consumer-group KV bucket does not exist
+    │   └── ConsumerNotFound          no consumer of that name (also an ApiError, 10014)
+    ├── StateConflict                 what exists, or another holder, disagrees with the request
+    │   ├── GroupExists               create asked for a config that differs from the stored one
+    │   ├── ConflictError             a CAS update lost too many races (retriable)
+    │   ├── ConsumerExists            create-only, a differing consumer exists (ApiError, 10148)
+    │   ├── WorkQueueOverlap          filters overlap another consumer's (ApiError, 10100)
+    │   ├── InstanceIdInUse           another running process already uses this instance id
+    │   ├── LeaseUnavailable          a Spark query cannot hold a member another holder has
+    │   └── ReplayRefused             a replay cannot be done safely now
+    ├── ServerError                   the server, or the way to it, failed or refused
+    │   ├── JetStreamNotEnabled       the server (or account) has no JetStream
+    │   ├── PermissionDenied          the server refused the operation for these credentials
+    │   ├── ServerUnreachable         no server answered (retriable)
+    │   └── ApiError                  any other ``$JS.API`` error: status code and err_code
+    │       └── DirectGetUnavailable  the stream does not answer direct gets
     ├── AckNotConfirmed               ``double_ack``: the server did not apply the ack
     │   └── AckOutcomeUnknown         ``double_ack``: applied or not, nobody can tell
-    ├── InstanceIdInUse               another running process already uses this instance id
-    ├── LeaseUnavailable              a Spark query cannot hold a member another holder has
-    ├── LeaseLost                     a running Spark query lost a member it reads
-    ├── DataLoss                      messages a Spark query had to read are gone
-    └── ReplicaBehind                 no replica served a range to its end (retriable)
+    ├── HandlerError                  a handler failed in a way the runtime reports as such
+    │   ├── HandlerRaised             a sync handler raised a BaseException (SystemExit & co.)
+    │   ├── HandlerReturnedGenerator  a handler returned a generator: its body never ran
+    │   ├── NonRetryable              raised by a handler: never retry, dead-letter and term
+    │   ├── WebhookFailed             the webhook did not accept the message this time
+    │   └── DeadLetterFailed          the dead-letter publish failed: the message is kept
+    ├── StartupError                  the daemon could not start
+    └── QueryError                    a Spark query cannot go on
+        ├── LeaseLost                 a running Spark query lost a member it reads
+        ├── DataLoss                  messages a Spark query had to read are gone
+        └── ReplicaBehind             no replica served a range to its end (retriable)
 
 Lower-level errors (nats-py exceptions) are translated at the JetStream adapter boundary
 with ``raise ... from``; nothing above the adapter sees a nats-py exception.
@@ -35,7 +50,28 @@ class CgroupdError(Exception):
     retriable: bool = False
 
 
-class ConfigError(CgroupdError, ValueError):
+class NotFoundError(CgroupdError):
+    """Something the operation needs (a group, stream, bucket, consumer) does not exist."""
+
+
+class StateConflict(CgroupdError):
+    """What exists, or another holder, disagrees with what was asked."""
+
+
+class ServerError(CgroupdError):
+    """The server, or the way to it, failed or refused the operation."""
+
+
+class HandlerError(CgroupdError):
+    """A handler failed in a way the runtime reports as such (its message is retried,
+    dead-lettered or termed, never lost)."""
+
+
+class QueryError(CgroupdError):
+    """A Spark query cannot go on."""
+
+
+class ConfigError(CgroupdError):
     """A group config, KV record or name breaks a rule; ``problems`` lists the rules broken.
 
     A hostile record can break thousands of rules with megabyte-long values: at most
@@ -56,43 +92,43 @@ class ConfigError(CgroupdError, ValueError):
         super().__init__("; ".join(self.problems))
 
 
-class GroupNotFound(CgroupdError):
+class GroupNotFound(NotFoundError):
     """No consumer group record exists for this stream and group."""
 
 
-class GroupExists(CgroupdError):
+class GroupExists(StateConflict):
     """A group of this name exists with a different configuration."""
 
 
-class StreamNotFound(CgroupdError):
+class StreamNotFound(NotFoundError):
     """A stream the operation needs does not exist."""
 
 
-class BucketNotFound(CgroupdError):
+class BucketNotFound(NotFoundError):
     """The consumer-group KV bucket does not exist (no group was ever created here)."""
 
 
-class JetStreamNotEnabled(CgroupdError):
+class JetStreamNotEnabled(ServerError):
     """The server, or this account, does not have JetStream enabled."""
 
 
-class PermissionDenied(CgroupdError):
+class PermissionDenied(ServerError):
     """The server refused the operation for these credentials."""
 
 
-class ServerUnreachable(CgroupdError):
+class ServerUnreachable(ServerError):
     """No NATS server answered in time."""
 
     retriable = True
 
 
-class ConflictError(CgroupdError):
+class ConflictError(StateConflict):
     """An optimistic (CAS) update kept losing to concurrent writers."""
 
     retriable = True
 
 
-class ApiError(CgroupdError):
+class ApiError(ServerError):
     """A ``$JS.API`` request failed; ``code`` is the status, ``err_code`` JetStream's own code."""
 
     def __init__(self, code: int, err_code: int, description: str) -> None:
@@ -107,18 +143,22 @@ class ApiError(CgroupdError):
         return self.code in (408, 503) or self.code >= 500
 
 
-class ConsumerNotFound(ApiError):
+class ConsumerNotFound(ApiError, NotFoundError):
     """The consumer does not exist (err_code 10014)."""
 
 
-class ConsumerExists(ApiError):
+class ConsumerExists(ApiError, StateConflict):
     """``action: create`` found a consumer of that name with a different configuration
     (err_code 10148): another instance holds it."""
 
 
-class WorkQueueOverlap(ApiError):
+class WorkQueueOverlap(ApiError, StateConflict):
     """A work-queue stream's consumer filters must not overlap (err_code 10100): another
     consumer still holds some of these partitions."""
+
+
+class DirectGetUnavailable(ApiError):
+    """The stream does not answer direct gets (``allow_direct`` is off)."""
 
 
 class AckNotConfirmed(CgroupdError):
@@ -139,28 +179,70 @@ class AckOutcomeUnknown(AckNotConfirmed):
     when the confirmation came after this instance could no longer prove it held the pin."""
 
 
-class InstanceIdInUse(CgroupdError):
+class InstanceIdInUse(StateConflict):
     """Another running process answers for this instance id: two processes with one id
     would both pass for the member's active instance."""
 
 
-class LeaseUnavailable(CgroupdError):
+class LeaseUnavailable(StateConflict):
     """Another holder (a daemon instance or another query) has a member the query needs."""
 
     retriable = True
 
 
-class LeaseLost(CgroupdError):
+class LeaseLost(QueryError):
     """The query no longer holds a member it is reading: the query must stop."""
 
 
-class DataLoss(CgroupdError):
+class DataLoss(QueryError):
     """Messages a Spark query had to read are gone (a stream recreated, messages removed
     before they were read), or its checkpoint belongs to another stream."""
 
 
-class ReplicaBehind(CgroupdError):
+class ReplicaBehind(QueryError):
     """Direct gets kept ending before a range's end although the stream leader holds more:
     the replicas that answer are behind (or the leader's answer could not be had)."""
 
     retriable = True
+
+
+class StreamNotFoundApi(ApiError, StreamNotFound):
+    """A stream-not-found API reply: both an ApiError and a StreamNotFound."""
+
+
+class HandlerLoadError(ConfigError):
+    """A ``pkg.module:function`` handler reference cannot be loaded."""
+
+
+class HandlerRaised(HandlerError):
+    """A sync handler raised something that is not an ``Exception`` (SystemExit,
+    KeyboardInterrupt, GeneratorExit, another BaseException) in its thread."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(f"the handler raised {original!r}")
+        self.original = original
+
+
+class HandlerReturnedGenerator(HandlerError, TypeError):
+    """The handler returned a generator: its body (with a ``yield`` by mistake) never ran."""
+
+
+class NonRetryable(HandlerError):
+    """Raise from a handler when the message can never succeed: it is dead-lettered (if a
+    dead-letter subject is set) and termed, never retried."""
+
+
+class WebhookFailed(HandlerError):
+    """The webhook did not accept the message this time; it will be redelivered."""
+
+
+class DeadLetterFailed(HandlerError):
+    """Publishing to the dead-letter subject failed; the message will be redelivered."""
+
+
+class StartupError(CgroupdError):
+    """The daemon could not start (probe port in use, group unreadable in time)."""
+
+
+class ReplayRefused(StateConflict):
+    """The replay cannot be done safely now (instances running, messages in the way)."""

@@ -27,12 +27,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cgroupd import logs
-from cgroupd.dispatch import (
-    call_in_thread,
-    handler_failure,
-    is_async,
-    run_in_thread,
-    settle_result,
+from cgroupd.calling import call_handler, handler_failure, is_async
+from cgroupd.dispatch import run_in_thread
+from cgroupd.errors import (
+    ConfigError,
+    DeadLetterFailed,
+    NonRetryable,
+    WebhookFailed,
+)
+from cgroupd.errors import (
+    HandlerLoadError as HandlerLoadError,  # the CLI imports it from here
 )
 from cgroupd.message import Message
 from cgroupd.metrics import Metrics
@@ -51,23 +55,6 @@ MAX_ERROR_HEADER = 1000
 Handler = Callable[[Message], Any]
 #: Publishes ``(subject, payload, headers)`` durably; raises when not confirmed.
 Publish = Callable[[str, bytes, dict[str, str]], Awaitable[None]]
-
-
-class HandlerLoadError(Exception):
-    """A ``pkg.module:function`` handler reference cannot be loaded."""
-
-
-class NonRetryable(Exception):
-    """Raise from a handler when the message can never succeed: it is dead-lettered (if a
-    dead-letter subject is set) and termed, never retried."""
-
-
-class WebhookFailed(Exception):
-    """The webhook did not accept the message this time; it will be redelivered."""
-
-
-class DeadLetterFailed(Exception):
-    """Publishing to the dead-letter subject failed; the message will be redelivered."""
 
 
 # -- options ---------------------------------------------------------------------------
@@ -93,7 +80,7 @@ class WebhookOptions:
         if bad:
             problems.append(f"non-retryable statuses must be within 300..599, not {bad}")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ConfigError("; ".join(problems))
 
 
 @dataclass(frozen=True)
@@ -119,7 +106,7 @@ class DeadLetterOptions:
                 problems.append(f"dead-letter subject {self.subject!r} must be a valid "
                                 "subject without wildcards")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ConfigError("; ".join(problems))
 
 
 @dataclass(frozen=True)
@@ -134,18 +121,18 @@ class HandlerOptions:
 
     def __post_init__(self) -> None:
         if (self.function is None) == (self.webhook is None):
-            raise ValueError("give exactly one handler: a function or a webhook")
+            raise ConfigError("give exactly one handler: a function or a webhook")
 
 
 def parse_statuses(text: str) -> frozenset[int]:
-    """``"400,422"`` → ``{400, 422}``; ValueError naming the bad item otherwise."""
+    """``"400,422"`` → ``{400, 422}``; ConfigError naming the bad item otherwise."""
     out = set()
     for item in text.split(","):
         item = item.strip()
         if not item:
             continue
         if not item.isdigit():
-            raise ValueError(f"status {item!r} is not a number (expected e.g. 400,422)")
+            raise ConfigError(f"status {item!r} is not a number (expected e.g. 400,422)")
         out.add(int(item))
     return frozenset(out)
 
@@ -178,18 +165,6 @@ def load_handler(reference: str) -> Handler:
     if not callable(obj):
         raise HandlerLoadError(f"handler {reference!r} is not callable")
     return obj  # type: ignore[no-any-return]
-
-
-async def call_handler(fn: Handler, message: Message, asynchronous: bool | None = None) -> None:
-    """Run a sync (in a thread, so pulls keep flowing; one the runtime's drain waits for)
-    or async handler to completion."""
-    if asynchronous is None:
-        asynchronous = is_async(fn)
-    if asynchronous:
-        result = await fn(message)
-    else:
-        result = await run_in_thread(call_in_thread, fn, message)
-    await settle_result(result)
 
 
 # -- webhooks --------------------------------------------------------------------------
@@ -334,7 +309,7 @@ class HandlerWrapper:
                  context: Mapping[str, str] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if dead_letter.subject is not None and publish is None:
-            raise ValueError("a dead-letter subject needs a publish function")
+            raise ConfigError("a dead-letter subject needs a publish function")
         self.handler = handler
         self._handler_is_async = is_async(handler)
         self.dead_letter = dead_letter
@@ -356,7 +331,7 @@ class HandlerWrapper:
         outcome = "nak"
         try:
             try:
-                await call_handler(self.handler, message, self._handler_is_async)
+                await call_handler(self.handler, message, self._handler_is_async, run_in_thread)
             except NonRetryable as exc:
                 outcome = await self._give_up(message, exc, "not retryable")
             except BaseException as exc:  # SystemExit & co. from a handler: its failure
@@ -413,7 +388,7 @@ def build_handler(options: HandlerOptions, *, session: aiohttp.ClientSession | N
     inner: Handler
     if options.webhook is not None:
         if session is None:
-            raise ValueError("a webhook handler needs an HTTP session")
+            raise ConfigError("a webhook handler needs an HTTP session")
         inner = WebhookHandler(options.webhook, session)
     else:
         assert options.function is not None

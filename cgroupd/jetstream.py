@@ -21,17 +21,15 @@ from nats.aio.subscription import Subscription
 from nats.js import api
 from nats.js.kv import KeyValue
 
-from cgroupd import jsapi
+from cgroupd import jsapi, streamread
 from cgroupd.errors import (
-    ApiError,
     BucketNotFound,
-    CgroupdError,
     ConflictError,
-    JetStreamNotEnabled,
     PermissionDenied,
     ServerUnreachable,
     StreamNotFound,
 )
+from cgroupd.jserrors import translated
 from cgroupd.lease import QUIET_PROBE, Answer, OwnerWatch, Prober, probe
 from cgroupd.pull import Puller, PullOptions
 
@@ -45,50 +43,6 @@ class Record:
 
     value: bytes | None
     revision: int
-
-
-@contextlib.contextmanager
-def translated(what: str) -> Iterator[None]:
-    """Re-raise nats-py errors raised while doing ``what`` as cgroupd errors."""
-    try:
-        yield
-    except (CgroupdError, nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError,
-            nats.js.errors.NoKeysError):
-        raise  # already ours, or absence that the caller turns into a value
-    except nats.js.errors.NoStreamResponseError as exc:
-        # A JetStream publish that no stream stored (or none answered yet: a stream in
-        # a cluster still placing itself). Worth retrying; wrong config if it persists.
-        raise ApiError(503, 0, f"{what}: no stream stored it (does a stream capture "
-                               "this subject?)") from exc
-    except nats.js.errors.BucketNotFoundError as exc:
-        raise BucketNotFound(f"{what}: the consumer group KV bucket does not exist") from exc
-    except nats.js.errors.KeyWrongLastSequenceError as exc:
-        raise ConflictError(f"{what}: the record changed concurrently") from exc
-    except nats.js.errors.APIError as exc:
-        code = int(exc.code or 500)
-        err_code = int(exc.err_code or 0)
-        desc = exc.description or str(exc)
-        if isinstance(exc, nats.js.errors.ServiceUnavailableError) and exc.code is None:
-            # nats-py's translation of "no responders" on a $JS.API subject.
-            raise JetStreamNotEnabled(
-                f"{what}: no JetStream answered (is JetStream enabled for this account?)"
-            ) from exc
-        if err_code == jsapi.ERR_JS_NOT_ENABLED:
-            raise JetStreamNotEnabled(f"{what}: {desc}") from exc
-        if err_code == jsapi.ERR_STREAM_NOT_FOUND:
-            raise StreamNotFound(f"{what}: stream not found") from exc
-        if code == 403 or "permission" in desc.lower():
-            raise PermissionDenied(f"{what}: permission denied ({desc})") from exc
-        raise ApiError(code, err_code, f"{what}: {desc}") from exc
-    except nats.errors.NoRespondersError as exc:
-        raise JetStreamNotEnabled(
-            f"{what}: no JetStream answered (is JetStream enabled for this account?)"
-        ) from exc
-    except (TimeoutError, nats.errors.TimeoutError) as exc:
-        raise ServerUnreachable(f"{what}: the server did not answer in time") from exc
-    except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
-            nats.errors.StaleConnectionError) as exc:
-        raise ServerUnreachable(f"{what}: not connected to NATS") from exc
 
 
 class JetStream:
@@ -355,11 +309,11 @@ class JetStream:
 
     # -- lag and replay ----------------------------------------------------------------
     async def first_matches(self, stream: str, queries: list[tuple[str, int]],
-                            concurrency: int = 64) -> list[jsapi.FirstMatch]:
+                            concurrency: int = 64) -> list[streamread.FirstMatch]:
         """Per ``(filter, start sequence)``: matching messages from there, and the first
-        one's sequence and time (one direct get each; see :func:`jsapi.first_matches`)."""
+        one's sequence and time (one direct get each; see :func:`streamread.first_matches`)."""
         with self._translated(f"reading stream {stream}"):
-            return await jsapi.first_matches(self.nc, stream, queries,
+            return await streamread.first_matches(self.nc, stream, queries,
                                              concurrency=concurrency)
 
     async def update_stream(self, config: api.StreamConfig) -> api.StreamInfo:
@@ -367,17 +321,17 @@ class JetStream:
             return await self.jsm.update_stream(config)
 
     async def get_message(self, stream: str, seq: int = 0, next_subject: str | None = None,
-                          start_time: float | None = None) -> jsapi.StoredMessage | None:
+                          start_time: float | None = None) -> streamread.StoredMessage | None:
         """A stored message by sequence, or the first at/after ``seq`` (or ``start_time``)
         matching ``next_subject``; None if there is none."""
         with self._translated(f"reading stream {stream}"):
-            return await jsapi.msg_get(self.nc, stream, seq, next_subject, start_time)
+            return await streamread.msg_get(self.nc, stream, seq, next_subject, start_time)
 
     async def scan_subjects(self, stream: str, filters: list[str],
                             start_seq: int) -> AsyncIterator[tuple[int, str]]:
         """``(sequence, subject)`` of the messages from ``start_seq`` matching ``filters``."""
         with self._translated(f"scanning stream {stream}"):
-            async for item in jsapi.scan_subjects(self.nc, stream, filters, start_seq):
+            async for item in streamread.scan_subjects(self.nc, stream, filters, start_seq):
                 yield item
     # -- plain NATS: presence, notifications, ack confirmation -------------------------
     async def notify(self, subject: str,

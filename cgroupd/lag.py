@@ -21,8 +21,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from cgroupd.config import GroupConfig, StaticGroupConfig
+from cgroupd.errors import DirectGetUnavailable
 from cgroupd.jetstream import JetStream
-from cgroupd.jsapi import DirectGetUnavailable, FirstMatch
+from cgroupd.streamread import FirstMatch
 
 #: Direct gets in flight at once while reading many partitions.
 CONCURRENCY = 64

@@ -31,25 +31,26 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from nats.js import api
-
 from cgroupd import admin
 from cgroupd.admin import ConsumerView, StoredGroup
 from cgroupd.config import ElasticGroupConfig
-from cgroupd.errors import ApiError, CgroupdError, JetStreamNotEnabled, ServerUnreachable
+from cgroupd.errors import (
+    ApiError,
+    CgroupdError,
+    JetStreamNotEnabled,
+    ReplayRefused,
+    ServerUnreachable,
+)
 from cgroupd.events import discover
+from cgroupd.groupstreams import StreamInfo, is_work_queue, resource
 from cgroupd.jetstream import JetStream
 from cgroupd.lag import partition_subjects, read_lag
-from cgroupd.partitions import assignment, owners, partition_of, transform_destination
+from cgroupd.partitions import assignment, owners, partition_of
 
 #: Subject a work-queue stream captures while its source is removed during a replay.
 PLACEHOLDER = "_CGROUPD.replay.{stream}"
 #: How long to wait for the re-sourced stream to show the first replayed message.
 VERIFY_TIMEOUT = 10.0
-
-
-class ReplayRefused(CgroupdError):
-    """The replay cannot be done safely now (instances running, messages in the way)."""
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ class Plan:
 
 
 async def _start_sequence(js: JetStream, stream: str, target: Target,
-                          notes: list[str]) -> tuple[int | None, api.StreamInfo]:
+                          notes: list[str]) -> tuple[int | None, StreamInfo]:
     info = await js.stream_info(stream)
     if info is None:
         raise ReplayRefused(f"stream {stream!r} does not exist")
@@ -194,7 +195,7 @@ async def _plan_static(js: JetStream, stored: StoredGroup, target: Target,
                             f"{stored.stream}/{stored.group}")
     notes: list[str] = []
     seq, info = await _start_sequence(js, stored.stream, target, notes)
-    if info.config.retention == api.RetentionPolicy.WORK_QUEUE:
+    if is_work_queue(info):
         raise ReplayRefused(f"stream {stored.stream} is a work queue: processed messages "
                             "are gone and cannot be replayed")
     views = {v.name: v for v in await admin.group_consumers(js, stored.stream, stored.group)}
@@ -321,29 +322,8 @@ async def _execute_elastic(js: JetStream, p: Plan) -> list[str]:
     wq = stored.consume_stream
     info = await js.stream_info(wq)
     assert info is not None
-    cfg = info.config
-    if cfg.sources:
-        source = cfg.sources[0]
-        paused = api.StreamConfig.from_response(cfg.as_dict())
-        paused.sources = []
-        paused.subjects = [_placeholder(wq)]
-        await js.update_stream(paused)
-    else:  # finishing an interrupted replay: rebuild the group's source
-        source = api.StreamSource(name=p.stream, subject_transforms=_transforms(config))
-    await js.purge(wq)
-    source.opt_start_seq = p.sequence
-    source.opt_start_time = None
-    restored = api.StreamConfig.from_response(cfg.as_dict())
-    restored.sources = [source]
-    restored.subjects = []
-    await js.update_stream(restored)
+    await resource(js, wq, info, p.stream, config, p.sequence, _placeholder(wq))
     return await _verify_resourced(js, wq, p)
-
-
-def _transforms(config: ElasticGroupConfig) -> list[api.SubjectTransform]:
-    return [api.SubjectTransform(src=pf.filter,
-                                 dest=transform_destination(pf, config.max_members))
-            for pf in config.partitioning_filters]
 
 
 async def _verify_resourced(js: JetStream, wq: str, p: Plan) -> list[str]:

@@ -122,15 +122,15 @@ async def test_sync_handlers_run_in_a_thread_and_async_ones_on_the_loop() -> Non
 def test_option_validation() -> None:
     """Bad webhook, dead-letter and status options are refused up front."""
     assert parse_statuses("400, 422,") == {400, 422}
-    with pytest.raises(ValueError, match="not a number"):
+    with pytest.raises(ConfigError, match="not a number"):
         parse_statuses("400,abc")
-    with pytest.raises(ValueError, match="http"):
+    with pytest.raises(ConfigError, match="http"):
         WebhookOptions("ftp://x")
-    with pytest.raises(ValueError, match=r"within 300\.\.599"):
+    with pytest.raises(ConfigError, match=r"within 300\.\.599"):
         WebhookOptions("http://x", non_retryable=frozenset({200}))
-    with pytest.raises(ValueError, match="without wildcards"):
+    with pytest.raises(ConfigError, match="without wildcards"):
         DeadLetterOptions(3, "dlq.*")
-    with pytest.raises(ValueError, match="exactly one handler"):
+    with pytest.raises(ConfigError, match="exactly one handler"):
         HandlerOptions()
 
 

@@ -16,9 +16,9 @@ from nats.js import api
 from cgroupd import admin
 from cgroupd.config import StaticGroupConfig
 from cgroupd.jetstream import JetStream
-from cgroupd.jsapi import FirstMatch
 from cgroupd.lag import PartitionLag, _merge, max_lag, partition_subjects, read_lag
 from cgroupd.metrics import Metrics
+from cgroupd.streamread import FirstMatch
 from tests.fixtures_cli.support import JoinProcess, parse_metrics, poll
 from tests.groups import eventually, make_group
 

@@ -20,6 +20,7 @@ from cgroupd.config import (
     PartitioningFilter,
     StaticGroupConfig,
 )
+from cgroupd.errors import ConfigError
 from cgroupd.partitions import (
     HOLD_TOKEN,
     SYNC_PREFIX,
@@ -162,7 +163,7 @@ def test_input_order_does_not_matter() -> None:
 def test_duplicate_members_cannot_reach_the_algorithm() -> None:
     """De-duplication is part of the ADR algorithm, but the config already rejects repeated
     members, so a duplicate can only be seen by the Go transcription, where it is a no-op."""
-    with pytest.raises(ValueError, match="repeated"):
+    with pytest.raises(ConfigError, match="repeated"):
         group(8, ["a", "b", "a"])
     for m in ("a", "b"):
         assert go_get_partition_filters(["a", "b", "a"], 8, m) == go_get_partition_filters(

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from cgroupd.dispatch import Ordering
-from cgroupd.errors import ConfigError
+from cgroupd.errors import CgroupdError, ConfigError
 from cgroupd.handlers import DEFAULT_WEBHOOK_TIMEOUT
 from cgroupd.member import Member, MemberState
 from cgroupd.settings import Exclusivity, MemberSettings
@@ -26,11 +26,11 @@ from cgroupd.settings import Exclusivity, MemberSettings
      r"inactive_threshold \(0.5s\) must be at least lease \+ takeover_margin \+ pull_expires"),
 ])
 def test_invalid_settings_say_which_rule(changes: dict[str, Any], message: str) -> None:
-    """Each broken rule is named in the error: a ConfigError (still a ValueError, for
-    callers that caught that), like every other bad configuration."""
+    """Each broken rule is named in the error: a ConfigError, like every other bad
+    configuration (a CgroupdError, no longer a ValueError: no documented API promised it)."""
     with pytest.raises(ConfigError, match=message) as raised:
         MemberSettings(**changes)
-    assert isinstance(raised.value, ValueError)
+    assert isinstance(raised.value, CgroupdError) and not isinstance(raised.value, ValueError)
 
 
 def test_backoff_doubles_and_caps() -> None:
@@ -81,5 +81,5 @@ async def test_member_refuses_bad_names(name: str) -> None:
     async def handler(msg: object) -> None:
         return None
 
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError):
         Member(None, "S", "G", name, handler)  # type: ignore[arg-type]

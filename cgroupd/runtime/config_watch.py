@@ -11,8 +11,6 @@ from collections.abc import Callable
 from cgroupd.config import (
     ElasticGroupConfig,
     GroupConfig,
-    elastic_from_json,
-    static_from_json,
 )
 from cgroupd.errors import (
     CgroupdError,
@@ -21,6 +19,7 @@ from cgroupd.errors import (
 )
 from cgroupd.jetstream import Record
 from cgroupd.partitions import member_partitions
+from cgroupd.records import elastic_from_json, static_from_json
 from cgroupd.runtime.core import MemberCore
 from cgroupd.runtime.state import MemberState, StepDown
 from cgroupd.tasks import cancel_and_wait

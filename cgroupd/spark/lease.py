@@ -40,7 +40,14 @@ import nats.errors
 
 from cgroupd import jsapi, logs
 from cgroupd.config import GroupConfig
-from cgroupd.errors import ApiError, CgroupdError, LeaseLost, LeaseUnavailable
+from cgroupd.errors import (
+    ApiError,
+    CgroupdError,
+    ConsumerExists,
+    LeaseLost,
+    LeaseUnavailable,
+    WorkQueueOverlap,
+)
 from cgroupd.jetstream import JetStream
 from cgroupd.lease import presence_subject
 from cgroupd.member import INSTANCE_KEY, MEMBER_KEY
@@ -247,9 +254,7 @@ class Lease:
             try:
                 await self.js.create_consumer(self.stream, claim.consumer, config)
                 break
-            except ApiError as exc:
-                if exc.err_code not in (jsapi.ERR_CONSUMER_EXISTS, jsapi.ERR_WQ_NOT_UNIQUE):
-                    raise
+            except (ConsumerExists, WorkQueueOverlap) as exc:
                 if self._clock() >= deadline:
                     raise LeaseUnavailable(await self._refusal(claim, exc)) from exc
             await self._sleep(min(0.1, self.inactive_threshold / 4))
@@ -263,7 +268,7 @@ class Lease:
                 else f"unowned partitions {list(claim.partitions)}")
         holder = "another holder"
         with contextlib.suppress(CgroupdError):
-            if exc.err_code == jsapi.ERR_CONSUMER_EXISTS:
+            if isinstance(exc, ConsumerExists):
                 holder = describe_holder(await self.js.consumer_info(self.stream,
                                                                      claim.consumer))
             else:

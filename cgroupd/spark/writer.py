@@ -71,7 +71,7 @@ from pyspark.sql.types import (
 
 from cgroupd import jsapi, logs
 from cgroupd.errors import CgroupdError, ConfigError, ServerUnreachable
-from cgroupd.jetstream import translated
+from cgroupd.jserrors import translated
 from cgroupd.spark.options import Connection, SinkOptions, parse_duration
 
 log = logs.get_logger("cgroupd.spark.writer")

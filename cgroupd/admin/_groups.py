@@ -1,4 +1,4 @@
-"""Group administration: create, delete, list, membership, mappings, status.
+"""Group administration: create, delete, list, membership, mappings.
 
 Async functions over the :class:`~cgroupd.jetstream.JetStream` adapter. Membership changes
 are compare-and-set updates on the record's KV revision, retried when another writer got
@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import random
-import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-
-from nats.js import api
 
 from cgroupd.config import (
     ELASTIC_BUCKET,
@@ -23,9 +20,7 @@ from cgroupd.config import (
     GroupConfig,
     MemberMapping,
     StaticGroupConfig,
-    elastic_from_json,
     group_key,
-    static_from_json,
     validate_name,
     work_queue_stream,
 )
@@ -37,11 +32,10 @@ from cgroupd.errors import (
     GroupNotFound,
     StreamNotFound,
 )
+from cgroupd.groupstreams import StreamInfo, ensure_bucket, ensure_work_queue_stream
 from cgroupd.jetstream import JetStream
-from cgroupd.lag import read_lag
 from cgroupd.naming import INSTANCE_KEY, MEMBER_KEY
-from cgroupd.partitions import SYNC_PREFIX, owners, transform_destination
-from cgroupd.settings import PRIORITY_GROUP
+from cgroupd.records import elastic_from_json, static_from_json
 
 #: How often a CAS update is retried before ConflictError is raised, and the longest
 #: random pause between two attempts (seconds).
@@ -68,59 +62,7 @@ class StoredGroup:
         return self.stream if self.static else work_queue_stream(self.stream, self.group)
 
 
-@dataclass(frozen=True)
-class ConsumerView:
-    """A consumer on the group's stream, read back as an instance of a member."""
-
-    name: str
-    member: str | None
-    instance: str | None
-    role: str  # "sync", "data", "pinned" or "other"
-    partitions: tuple[int, ...]
-    num_pending: int
-    num_ack_pending: int
-    num_waiting: int
-    pinned_id: str | None = None
-    #: Stream sequences of the last delivered message and of the ack floor.
-    delivered_seq: int = 0
-    ack_floor_seq: int = 0
-
-
-@dataclass(frozen=True)
-class PartitionStatus:
-    partition: int
-    member: str | None
-    instance: str | None
-    #: Unprocessed messages (the partition's lag in messages).
-    pending: int
-    #: Age in seconds of the oldest unprocessed message (0 when none waits).
-    lag_seconds: float = 0.0
-    #: Delivered to the active instance, not yet acknowledged (None: not read).
-    in_flight: int | None = None
-
-
-@dataclass(frozen=True)
-class GroupStatus:
-    """Who owns what right now, and what is waiting."""
-
-    group: StoredGroup
-    partitions: list[PartitionStatus]
-    consumers: list[ConsumerView]
-    members_without_instance: list[str] = field(default_factory=list)
-
-    @property
-    def unowned_partitions(self) -> list[int]:
-        """Partitions no active instance consumes: the ADR's 'idle group' alert."""
-        return [p.partition for p in self.partitions if p.instance is None]
-
-
-def _bucket_config(bucket: str, origin: api.StreamInfo) -> api.KeyValueConfig:
-    return api.KeyValueConfig(bucket=bucket, history=1,
-                              replicas=origin.config.num_replicas or 1,
-                              storage=api.StorageType.FILE)
-
-
-async def _origin(js: JetStream, stream: str) -> api.StreamInfo:
+async def _origin(js: JetStream, stream: str) -> StreamInfo:
     info = await js.stream_info(stream)
     if info is None:
         raise StreamNotFound(f"stream {stream!r} does not exist")
@@ -132,9 +74,9 @@ def _decode(bucket: str, value: bytes) -> GroupConfig:
 
 
 async def _create_record(js: JetStream, bucket: str, stream: str, group: str,
-                         config: GroupConfig, origin: api.StreamInfo) -> bool:
+                         config: GroupConfig, origin: StreamInfo) -> bool:
     """Store the record if absent. True when created, False when an identical one exists."""
-    await js.bucket(bucket, create_with=_bucket_config(bucket, origin))
+    await ensure_bucket(js, bucket, origin)
     key = group_key(stream, group)
     existing = await js.get_record(bucket, key)
     if existing is None or existing.value is None:
@@ -176,51 +118,9 @@ async def create_elastic_group(js: JetStream, stream: str, group: str,
     origin = await _origin(js, stream)
     await _check_other_kind(js, stream, group, ELASTIC_BUCKET)
     await _create_record(js, ELASTIC_BUCKET, stream, group, config, origin)
-    wq = work_queue_stream(stream, group)
-    transforms = [
-        api.SubjectTransform(src=pf.filter, dest=transform_destination(pf, config.max_members))
-        for pf in config.partitioning_filters
-    ]
-    existing = await js.stream_info(wq)
-    if existing is not None:
-        _check_work_queue_stream(existing, stream, transforms)
-    else:
-        await js.add_stream(api.StreamConfig(
-            name=wq,
-            retention=api.RetentionPolicy.WORK_QUEUE,
-            discard=api.DiscardPolicy.NEW,
-            max_msgs=config.max_buffered_msgs or -1,
-            max_bytes=config.max_buffered_bytes or -1,
-            num_replicas=origin.config.num_replicas or 1,
-            storage=origin.config.storage,
-            allow_direct=True,
-            sources=[api.StreamSource(name=stream, subject_transforms=transforms)],
-        ))
+    await ensure_work_queue_stream(js, work_queue_stream(stream, group), stream, origin,
+                                   config)
     return config
-
-
-def _check_work_queue_stream(info: api.StreamInfo, origin: str,
-                             transforms: list[api.SubjectTransform]) -> None:
-    """An existing ``<stream>-<group>`` is reused only if it is this group's stream: a
-    work queue sourcing the origin with the group's partitioning transforms."""
-    cfg = info.config
-    sources = cfg.sources or []
-    want = sorted((t.src, _transform_key(t.dest)) for t in transforms)
-    have = sorted((t.src, _transform_key(t.dest)) for t in (sources[0].subject_transforms
-                                                            if sources else None) or [])
-    ok = (cfg.retention == api.RetentionPolicy.WORK_QUEUE and len(sources) == 1
-          and sources[0].name == origin and have == want)
-    if not ok:
-        raise GroupExists(
-            f"stream {cfg.name!r} exists but is not this group's work-queue stream (it must "
-            f"be a work queue sourcing {origin!r} with the group's partitioning); delete "
-            "it or choose another group name")
-
-
-def _transform_key(dest: str | None) -> str:
-    """A transform destination as the server reads it: function names in any case and
-    spaces inside ``{{ }}`` (the reference writes ``{{Partition(4,1)}}``) do not matter."""
-    return re.sub(r"\{\{[^}]*\}\}", lambda m: m.group(0).replace(" ", "").lower(), dest or "")
 
 
 async def create_static_group(js: JetStream, stream: str, group: str,
@@ -267,7 +167,7 @@ async def delete_group(js: JetStream, stream: str, group: str) -> None:
     bucket = STATIC_BUCKET if stored.static else ELASTIC_BUCKET
     await js.delete_record(bucket, group_key(stream, group))
     if stored.static:
-        for info in _static_consumers(group, await js.list_consumers(stream)):
+        for info in static_group_consumers(group, await js.list_consumers(stream)):
             await js.delete_consumer(stream, info["name"])
     else:
         await js.delete_stream(work_queue_stream(stream, group))
@@ -352,7 +252,7 @@ async def clear_mappings(js: JetStream, stream: str, group: str) -> GroupConfig:
     return await _update(js, stream, group, change)
 
 
-def _static_consumers(group: str, infos: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def static_group_consumers(group: str, infos: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The consumers of static group ``group`` among all the consumers of its stream.
 
     Its members' consumers are ``<group>-<member>`` (their metadata names the member, so
@@ -376,114 +276,3 @@ def _static_consumers(group: str, infos: list[dict[str, Any]]) -> list[dict[str,
         if key in instances and info.get("name") == f"{key[0]}-{key[1]}" and info not in kept:
             kept.append(info)
     return kept
-
-
-def _view(info: dict[str, Any]) -> ConsumerView:
-    config = info.get("config") or {}
-    meta = config.get("metadata") or {}
-    filters = config.get("filter_subjects") or (
-        [config["filter_subject"]] if config.get("filter_subject") else [])
-    role, parts = "other", []
-    for f in filters:
-        tokens = f.split(".")
-        if tokens[0] == SYNC_PREFIX and len(tokens) > 1 and tokens[1].isdigit():
-            role = "sync"
-            parts.append(int(tokens[1]))
-        elif tokens[0].isdigit():
-            parts.append(int(tokens[0]))
-    groups = info.get("priority_groups") or []
-    pinned = next((g.get("pinned_client_id") for g in groups
-                   if g.get("group") == PRIORITY_GROUP), None)
-    if role != "sync" and parts:
-        role = "pinned" if PRIORITY_GROUP in (config.get("priority_groups") or []) else "data"
-    name = info.get("name", "")
-    return ConsumerView(
-        name=name, member=meta.get(MEMBER_KEY), instance=meta.get(INSTANCE_KEY) or pinned,
-        role=role, partitions=tuple(sorted(parts)),
-        num_pending=int(info.get("num_pending", 0)),
-        num_ack_pending=int(info.get("num_ack_pending", 0)),
-        num_waiting=int(info.get("num_waiting", 0)),
-        pinned_id=pinned,
-        delivered_seq=int((info.get("delivered") or {}).get("stream_seq", 0)),
-        ack_floor_seq=int((info.get("ack_floor") or {}).get("stream_seq", 0)),
-    )
-
-
-async def group_consumers(js: JetStream, stream: str, group: str) -> list[ConsumerView]:
-    """Every consumer on the group's stream that belongs to it, read as member instances."""
-    stored = await get_group(js, stream, group)
-    infos = await js.list_consumers(stored.consume_stream)
-    if stored.static:
-        infos = _static_consumers(group, infos)
-    return sorted((_view(i) for i in infos), key=lambda v: v.name)
-
-
-async def partition_pending(js: JetStream, stream: str, group: str) -> dict[int, int]:
-    """Messages waiting in each partition of the group's stream (its lag)."""
-    stored = await get_group(js, stream, group)
-    lags = await read_lag(js, stored.consume_stream, stored.config,
-                          range(stored.config.max_members))
-    return {p: lag.messages for p, lag in lags.items()}
-
-
-def _holders(consumers: list[ConsumerView]
-             ) -> tuple[dict[int, ConsumerView], dict[int, ConsumerView]]:
-    """Per partition: the consumer of its active instance, and the consumer whose
-    position counts for it (a static member's consumer, active or not)."""
-    active: dict[int, ConsumerView] = {}
-    position: dict[int, ConsumerView] = {}
-    for view in consumers:
-        if view.role == "data" or (view.role == "pinned" and view.pinned_id):
-            for p in view.partitions:
-                active[p] = view
-        if view.role in ("data", "pinned"):
-            for p in view.partitions:
-                position.setdefault(p, view)
-    position.update(active)
-    return active, position
-
-
-async def group_status(js: JetStream, stream: str, group: str,
-                       in_flight: bool = False) -> GroupStatus:
-    """Per partition: its member, that member's active instance, and its lag (messages,
-    and the age of the oldest; with ``in_flight``, one more request per busy partition
-    tells how many of them its active instance is handling)."""
-    stored = await get_group(js, stream, group)
-    consumers = await group_consumers(js, stream, group)
-    active, position = _holders(consumers)
-    n = stored.config.max_members
-    # A static stream keeps processed messages: only what follows the ack floor waits.
-    floors = {p: v.ack_floor_seq for p, v in position.items()} if stored.static else {}
-    delivered = ({p: v.delivered_seq for p, v in active.items() if v.num_ack_pending}
-                 if in_flight else {})
-    lags = await read_lag(js, stored.consume_stream, stored.config, range(n), floors,
-                          delivered)
-    by_partition = owners(stored.config)
-    rows = []
-    for p in range(n):
-        holder, lag = active.get(p), lags[p]
-        flight = (lag.in_flight or 0) if in_flight and holder else (0 if in_flight else None)
-        rows.append(PartitionStatus(p, by_partition.get(p),
-                                    holder.instance if holder else None, lag.messages,
-                                    lag.seconds(), flight))
-    missing = sorted({r.member for r in rows if r.member and r.instance is None})
-    return GroupStatus(stored, rows, consumers, missing)
-
-
-async def step_down(js: JetStream, stream: str, group: str, member: str) -> bool:
-    """Ask the member's active instance to step down so a standby takes over.
-
-    Sync mode deletes the member's synchronization consumer (the ADR's step-down); the
-    active instance notices at once, drains and releases. Pinned mode unpins. False when
-    the member had no active instance.
-    """
-    stored = await get_group(js, stream, group)
-    name = f"{group}-{member}" if stored.static else member
-    info = await js.consumer_info(stored.consume_stream, name)
-    if info is None:
-        return False
-    if PRIORITY_GROUP in ((info.get("config") or {}).get("priority_groups") or []):
-        await js.unpin(stored.consume_stream, name, PRIORITY_GROUP)
-        return True
-    return await js.delete_consumer(stored.consume_stream, name)
-

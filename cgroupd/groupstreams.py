@@ -1,0 +1,109 @@
+"""The streams and KV bucket behind a group, as nats-py configs: the consumer-group
+bucket, an elastic group's work-queue stream (built, or checked before it is reused),
+and re-sourcing that stream from a sequence (replay). The admin API and replay use these,
+so they never touch nats-py's config types themselves.
+"""
+
+from __future__ import annotations
+
+import re
+
+from nats.js import api
+
+from cgroupd.config import ElasticGroupConfig
+from cgroupd.errors import GroupExists
+from cgroupd.jetstream import JetStream
+from cgroupd.partitions import transform_destination
+
+#: A stream's info as the adapter returns it (``config``, ``state``).
+StreamInfo = api.StreamInfo
+
+
+async def ensure_bucket(js: JetStream, bucket: str, origin: StreamInfo) -> None:
+    """The consumer-group KV bucket, created (replicated like the origin) if absent."""
+    await js.bucket(bucket, create_with=api.KeyValueConfig(
+        bucket=bucket, history=1, replicas=origin.config.num_replicas or 1,
+        storage=api.StorageType.FILE))
+
+
+def transforms(config: ElasticGroupConfig) -> list[api.SubjectTransform]:
+    """The subject transforms that put each message's partition first."""
+    return [api.SubjectTransform(src=pf.filter,
+                                 dest=transform_destination(pf, config.max_members))
+            for pf in config.partitioning_filters]
+
+
+async def ensure_work_queue_stream(js: JetStream, name: str, stream: str, origin: StreamInfo,
+                                   config: ElasticGroupConfig) -> None:
+    """Create an elastic group's work-queue stream sourcing ``stream`` (whose info is
+    ``origin``), or check that an existing stream of that name is this group's
+    (GroupExists otherwise)."""
+    wanted = transforms(config)
+    existing = await js.stream_info(name)
+    if existing is not None:
+        _check_work_queue_stream(existing, stream, wanted)
+        return
+    await js.add_stream(api.StreamConfig(
+        name=name,
+        retention=api.RetentionPolicy.WORK_QUEUE,
+        discard=api.DiscardPolicy.NEW,
+        max_msgs=config.max_buffered_msgs or -1,
+        max_bytes=config.max_buffered_bytes or -1,
+        num_replicas=origin.config.num_replicas or 1,
+        storage=origin.config.storage,
+        allow_direct=True,
+        sources=[api.StreamSource(name=stream, subject_transforms=wanted)],
+    ))
+
+
+def _check_work_queue_stream(info: StreamInfo, origin: str,
+                             wanted: list[api.SubjectTransform]) -> None:
+    """An existing ``<stream>-<group>`` is reused only if it is this group's stream: a
+    work queue sourcing the origin with the group's partitioning transforms."""
+    cfg = info.config
+    sources = cfg.sources or []
+    want = sorted((t.src, _transform_key(t.dest)) for t in wanted)
+    have = sorted((t.src, _transform_key(t.dest)) for t in (sources[0].subject_transforms
+                                                            if sources else None) or [])
+    ok = (is_work_queue(info) and len(sources) == 1
+          and sources[0].name == origin and have == want)
+    if not ok:
+        raise GroupExists(
+            f"stream {cfg.name!r} exists but is not this group's work-queue stream (it must "
+            f"be a work queue sourcing {origin!r} with the group's partitioning); delete "
+            "it or choose another group name")
+
+
+def _transform_key(dest: str | None) -> str:
+    """A transform destination as the server reads it: function names in any case and
+    spaces inside ``{{ }}`` (the reference writes ``{{Partition(4,1)}}``) do not matter."""
+    return re.sub(r"\{\{[^}]*\}\}", lambda m: m.group(0).replace(" ", "").lower(), dest or "")
+
+
+def is_work_queue(info: StreamInfo) -> bool:
+    """Whether the stream has work-queue retention (acked messages are removed)."""
+    return info.config.retention == api.RetentionPolicy.WORK_QUEUE
+
+
+async def resource(js: JetStream, wq: str, info: StreamInfo, origin: str,
+                   config: ElasticGroupConfig, sequence: int, placeholder: str) -> None:
+    """Source the work-queue stream ``wq`` again from ``sequence`` of ``origin``: remove
+    its source (capturing only ``placeholder`` meanwhile), purge it, and put the source
+    back starting at ``sequence``. Without a source (an interrupted replay), the group's
+    source is rebuilt from ``config``."""
+    cfg = info.config
+    if cfg.sources:
+        source = cfg.sources[0]
+        paused = api.StreamConfig.from_response(cfg.as_dict())
+        paused.sources = []
+        paused.subjects = [placeholder]
+        await js.update_stream(paused)
+    else:  # finishing an interrupted replay: rebuild the group's source
+        source = api.StreamSource(name=origin, subject_transforms=transforms(config))
+    await js.purge(wq)
+    source.opt_start_seq = sequence
+    source.opt_start_time = None
+    restored = api.StreamConfig.from_response(cfg.as_dict())
+    restored.sources = [source]
+    restored.subjects = []
+    await js.update_stream(restored)
