@@ -454,6 +454,11 @@ class Dispatcher:
         queue = self._keys[key]
         try:
             while queue and not self._closing.is_set():
+                if not self._open.is_set():
+                    # Paused (a new holder taking over): a message of this key delivered
+                    # again (its ack wait ran out) can still arrive ahead of the head.
+                    await self._open.wait()
+                    continue
                 message = queue[0]
                 while not await self._invoke(message):
                     if self._closing.is_set():

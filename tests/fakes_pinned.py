@@ -3,6 +3,9 @@
 What the fake server does, as nats-server 2.11+ does it (ADR-42; checked against a real
 server in /work/shared/notes/jetstream-facts.md, "Priority groups"):
 
+- a pull request waits until its ``expires``, then ends with ``408 Request Timeout`` and
+  ``Nats-Pending-Messages`` (what it still asked for); while it waits and brings nothing,
+  ``100 Idle Heartbeat`` every ``idle_heartbeat``;
 - a pull carries ``group`` and, once pinned, ``id``; while nobody is pinned, the next
   message goes to the oldest waiting request and pins its client: the message carries
   ``Nats-Pin-Id`` (a fresh id, never reused);
@@ -12,7 +15,9 @@ server in /work/shared/notes/jetstream-facts.md, "Priority groups"):
   or by the UNPIN API; consumer info shows ``priority_groups[].pinned_client_id``;
 - acks are applied per consumer, from anyone (not per pin); a nak or a consumer reset
   (to the ack floor) makes a delivered message available again, in stream order, and a
-  reset restarts delivery numbers at 1.
+  reset restarts delivery numbers at 1;
+- a consumer reset can be made to fail (:attr:`PinnedServer.reset_failures`): the error
+  the adapter raises, after applying the reset or not (a reply lost on its way back).
 
 Messages are offered by the test (:meth:`PinnedServer.offer`); deliveries go to the
 process whose request was picked, through its :class:`RoutedNats`.
@@ -42,6 +47,7 @@ class Waiting:
     left: int
     pin: str | None
     expires_at: float
+    heartbeat: float = 0.0
 
 
 @dataclass
@@ -61,6 +67,7 @@ class PinState:
     deliveries: dict[int, int] = field(default_factory=dict)
     pins_given: list[str] = field(default_factory=list)
     resets: int = 0
+    failed_resets: int = 0
 
 
 @dataclass
@@ -105,6 +112,8 @@ class PinnedServer(FakeServer):
         super().__init__()
         self.pinned: dict[tuple[str, str], PinState] = {}
         self.next_sseq = 0
+        #: The next consumer resets fail, in turn: (error raised, applied before it).
+        self.reset_failures: list[tuple[Exception, bool]] = []
 
     def state(self, stream: str, name: str) -> PinState | None:
         consumer = self.consumers.get((stream, name))
@@ -153,12 +162,34 @@ class PinnedServer(FakeServer):
             return
         if pin is not None:
             st.last_pull = time.monotonic()
-        st.waiting.append(Waiting(nats, inbox, int(body.get("batch", 1)), pin,
-                                  time.monotonic() + int(body.get("expires", 1e9)) / 1e9))
+        expires = int(body.get("expires", 1e9)) / 1e9
+        req = Waiting(nats, inbox, int(body.get("batch", 1)), pin,
+                      time.monotonic() + expires, int(body.get("idle_heartbeat", 0)) / 1e9)
+        st.waiting.append(req)
         self._serve(stream, name)
+        loop = asyncio.get_running_loop()
+        loop.call_later(expires, self._time_out, st, req)
+        if req.heartbeat > 0:
+            loop.call_later(req.heartbeat, self._beat, st, req)
+
+    def _time_out(self, st: PinState, req: Waiting) -> None:
+        """A request that expires unserved (or part served) ends with a 408."""
+        if req in st.waiting:
+            st.waiting.remove(req)
+        if req.left > 0:
+            self._send(req.nats, req.inbox, FakeMsg(headers={
+                "Status": "408", "Description": "Request Timeout",
+                "Nats-Pending-Messages": str(req.left), "Nats-Pending-Bytes": "0"}))
+
+    def _beat(self, st: PinState, req: Waiting) -> None:
+        """Idle heartbeats while the request waits."""
+        if req in st.waiting and req.nats.is_connected:
+            self._send(req.nats, req.inbox, FakeMsg(headers={
+                "Status": "100", "Description": "Idle Heartbeat"}))
+            asyncio.get_running_loop().call_later(req.heartbeat, self._beat, st, req)
 
     def _send(self, nats: RoutedNats, inbox: str, msg: FakeMsg) -> None:
-        if inbox in nats.subs:
+        if inbox in nats.subs and nats.is_connected:
             asyncio.get_running_loop().create_task(nats.deliver(inbox, msg))
 
     def _serve(self, stream: str, name: str) -> None:
@@ -197,6 +228,17 @@ class PinnedServer(FakeServer):
         for _ in range(count):
             self.next_sseq += 1
             st.ready.append(self.next_sseq)
+        self._serve(stream, name)
+
+    def ack_wait_expired(self, stream: str, name: str, seqs: list[int]) -> None:
+        """The ack wait of these delivered messages ran out: they are delivered again (to
+        the pinned client), in stream order among what is ready."""
+        st = self.state(stream, name)
+        assert st is not None, "no pinned_client consumer"
+        for sseq in seqs:
+            assert sseq in st.pending, f"#{sseq} is not delivered unacknowledged"
+            del st.pending[sseq]
+        st.ready = sorted([*st.ready, *seqs])
         self._serve(stream, name)
 
     def pinned_id(self, stream: str, name: str) -> str | None:
@@ -246,12 +288,18 @@ class PinnedJetStream(FakeJetStream):
         st = self.server.state(stream, consumer)
         if st is None:
             raise ConsumerNotFound(404, ERR_CONSUMER_NOT_FOUND, "consumer not found")
-        st.resets += 1
-        st.ready = sorted([*st.ready, *st.pending])
-        st.pending.clear()
-        st.dseq = 0
+        failure, applied = (self.server.reset_failures.pop(0) if self.server.reset_failures
+                            else (None, True))
+        if applied:
+            st.resets += 1
+            st.ready = sorted([*st.ready, *st.pending])
+            st.pending.clear()
+            st.dseq = 0
         first = st.ready[0] if st.ready else self.server.next_sseq + 1
         self.server._serve(stream, consumer)
+        if failure is not None:
+            st.failed_resets += 1
+            raise failure
         return {**self.server.consumers[(stream, consumer)].info(), "reset_seq": first}
 
     def crash(self) -> None:

@@ -37,7 +37,8 @@ class Group:
     """One group on one fake server; each instance gets its own adapter (its process)
     and records the stream sequences its handler ran."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: MemberSettings = SETTINGS) -> None:
+        self.settings = settings
         self.server = PinnedServer()
         config = ElasticGroupConfig(
             max_members=4, partitioning_filters=(PartitioningFilter("orders.*", (1,)),),
@@ -59,7 +60,7 @@ class Group:
                 await asyncio.Event().wait()
 
         member = Member(PinnedJetStream(self.server), "ORDERS", "g", "m1",
-                        handler, SETTINGS, on_standby=reasons.append)
+                        handler, self.settings, on_standby=reasons.append)
         member.reasons = reasons  # type: ignore[attr-defined]
         await member.start()
         self.members.append(member)

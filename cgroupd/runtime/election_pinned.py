@@ -13,7 +13,7 @@ from cgroupd.errors import (
     ApiError,
     CgroupdError,
     ConsumerExists,
-    JetStreamNotEnabled,
+    ConsumerNotFound,
     WorkQueueOverlap,
 )
 from cgroupd.naming import (
@@ -27,6 +27,20 @@ from cgroupd.runtime.core import MemberCore
 from cgroupd.runtime.generation import Generation
 from cgroupd.runtime.state import StepDown
 from cgroupd.settings import PRIORITY_GROUP
+
+#: Pulls between a failed consumer reset and the next try (they keep the pin ours), doubled
+#: after each failure up to the maximum. Each try adds a pull expiry without pulls.
+RESET_RETRY_FIRST = 0.25
+RESET_RETRY_MAX = 4.0
+
+
+def _reset_unsupported(exc: CgroupdError) -> bool:
+    """Whether a failed consumer reset is a definite refusal (the server has no reset API,
+    or refuses the request as such) rather than a passing failure worth retrying: a 4xx
+    API error. "No responders", no answer in time, 5xx and a missing consumer (its
+    leader being elected; a deleted one is seen by the next check) are passing."""
+    return (isinstance(exc, ApiError) and not exc.retriable
+            and not isinstance(exc, ConsumerNotFound))
 
 
 class PinnedElection(MemberCore):
@@ -161,8 +175,10 @@ class PinnedElection(MemberCore):
         # Before a reset no pull of ours may be open, or a delivery made before it could
         # arrive after it and run ahead of (and twice with) its redelivery. So requests
         # stop one pull expiry before the reset; the pin stays ours a TTL past the last.
-        hush_at = max(gen.pinned_at, deadline - s.pull_expires - 0.25)
+        quiet = s.pull_expires + 0.25
+        hush_at = max(gen.pinned_at, deadline - quiet)
         can_reset = True
+        retry_in = RESET_RETRY_FIRST
         try:
             while not gen.ended.done():
                 try:
@@ -184,14 +200,26 @@ class PinnedElection(MemberCore):
                                        "unfinished", count=foreign)
                         try:
                             await self._reset_pinned(gen)
-                        except (ApiError, JetStreamNotEnabled) as exc:
-                            # No consumer reset (nats-server < 2.14): they come back once
-                            # their ack wait runs out; nothing starts before.
-                            self._log.error("consumer reset unavailable; waiting for the "
-                                            "previous holder's messages to time out",
-                                            error=str(exc), count=foreign)
-                            can_reset = False
-                            puller.hush(False)
+                        except CgroupdError as exc:
+                            puller.hush(False)  # pull meanwhile: it keeps the pin ours
+                            if _reset_unsupported(exc):
+                                # No consumer reset (nats-server < 2.14): they come back
+                                # once their ack wait runs out; nothing starts before.
+                                self._log.error("consumer reset unavailable; waiting for "
+                                                "the previous holder's messages to time "
+                                                "out", error=str(exc), count=foreign)
+                                can_reset = False
+                                continue
+                            # A passing failure (no responders while a server restarts,
+                            # no answer while the consumer elects a leader): try again.
+                            # Applied or not (a lost reply), nothing we hold may start:
+                            # the next reset delivers it again, in order.
+                            gen.dispatcher.discard_unstarted()
+                            self._log.warning("consumer reset failed; retrying",
+                                              error=str(exc), retry_in=retry_in)
+                            hush_at = self._clock() + retry_in
+                            deadline = hush_at + quiet
+                            retry_in = min(2 * retry_in, RESET_RETRY_MAX)
                             continue
                         break
                 except CgroupdError as exc:
