@@ -30,6 +30,10 @@ class Exclusivity(Enum):
 
 #: Priority group name used by pinned mode, as the Go reference uses it.
 PRIORITY_GROUP = "PCG"
+#: Pinned mode: how much longer than a pull's expiry a new holder stays quiet before it
+#: resets the member consumer (no delivery made before the reset may still be on its way).
+RESET_QUIET_MARGIN = 0.25
+
 #: Default max in flight of the concurrent orderings.
 DEFAULT_CONCURRENCY = 256
 #: Most messages in flight: a typo must not ask the server for 10**8 messages at once.
@@ -150,6 +154,12 @@ class MemberSettings:
         if self.lease <= self.retry_interval:
             problems.append(f"lease ({self.lease:g}s) must be longer than retry_interval "
                             f"({self.retry_interval:g}s), which renews it")
+        quiet = self.pull_expires + RESET_QUIET_MARGIN
+        if self.exclusivity is Exclusivity.PINNED and self.pinned_ttl <= quiet:
+            problems.append(
+                f"pinned_ttl ({self.pinned_ttl:g}s) must be longer than pull_expires + "
+                f"{RESET_QUIET_MARGIN:g}s ({quiet:g}s): a new holder goes quiet that long "
+                "before it resets the member consumer, and would lose its pin meanwhile")
         floor = self.lease + self.takeover_margin + self.pull_expires
         if self.exclusivity is Exclusivity.SYNC and self.inactive_threshold < floor:
             problems.append(

@@ -26,7 +26,7 @@ from tests.groups import eventually
 
 TTL = 0.4
 SETTINGS = MemberSettings(exclusivity=Exclusivity.PINNED, pinned_ttl=TTL, retry_interval=0.05,
-                          lease=0.4, pull_expires=0.2, heartbeat=0.05, rejoin_delay=0.05,
+                          lease=0.4, pull_expires=0.1, heartbeat=0.05, rejoin_delay=0.05,
                           drain_timeout=0.5, transition_delay=0.05)
 WQ = work_queue_stream("ORDERS", "g")
 #: The member consumer every instance of m1 shares.

@@ -17,8 +17,8 @@ def test_sync_pulls_are_long_and_pinned_pulls_keep_the_pin() -> None:
     pinned = MemberSettings(exclusivity=Exclusivity.PINNED)
     assert pinned.pull_expires / 2 < pinned.pinned_ttl and pinned.heartbeat == 0.25
     assert sync.with_exclusivity(Exclusivity.PINNED) == pinned
-    chosen = MemberSettings(pull_expires=2.0, heartbeat=0.5)
-    assert chosen.with_exclusivity(Exclusivity.PINNED).pull_expires == 2.0
+    chosen = MemberSettings(pull_expires=1.5, heartbeat=0.5)
+    assert chosen.with_exclusivity(Exclusivity.PINNED).pull_expires == 1.5
 
 
 def test_kill_detection_and_silence_bounds() -> None:

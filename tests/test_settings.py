@@ -56,6 +56,17 @@ def test_pinned_mode_keeps_its_own_inactive_threshold_rule() -> None:
     MemberSettings(exclusivity=Exclusivity.PINNED, inactive_threshold=0.5)
 
 
+def test_pinned_ttl_must_outlast_the_quiet_before_a_reset() -> None:
+    """A new holder stops pulling for pull_expires + 0.25 s before resetting the member
+    consumer; a pin TTL not longer than that loses the pin on every takeover (found by
+    tests/test_election_pinned_reset_unit.py)."""
+    with pytest.raises(ConfigError, match=r"pinned_ttl .* must be longer than pull_expires"):
+        MemberSettings(exclusivity=Exclusivity.PINNED, pinned_ttl=1.0, pull_expires=1.0)
+    s = MemberSettings(exclusivity=Exclusivity.PINNED)
+    assert s.pinned_ttl > s.pull_expires + 0.25
+    MemberSettings(pinned_ttl=1.0, pull_expires=1.0)  # sync mode pulls without a pin
+
+
 async def test_member_rejects_illegal_state_transitions() -> None:
     """The state machine only moves along the documented edges."""
     async def handler(msg: object) -> None:

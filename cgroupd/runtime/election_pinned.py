@@ -26,7 +26,7 @@ from cgroupd.pinning import PinLease, SkipRules
 from cgroupd.runtime.core import MemberCore
 from cgroupd.runtime.generation import Generation
 from cgroupd.runtime.state import StepDown
-from cgroupd.settings import PRIORITY_GROUP
+from cgroupd.settings import PRIORITY_GROUP, RESET_QUIET_MARGIN
 
 #: Pulls between a failed consumer reset and the next try (they keep the pin ours), doubled
 #: after each failure up to the maximum. Each try adds a pull expiry without pulls.
@@ -175,7 +175,7 @@ class PinnedElection(MemberCore):
         # Before a reset no pull of ours may be open, or a delivery made before it could
         # arrive after it and run ahead of (and twice with) its redelivery. So requests
         # stop one pull expiry before the reset; the pin stays ours a TTL past the last.
-        quiet = s.pull_expires + 0.25
+        quiet = s.pull_expires + RESET_QUIET_MARGIN
         hush_at = max(gen.pinned_at, deadline - quiet)
         can_reset = True
         retry_in = RESET_RETRY_FIRST
