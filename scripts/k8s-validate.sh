@@ -13,4 +13,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 export PATH="$(dirname "$PY"):$PATH"
-exec "$PY" -m tests.k8s_tools validate "$@"
+exec "$PY" -m tests.support.k8s_tools validate "$@"

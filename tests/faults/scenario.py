@@ -30,8 +30,8 @@ from cgroupd.jetstream import JetStream
 from tests.faults.checks import FaultVerdict, Row, committed, judge, load_rows, processed
 from tests.faults.runner import JoinProc
 from tests.faults.traffic import KeyedPublisher, partition_of
-from tests.groups import eventually, make_group
-from tests.natsserver import client_options
+from tests.support.groups import eventually, make_group
+from tests.support.natsserver import client_options
 
 #: Tables of every scenario judged in this session, printed at the end.
 REPORTS: list[str] = []

@@ -28,8 +28,8 @@ from cgroupd.jetstream import JetStream
 from cgroupd.message import Message
 from cgroupd.settings import MemberSettings
 from tests.faults.injectors import HoldingProxy
-from tests.groups import Fleet, check, eventually, make_group
-from tests.natsserver import NatsServer, client_options
+from tests.support.groups import Fleet, check, eventually, make_group
+from tests.support.natsserver import NatsServer, client_options
 
 pytestmark = pytest.mark.slow
 

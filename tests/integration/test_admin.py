@@ -44,8 +44,8 @@ from cgroupd.jetstream import JetStream, Record
 from cgroupd.member import INSTANCE_KEY, MEMBER_KEY
 from cgroupd.partitions import partition_of
 from cgroupd.settings import PRIORITY_GROUP
-from tests.groups import eventually, make_group
-from tests.natsserver import NatsCluster, NatsServer, client_options
+from tests.support.groups import eventually, make_group
+from tests.support.natsserver import NatsCluster, NatsServer, client_options
 
 ORDERS = "ORDERS"
 WQ = "ORDERS-g"

@@ -34,12 +34,12 @@ from cgroupd.cli import (
     ranges,
     table,
 )
-from tests.fixtures_cli.support import (
+from tests.support.cli import (
     child_env,
     restore_logging,  # noqa: F401 - autouse fixture
     session_processes,
 )
-from tests.natsserver import NatsServer, find_free_port, running_server
+from tests.support.natsserver import NatsServer, find_free_port, running_server
 
 runner = CliRunner()
 
@@ -311,7 +311,7 @@ def test_usage_errors_exit_2_with_one_line(server: NatsServer) -> None:
     join = ["join", "--stream", "USE", "--group", "g", "--member", "m1"]
     assert_one_line_error(cli(url, *join, "--handler", "no_such_pkg.handlers:handle"), 2,
                           "handler module 'no_such_pkg.handlers' not found")
-    assert_one_line_error(cli(url, *join, "--handler", "tests.fixtures_cli.record_handler"),
+    assert_one_line_error(cli(url, *join, "--handler", "tests.support.handlers.record_handler"),
                           2, "package.module:function")
     assert_one_line_error(cli(url, *join), 2,
                           "missing 1 option: --handler PKG.MODULE:FUNCTION or --webhook URL")

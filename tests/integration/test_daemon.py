@@ -28,18 +28,18 @@ from cgroupd import admin
 from cgroupd.cli import app
 from cgroupd.config import ELASTIC_BUCKET, group_key
 from cgroupd.jetstream import JetStream
-from tests.fixtures_cli.support import (
+from tests.support.cli import (
     JoinProcess,
     WebhookServer,
     poll,
     restore_logging,  # noqa: F401 - autouse fixture
 )
-from tests.groups import make_group
-from tests.natsserver import NatsServer, find_free_port
+from tests.support.groups import make_group
+from tests.support.natsserver import NatsServer, find_free_port
 
 pytestmark = pytest.mark.slow
 
-HANDLER = "tests.fixtures_cli.record_handler:handle"
+HANDLER = "tests.support.handlers.record_handler:handle"
 runner = CliRunner()
 
 

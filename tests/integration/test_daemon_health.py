@@ -21,14 +21,14 @@ from cgroupd.daemon import drain_problems
 from cgroupd.handlers import HandlerOptions, WebhookOptions
 from cgroupd.jetstream import JetStream
 from cgroupd.settings import MemberSettings
-from tests.fixtures_cli.support import (
+from tests.integration.test_daemon import _async, http, publish, records  # noqa: F401 - http fixture
+from tests.support.cli import (
     JoinProcess,
     poll,
     restore_logging,  # noqa: F401 - autouse fixture
 )
-from tests.groups import make_group
-from tests.natsserver import NatsServer
-from tests.test_daemon import _async, http, publish, records  # noqa: F401 - http fixture
+from tests.support.groups import make_group
+from tests.support.natsserver import NatsServer
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +50,7 @@ async def test_healthz_fails_while_a_handler_keeps_blocking_the_event_loop(
     the stalls, and /healthz says 503 with why (it said 200: NATS was connected)."""
     await make_group(jetstream, partitions=2, members=("m1",))
     proc = JoinProcess(nats_server.url, tmp_path, "b", *ARGS, "--handler",
-                       "tests.fixtures_cli.record_handler:block_loop",
+                       "tests.support.handlers.record_handler:block_loop",
                        record=tmp_path / "r.jsonl")
     try:
         await poll(lambda: proc.metric(http, "cgroupd_member_active"), 20, "active")
@@ -78,7 +78,7 @@ async def test_a_release_stuck_on_a_sync_handler_keeps_its_partitions_and_fails_
     killed, the standby takes over at once and runs the message."""
     await make_group(jetstream, partitions=2, members=("m1",))
     record = tmp_path / "r.jsonl"
-    args = (*ARGS, "--handler", "tests.fixtures_cli.record_handler:hang",
+    args = (*ARGS, "--handler", "tests.support.handlers.record_handler:hang",
             "--drain-timeout", "0.5")
     a = JoinProcess(nats_server.url, tmp_path, "a", *args, record=record)
     b: JoinProcess | None = None
@@ -114,7 +114,7 @@ async def test_a_second_process_with_the_same_instance_id_exits_1(
     """Two processes given one --instance-id would both pass for the active instance: the
     second one exits 1 and says why."""
     await make_group(jetstream, partitions=2, members=("m1",))
-    args = (*ARGS, "--handler", "tests.fixtures_cli.record_handler:handle",
+    args = (*ARGS, "--handler", "tests.support.handlers.record_handler:handle",
             "--instance-id", "twin")
     a = JoinProcess(nats_server.url, tmp_path, "a", *args, record=tmp_path / "r.jsonl")
     b: JoinProcess | None = None

@@ -14,7 +14,7 @@ from cgroupd.dispatch import Ordering
 from cgroupd.jetstream import JetStream
 from cgroupd.partitions import key_function
 from cgroupd.settings import MemberSettings
-from tests.groups import (
+from tests.support.groups import (
     Fleet,
     MemberProcess,
     Record,
@@ -24,7 +24,7 @@ from tests.groups import (
     make_group,
     publish_keyed,
 )
-from tests.natsserver import NatsServer
+from tests.support.natsserver import NatsServer
 
 CONFIG = ElasticGroupConfig(
     max_members=4,

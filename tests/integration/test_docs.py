@@ -1,7 +1,7 @@
 """The docs' code blocks run (README.md and docs/, against an embedded nats-server), and
 the README's library example is quiet: a library prints nothing its user did not ask for.
 
-Which blocks run and how: tests/docblocks.py. Unmarked runnable blocks are run as they
+Which blocks run and how: tests/support/docblocks.py. Unmarked runnable blocks are run as they
 are; marked ones are skipped with a reason or driven by a named test below.
 """
 
@@ -23,12 +23,12 @@ from pathlib import Path
 import nats
 import pytest
 
-import tests.test_docs as this_module
+import tests.integration.test_docs as this_module
 from cgroupd import JetStream, admin
 from cgroupd.partitions import member_partitions, partition_of
-from tests.docblocks import Block, all_blocks, block_by_marker, blocks, with_server
-from tests.fixtures_cli.support import child_env
-from tests.natsserver import NatsServer, find_free_port, running_server
+from tests.support.cli import child_env
+from tests.support.docblocks import Block, all_blocks, block_by_marker, blocks, with_server
+from tests.support.natsserver import NatsServer, find_free_port, running_server
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def check_marker(block: Block) -> str | None:
         name = block.marker[3:].strip()
         if callable(getattr(this_module, name, None)) and name.startswith("test_"):
             return None
-        return f"{block.where}: no test {name} in tests/test_docs.py"
+        return f"{block.where}: no test {name} in tests/integration/test_docs.py"
     return f"{block.where}: unknown docs-test marker {block.marker!r}"
 
 

@@ -18,19 +18,19 @@ from nats.aio.msg import Msg
 
 from cgroupd import admin, events
 from cgroupd.jetstream import JetStream
-from tests.fixtures_cli.support import (
+from tests.integration.test_daemon import cli
+from tests.support.cli import (
     ROOT,
     JoinProcess,
     child_env,
     poll,
     restore_logging,  # noqa: F401 - autouse fixture
 )
-from tests.groups import eventually, make_group
-from tests.natsserver import NatsServer
-from tests.test_daemon import cli
+from tests.support.groups import eventually, make_group
+from tests.support.natsserver import NatsServer
 
 pytestmark = pytest.mark.slow
-HANDLER = "tests.fixtures_cli.record_handler:handle"
+HANDLER = "tests.support.handlers.record_handler:handle"
 
 
 class Follower:

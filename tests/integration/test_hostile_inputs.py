@@ -1,7 +1,7 @@
 """Input from outside the process, fuzzed: environment variables, handlers, KV records.
 
-(Message headers, payloads and subjects: tests/test_hostile_messages.py; webhook answers:
-tests/test_handlers.py; records written by the reference: tests/test_interop.py.)
+(Message headers, payloads and subjects: tests/integration/test_hostile_messages.py; webhook answers:
+tests/unit/test_handlers.py; records written by the reference: tests/integration/test_interop.py.)
 
 The promise under attack: a bad input gets a clear message and a non-zero exit, or a
 logged, counted error; a running member never crashes, stalls or loses a message on it.
@@ -31,14 +31,14 @@ from cgroupd.cli import app
 from cgroupd.config import ELASTIC_BUCKET, group_key
 from cgroupd.member import MemberState
 from cgroupd.settings import MemberSettings
-from tests.fixtures_cli.support import (
+from tests.support.cli import (
     ROOT,
     JoinProcess,
     child_env,
     restore_logging,  # noqa: F401 - autouse fixture
 )
-from tests.groups import Record, all_done, check, eventually, make_group, publish_keyed
-from tests.natsserver import NatsServer
+from tests.support.groups import Record, all_done, check, eventually, make_group, publish_keyed
+from tests.support.natsserver import NatsServer
 
 runner = CliRunner()
 
@@ -59,9 +59,9 @@ _CONFINED = {
                                        "nats://127.0.0.1:99999", "127.0.0.1:notaport"]),
     "CGROUPD_METRICS_HOST": st.sampled_from(["", "127.0.0.1", "::1"]),
     "CGROUPD_HANDLER": st.sampled_from(["", ":", "a", "a:", ":b", "no_such_module_zz:fn",
-                                        "tests.fixtures_cli.broken_handler:handle",
-                                        "tests.fixtures_cli.record_handler:missing",
-                                        "tests.fixtures_cli.record_handler:json"]),
+                                        "tests.support.handlers.broken_handler:handle",
+                                        "tests.support.handlers.record_handler:missing",
+                                        "tests.support.handlers.record_handler:json"]),
     "CGROUPD_WEBHOOK": st.sampled_from(["", "ftp://x", "http://", "not a url",
                                         "http://127.0.0.1:1/hook"]),
 }
@@ -92,7 +92,7 @@ def test_junk_environment_gives_a_clear_error_never_a_crash(env: dict[str, str])
     (here to a closed port: exit 1). Never a traceback."""
     base = {"CGROUPD_SERVER": "nats://127.0.0.1:1", "CGROUPD_STREAM": "S",
             "CGROUPD_GROUP": "g", "CGROUPD_MEMBER": "m", "CGROUPD_CONNECT_TIMEOUT": "0.2",
-            "CGROUPD_HANDLER": "tests.fixtures_cli.record_handler:handle"}
+            "CGROUPD_HANDLER": "tests.support.handlers.record_handler:handle"}
     clean = {k: None for k in os.environ if k.startswith("CGROUPD_") or k == "NATS_URL"}
     merged = {**base, **env}
     if env.get("CGROUPD_WEBHOOK"):
@@ -147,7 +147,7 @@ async def test_values_that_used_to_crash_or_stall_a_running_member(
     await make_group(jetstream, partitions=2, members=("m",))
     env = child_env(**{var: value})
     hook = ["--webhook", "http://127.0.0.1:1/hook"] if "WEBHOOK" in var else [
-        "--handler", "tests.fixtures_cli.record_handler:handle"]
+        "--handler", "tests.support.handlers.record_handler:handle"]
     done = await asyncio.to_thread(
         subprocess.run, [sys.executable, "-m", "cgroupd", "--server", nats_server.url, "join",
                          "--stream", "ORDERS", "--group", "g", "--member", "m", *hook],
@@ -173,7 +173,7 @@ async def test_misbehaving_handlers_never_stop_a_member(
     record = tmp_path / "handled.jsonl"
     proc = JoinProcess(nats_server.url, tmp_path, "m", "--stream", "ORDERS", "--group", "g",
                        "--member", "m", "--ordering", ordering, "--handler",
-                       f"tests.fixtures_cli.record_handler:{handler}", record=record,
+                       f"tests.support.handlers.record_handler:{handler}", record=record,
                        metrics=False)
     try:
         js = nc.jetstream()

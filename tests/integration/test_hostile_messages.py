@@ -37,15 +37,15 @@ from nats.js import api
 from cgroupd import admin, jsapi
 from cgroupd.config import ElasticGroupConfig, PartitioningFilter
 from cgroupd.jetstream import JetStream
-from tests.fixtures_cli.hostile_handler import N_HEADER, digest, headers_digest
-from tests.fixtures_cli.support import JoinProcess
-from tests.groups import Record, check
-from tests.natsserver import NatsServer, client_options, find_free_port, running_server
+from tests.support.cli import JoinProcess
+from tests.support.groups import Record, check
+from tests.support.handlers.hostile_handler import N_HEADER, digest, headers_digest
+from tests.support.natsserver import NatsServer, client_options, find_free_port, running_server
 
 pytestmark = pytest.mark.slow
 
 STREAM = "HOSTILE"
-HANDLER = "tests.fixtures_cli.hostile_handler:handle"
+HANDLER = "tests.support.handlers.hostile_handler:handle"
 #: group -> extra ``cgroupd join`` arguments. One member each, 4 partitions.
 GROUPS = {
     "gpart": ("--ordering", "partition"),
@@ -502,7 +502,7 @@ async def test_a_burst_of_maximum_size_messages_is_taken_without_a_stall(
         record = tmp_path / "big.jsonl"
         proc = JoinProcess(nats_server.url, tmp_path, "big", "--stream", "BIG", "--group", "g",
                            "--member", "m", "--ordering", "key", "--handler",
-                           "tests.fixtures_cli.record_handler:handle_events", record=record,
+                           "tests.support.handlers.record_handler:handle_events", record=record,
                            metrics=False)
         try:
             sent = []

@@ -1,7 +1,7 @@
 """Interop with the reference implementation, natsio-pcgroups, run for real.
 
-The peer runs in its own venv (Python >= 3.12, see :mod:`tests.peer`) as
-:mod:`tests.peer_driver` processes next to cgroupd, on one real nats-server:
+The peer runs in its own venv (Python >= 3.12, see :mod:`tests.support.peer`) as
+:mod:`tests.support.peer_driver` processes next to cgroupd, on one real nats-server:
 
 - groups created by either side are read, listed, changed (members, mappings) and deleted
   by the other, through cgroupd's admin API and CLI and through the peer's API; the
@@ -42,14 +42,14 @@ from cgroupd.config import (
 from cgroupd.errors import GroupNotFound
 from cgroupd.jetstream import JetStream
 from cgroupd.partitions import member_filters, member_partitions, partition_of
-from tests.fixtures_cli.support import JoinProcess
-from tests.groups import Record, check, eventually
-from tests.natsserver import NatsServer
-from tests.peer import PeerError, PeerProcess
+from tests.support.cli import JoinProcess
+from tests.support.groups import Record, check, eventually
+from tests.support.natsserver import NatsServer
+from tests.support.peer import PeerError, PeerProcess
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow]
 
-HANDLER = "tests.fixtures_cli.record_handler:handle_events"
+HANDLER = "tests.support.handlers.record_handler:handle_events"
 runner = CliRunner()
 ORDERS = PartitioningFilter("orders.*", (1,))
 

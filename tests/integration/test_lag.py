@@ -19,8 +19,8 @@ from cgroupd.jetstream import JetStream
 from cgroupd.jsapi import FirstMatch
 from cgroupd.lag import PartitionLag, _merge, max_lag, partition_subjects, read_lag
 from cgroupd.metrics import Metrics
-from tests.fixtures_cli.support import JoinProcess, parse_metrics, poll
-from tests.groups import eventually, make_group
+from tests.support.cli import JoinProcess, parse_metrics, poll
+from tests.support.groups import eventually, make_group
 
 WQ = "ORDERS-g"
 
@@ -151,7 +151,7 @@ async def test_daemon_exports_its_partitions_lag(nats_server: object, jetstream:
     # No CGROUPD_TEST_RECORD: the recording handler raises, every message is retried.
     proc = JoinProcess(url, tmp_path, "m1", "--stream", "ORDERS", "--group", "g",
                        "--member", "m1", "--handler",
-                       "tests.fixtures_cli.record_handler:handle", "--status-interval", "0.3")
+                       "tests.support.handlers.record_handler:handle", "--status-interval", "0.3")
     try:
         async with aiohttp.ClientSession() as http:
             await poll(lambda: proc.metric(http, "cgroupd_member_active"), 20, "m1 active")

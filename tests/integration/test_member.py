@@ -20,7 +20,7 @@ from cgroupd.jetstream import JetStream
 from cgroupd.member import Member, MemberState
 from cgroupd.message import Message
 from cgroupd.settings import Exclusivity, MemberSettings
-from tests.groups import (
+from tests.support.groups import (
     Fleet,
     MemberProcess,
     Record,
@@ -31,7 +31,7 @@ from tests.groups import (
     publish_keyed,
     wait_started,
 )
-from tests.natsserver import NatsServer
+from tests.support.natsserver import NatsServer
 
 pytestmark = pytest.mark.slow
 
@@ -409,7 +409,7 @@ async def test_pinned_config_change_never_confirms_a_stale_ack_twice(
     import nats as nats_client
 
     from tests.faults.traffic import partition_of
-    from tests.natsserver import client_options
+    from tests.support.natsserver import client_options
 
     await make_group(jetstream, partitions=2, members=("m1",))
     key = next(f"k{i}" for i in range(32) if partition_of(f"k{i}", 2) == 0)

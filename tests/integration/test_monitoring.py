@@ -30,17 +30,17 @@ from nats.aio.client import Client
 from cgroupd import admin
 from cgroupd.jetstream import JetStream
 from cgroupd.metrics import Metrics
-from tests.fixtures_cli.support import JoinProcess, poll
-from tests.groups import eventually, make_group
-from tests.natsserver import NatsServer
-from tests.prometheus_tools import PrometheusServer, check_rules, promtool, require
+from tests.support.cli import JoinProcess, poll
+from tests.support.groups import eventually, make_group
+from tests.support.natsserver import NatsServer
+from tests.support.prometheus_tools import PrometheusServer, check_rules, promtool, require
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "deploy" / "monitoring"
 RULES = MONITORING / "cgroupd.rules.yaml"
 RULE_TESTS = MONITORING / "cgroupd.rules.test.yaml"
 DASHBOARD = MONITORING / "cgroupd-dashboard.json"
-HANDLER = "tests.fixtures_cli.record_handler:handle"
+HANDLER = "tests.support.handlers.record_handler:handle"
 
 pytestmark = pytest.mark.prometheus
 

@@ -1,4 +1,4 @@
-"""Tests of the real-server harness itself (tests/natsserver.py and the fixtures).
+"""Tests of the real-server harness itself (tests/support/natsserver.py and the fixtures).
 
 If these fail, every integration test's failure is suspect, so they check the
 things other tests lean on: JetStream answers, state survives kill+restart,
@@ -23,8 +23,8 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from tests import natsserver
-from tests.natsserver import (
+from tests.support import natsserver
+from tests.support.natsserver import (
     DockerNatsServer,
     NatsCluster,
     NatsServer,

@@ -17,8 +17,8 @@ from cgroupd.config import StaticGroupConfig
 from cgroupd.jetstream import JetStream
 from cgroupd.partitions import partition_of
 from cgroupd.replay import ReplayRefused, Target
-from tests.fixtures_cli.support import restore_logging  # noqa: F401 - autouse fixture
-from tests.groups import Fleet, Record, check, eventually, make_group, publish_keyed
+from tests.support.cli import restore_logging  # noqa: F401 - autouse fixture
+from tests.support.groups import Fleet, Record, check, eventually, make_group, publish_keyed
 
 pytestmark = pytest.mark.slow
 
@@ -182,14 +182,14 @@ async def test_replay_command_refuses_while_join_instances_run(
     instances, not only by the consumers): the dry run shows the plan and why it is
     refused now, --execute exits 1 changing nothing; with the instance stopped, --execute
     replays and says so."""
-    from tests.fixtures_cli.support import JoinProcess
-    from tests.test_daemon import cli
+    from tests.integration.test_daemon import cli
+    from tests.support.cli import JoinProcess
 
     await make_group(jetstream, partitions=2, members=("m1", "m2"))  # m2 never runs
     await publish_keyed(jetstream, 10, keys=4)
     url = nats_server.url
     proc = JoinProcess(url, tmp_path, "m1", "--stream", "ORDERS", "--group", "g", "--member",
-                       "m1", "--handler", "tests.fixtures_cli.record_handler:handle",
+                       "m1", "--handler", "tests.support.handlers.record_handler:handle",
                        record=tmp_path / "handled.jsonl")
     try:
         await eventually(lambda: _lines(tmp_path / "handled.jsonl") > 0, 20,

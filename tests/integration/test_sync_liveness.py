@@ -31,9 +31,9 @@ from cgroupd.partitions import sync_filters
 from cgroupd.pull import PullOptions
 from cgroupd.settings import MemberSettings
 from tests.faults.injectors import HoldingProxy
-from tests.groups import Record as Events
-from tests.groups import check, eventually, make_group
-from tests.natsserver import NatsServer, client_options
+from tests.support.groups import Record as Events
+from tests.support.groups import check, eventually, make_group
+from tests.support.natsserver import NatsServer, client_options
 
 pytestmark = pytest.mark.slow
 

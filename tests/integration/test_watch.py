@@ -20,10 +20,10 @@ from nats.aio.client import Client
 from cgroupd import admin
 from cgroupd.config import ElasticGroupConfig, PartitioningFilter
 from cgroupd.jetstream import JetStream
-from tests.fixtures_cli.support import ROOT, JoinProcess, child_env
-from tests.groups import eventually, make_group, publish_keyed
-from tests.k8s_tools import in_ci
-from tests.natsserver import NatsServer
+from tests.support.cli import ROOT, JoinProcess, child_env
+from tests.support.groups import eventually, make_group, publish_keyed
+from tests.support.k8s_tools import in_ci
+from tests.support.natsserver import NatsServer
 
 pytestmark = pytest.mark.slow
 
@@ -94,7 +94,7 @@ async def test_watch_view_in_a_real_terminal(tmux_available: None, nats_server: 
 
         closing.append(JoinProcess(nats_server.url, tmp_path, "m1", "--stream", "ORDERS",
                                  "--group", "g", "--member", "m1", "--handler",
-                                 "tests.fixtures_cli.record_handler:handle",
+                                 "tests.support.handlers.record_handler:handle",
                                  record=tmp_path / "handled.jsonl"))
 
         def m1_drained() -> str | bool:

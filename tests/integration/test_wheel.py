@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 import cgroupd
-from tests.docblocks import ROOT
-from tests.natsserver import NatsServer, running_server
-from tests.test_docs import drive_library_example
+from tests.integration.test_docs import drive_library_example
+from tests.support.docblocks import ROOT
+from tests.support.natsserver import NatsServer, running_server
 
 
 @pytest.fixture(scope="module")

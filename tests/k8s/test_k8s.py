@@ -6,13 +6,13 @@ No Docker engine and no cluster here, so:
   uses (user, entrypoint, command, port), and its build stage replayed in a clean
   virtualenv (``pip install .`` then ``cgroupd --help``);
 * the chart is linted and rendered with helm v4 and the deploy/ kustomizations built
-  with kubectl, both taken from a PyPI wheel (tests/k8s_tools.py); every rendered object
+  with kubectl, both taken from a PyPI wheel (tests/support/k8s_tools.py); every rendered object
   and every file in deploy/ is validated against the Kubernetes schemas offline;
 * the rendered objects are asserted on (replicas, probes, grace period, member wiring,
   security, PDB, Job, credentials, TLS), and the chart's default render must equal
   deploy/base;
 * finally the pods the rendered StatefulSet would create run as local processes against
-  a local nats-server (tests/k8s_pods.py): the group forms as the chart promises, and
+  a local nats-server (tests/support/k8s_pods.py): the group forms as the chart promises, and
   deleting the pod of an active instance hands over to a standby.
 
 If helm/kubectl cannot be fetched, the tests fail when ``CI`` is set and skip otherwise.
@@ -41,9 +41,9 @@ import yaml
 from cgroupd import admin
 from cgroupd.cli import member_from_hostname
 from cgroupd.jetstream import JetStream
-from tests.fixtures_cli.support import WebhookServer
-from tests.k8s_pods import Image, LocalPod, Objects, host_env, pod_names, resolve_container
-from tests.k8s_tools import (
+from tests.support.cli import WebhookServer
+from tests.support.k8s_pods import Image, LocalPod, Objects, host_env, pod_names, resolve_container
+from tests.support.k8s_tools import (
     CHART,
     DEPLOY,
     ROOT,
@@ -60,8 +60,8 @@ from tests.k8s_tools import (
     validate_file,
     validate_object,
 )
-from tests.natsserver import client_options, find_free_port, running_server
-from tests.prometheus_tools import check_rules
+from tests.support.natsserver import client_options, find_free_port, running_server
+from tests.support.prometheus_tools import check_rules
 
 FULL_VALUES = CHART / "ci" / "full-values.yaml"
 MONITORING = DEPLOY / "monitoring"
@@ -180,7 +180,7 @@ def test_dockerignore_admits_exactly_the_build_inputs() -> None:
     for ins in stages[0].all("COPY"):
         for source in ins.args.split()[:-1]:
             assert not ignore.excluded(os.path.normpath(source)), source
-    for path in ("tests/test_k8s.py", ".git/HEAD", ".venv/bin/python", "Dockerfile",
+    for path in ("tests/k8s/test_k8s.py", ".git/HEAD", ".venv/bin/python", "Dockerfile",
                  "cgroupd/__pycache__/cli.cpython-311.pyc", "helm/cgroupd/Chart.yaml",
                  ".cache/x", "bench/x.py"):
         assert ignore.excluded(path), path
@@ -641,7 +641,7 @@ def test_every_deploy_file_is_validated(binaries: dict[str, Path]) -> None:
         for patch in k.get("patches", []):
             covered.add((directory / patch["path"]).resolve())
     # deploy/monitoring holds Prometheus rules and a Grafana dashboard, not Kubernetes
-    # objects: tests/test_monitoring.py checks them with promtool and a real Prometheus.
+    # objects: tests/integration/test_monitoring.py checks them with promtool and a real Prometheus.
     files = {p.resolve() for p in DEPLOY.rglob("*")
              if p.is_file() and MONITORING not in p.parents}
     assert files - covered == set(), "files in deploy/ no kustomization uses"

@@ -21,9 +21,9 @@ from cgroupd.spark.driver import DriverSession
 from cgroupd.spark.offsets import READ_SUBJECT, Offset, ReadRange
 from cgroupd.spark.options import SourceOptions
 from cgroupd.spark.source import ReadTask, close_executor_connections, read_task
-from tests.groups import publish_keyed
-from tests.natsserver import NatsServer
-from tests.spark_support import make_group, wait_sourced
+from tests.support.groups import publish_keyed
+from tests.support.natsserver import NatsServer
+from tests.support.spark_support import make_group, wait_sourced
 
 pytestmark = pytest.mark.slow
 

@@ -36,8 +36,8 @@ from cgroupd import admin
 from cgroupd.config import ElasticGroupConfig, PartitioningFilter
 from cgroupd.jetstream import JetStream
 from cgroupd.spark.source import close_executor_connections
-from tests.natsserver import NatsServer, client_options, running_server
-from tests.spark_support import (
+from tests.support.natsserver import NatsServer, client_options, running_server
+from tests.support.spark_support import (
     ManualQuery,
     Published,
     check_rows,

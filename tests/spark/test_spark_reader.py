@@ -1,5 +1,5 @@
 """The source's reader against a real nats-server, driven as Spark drives it but without
-a JVM (:class:`tests.spark_support.ManualQuery`: the same ``initialOffset``,
+a JVM (:class:`tests.support.spark_support.ManualQuery`: the same ``initialOffset``,
 ``latestOffset``, ``partitions``, ``read`` and ``commit`` calls, in this process).
 
 Fast enough to attack every offset rule and every input one by one; the Spark tests
@@ -30,9 +30,9 @@ from cgroupd.errors import ConfigError, DataLoss
 from cgroupd.jetstream import JetStream
 from cgroupd.spark.offsets import Offset
 from cgroupd.spark.source import close_executor_connections
-from tests.groups import eventually, publish_keyed
-from tests.natsserver import NatsCluster, NatsServer, client_options
-from tests.spark_support import (
+from tests.support.groups import eventually, publish_keyed
+from tests.support.natsserver import NatsCluster, NatsServer, client_options
+from tests.support.spark_support import (
     ManualQuery,
     check_rows,
     make_group,

@@ -24,9 +24,9 @@ from cgroupd.jetstream import JetStream
 from cgroupd.member import INSTANCE_KEY, Member, MemberState
 from cgroupd.message import Message
 from cgroupd.spark.lease import HOLDER_KEY
-from tests.groups import eventually, publish_keyed
-from tests.natsserver import NatsServer
-from tests.spark_support import (
+from tests.support.groups import eventually, publish_keyed
+from tests.support.natsserver import NatsServer
+from tests.support.spark_support import (
     finish,
     make_group,
     shared_spark,

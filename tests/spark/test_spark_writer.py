@@ -21,9 +21,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from cgroupd.jetstream import JetStream
-from tests.groups import publish_keyed
-from tests.natsserver import NatsServer
-from tests.spark_support import (
+from tests.support.groups import publish_keyed
+from tests.support.natsserver import NatsServer
+from tests.support.spark_support import (
     finish,
     make_group,
     shared_spark,

@@ -22,9 +22,9 @@ import structlog
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.groups import eventually
-from tests.natsserver import find_free_port
-from tests.procs import live_processes
+from tests.support.groups import eventually
+from tests.support.natsserver import find_free_port
+from tests.support.procs import live_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 

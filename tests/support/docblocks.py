@@ -1,11 +1,11 @@
-"""Code blocks of the project's Markdown docs, and how tests/test_docs.py runs them.
+"""Code blocks of the project's Markdown docs, and how tests/integration/test_docs.py runs them.
 
 A fenced block whose info string is ``bash``/``sh``/``shell`` or ``python``/``py`` is
 code a reader may run, so a test runs it. An HTML comment on the line before the fence
 says otherwise (it is invisible on GitHub):
 
 - ``<!-- docs-test: skip: REASON -->``: not run; the reason is required.
-- ``<!-- docs-test: by TEST -->``: run by the named test in tests/test_docs.py, which
+- ``<!-- docs-test: by TEST -->``: run by the named test in tests/integration/test_docs.py, which
   drives it (a long-running example, one that needs traffic or other processes).
 - ``<!-- docs-test: stream NAME SUBJECT -->``: the test creates that stream first and
   drops the block's ``nats stream add NAME`` line (the NATS CLI is not installed).
@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RUNNABLE = {"bash": "bash", "sh": "bash", "shell": "bash", "python": "python",
             "py": "python"}
 #: Server addresses the docs use; the tests substitute their own server's.

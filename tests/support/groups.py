@@ -30,9 +30,9 @@ from cgroupd.jetstream import JetStream
 from cgroupd.member import Member
 from cgroupd.message import Message
 from cgroupd.settings import MemberSettings
-from tests.natsserver import client_options
+from tests.support.natsserver import client_options
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def eventually(check: Callable[[], Any], timeout: float = 10.0,
@@ -186,7 +186,7 @@ def _overlaps(record: Record, member_of: Callable[[dict[str, Any]], str]) -> lis
 
 
 class MemberProcess:
-    """``tests.member_process`` in a child process; signal it, read what it recorded."""
+    """``tests.support.member_process`` in a child process; signal it, read what it recorded."""
 
     def __init__(self, url: str, record: Path, stream: str, group: str, member: str,
                  *extra: str) -> None:
@@ -195,7 +195,7 @@ class MemberProcess:
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         self._log = open(f"{record}.log", "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.member_process", "--url", url, "--stream", stream,
+            [sys.executable, "-m", "tests.support.member_process", "--url", url, "--stream", stream,
              "--group", group, "--member", member, "--record", str(record), *extra],
             cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
 

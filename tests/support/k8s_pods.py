@@ -40,8 +40,8 @@ from typing import Any
 
 import aiohttp
 
-from tests.k8s_tools import ROOT, Stage
-from tests.natsserver import find_free_port
+from tests.support.k8s_tools import ROOT, Stage
+from tests.support.natsserver import find_free_port
 
 #: Env vars that set the port a container listens on, by port name.
 PORT_ENV = {"metrics": "CGROUPD_METRICS_PORT"}

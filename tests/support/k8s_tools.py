@@ -10,7 +10,7 @@
   matching, so tests can replay the build stage and read the image's runtime config.
 
 Tool problems raise :class:`ToolUnavailable`; the tests turn that into a failure in CI
-(``CI`` set) and a skip elsewhere. ``python -m tests.k8s_tools validate`` runs the static
+(``CI`` set) and a skip elsewhere. ``python -m tests.support.k8s_tools validate`` runs the static
 checks for humans (scripts/k8s-validate.sh); ``... paths`` prints where helm and kubectl are.
 """
 
@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "cgroupd"
 DEPLOY = ROOT / "deploy"
 DOCKERFILE = ROOT / "Dockerfile"
@@ -512,7 +512,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif command == "validate":
             validate_all()
         else:
-            print("usage: python -m tests.k8s_tools [validate|paths]", file=sys.stderr)
+            print("usage: python -m tests.support.k8s_tools [validate|paths]", file=sys.stderr)
             return 2
     except (AssertionError, ToolUnavailable) as exc:
         print(f"FAIL {exc}", file=sys.stderr)

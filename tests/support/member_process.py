@@ -1,6 +1,6 @@
 """A member instance in its own process, recording everything it does to a JSON-lines file.
 
-Tests start it with ``python -m tests.member_process ...`` so they can SIGKILL, SIGSTOP
+Tests start it with ``python -m tests.support.member_process ...`` so they can SIGKILL, SIGSTOP
 and SIGTERM a real process. Each line is one event: ``state`` changes, and per message a
 ``start`` and an ``end`` (with whether ``double_ack`` was confirmed). Lines are flushed at
 once, so a killed process leaves every completed event behind.

@@ -6,7 +6,7 @@ records) needs Python >= 3.12; cgroupd runs on 3.11. :func:`peer_python` finds a
 versions), creates a venv with the pinned peer version once and caches it across runs
 (``$CGROUPD_PEER_CACHE``, default ``~/.cache/cgroupd/peer``, keyed by peer version and
 Python version; a lock makes concurrent test runs share one install).
-:class:`PeerProcess` runs :mod:`tests.peer_driver` with that Python: one process per
+:class:`PeerProcess` runs :mod:`tests.support.peer_driver` with that Python: one process per
 peer instance, commanded with JSON lines (kill it to crash the instance).
 
 Used by the interop tests and by benchmarks that run the peer side by side::
@@ -131,7 +131,7 @@ class PeerError(Exception):
 
 
 class PeerProcess:
-    """One :mod:`tests.peer_driver` process connected to ``url``."""
+    """One :mod:`tests.support.peer_driver` process connected to ``url``."""
 
     def __init__(self, python: str, url: str, log: Path | None = None) -> None:
         self.python = python

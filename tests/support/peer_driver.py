@@ -1,6 +1,6 @@
 """Drives the reference implementation (natsio-pcgroups) for interop tests and benchmarks.
 
-Run by the peer's own Python (>= 3.12, see :mod:`tests.peer`), so it imports nothing from
+Run by the peer's own Python (>= 3.12, see :mod:`tests.support.peer`), so it imports nothing from
 cgroupd or the tests: only the standard library and natsio. One JSON command per line on
 stdin, one JSON answer per line on stdout, in order::
 
@@ -10,7 +10,7 @@ stdin, one JSON answer per line on stdout, in order::
     -> {"ok": false, "error": "ConsumerGroupExistsError: ..."}
 
 ``consume`` starts a member instance in this process and returns at once; its handler
-appends ``start`` and ``end`` events (the format of :class:`tests.groups.Record`) to
+appends ``start`` and ``end`` events (the format of :class:`tests.support.groups.Record`) to
 ``record``, reading ``{"key": ..., "n": ...}`` from each JSON payload, and acks. Kill the
 process to crash the instance.
 

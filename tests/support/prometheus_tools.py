@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.k8s_tools import in_ci
-from tests.natsserver import find_free_port
+from tests.support.k8s_tools import in_ci
+from tests.support.natsserver import find_free_port
 
 HOW_TO_GET = ("install Debian's prometheus package: `apt-get install --no-install-recommends "
               "prometheus` as root, or `bash scripts/install-prometheus.sh` (scripts/test.sh "

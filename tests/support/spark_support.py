@@ -40,7 +40,7 @@ from cgroupd.spark.source import (
 )
 from cgroupd.spark.writer import CgroupdStreamWriter, PublishReport
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: Bound on any one Spark query in the tests.
 QUERY_TIMEOUT = 120.0
 
@@ -334,7 +334,7 @@ class TcpProxy:
     refuses new ones (a network outage as the client sees it), :meth:`heal` ends it."""
 
     def __init__(self, target_port: int, host: str = "127.0.0.1") -> None:
-        from tests.natsserver import find_free_port
+        from tests.support.natsserver import find_free_port
 
         self.host = host
         self.port = find_free_port(host)

@@ -16,7 +16,7 @@ from cgroupd.dispatch import Dispatcher, Ordering
 from cgroupd.errors import AckNotConfirmed
 from cgroupd.message import Message
 from cgroupd.partitions import key_function
-from tests.groups import eventually
+from tests.support.groups import eventually
 
 
 class FakeConnection:

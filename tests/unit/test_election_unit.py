@@ -1,7 +1,7 @@
-"""The sync election as a state machine, against the in-memory adapter of tests/fakes.py
+"""The sync election as a state machine, against the in-memory adapter of tests/support/fakes.py
 (no server; about a second in all): who wins, who stands by, when a standby takes over,
 and what each leaves on the server. The same rules against real servers and processes:
-tests/test_member.py, tests/test_sync_liveness.py and the fault suite."""
+tests/integration/test_member.py, tests/integration/test_sync_liveness.py and the fault suite."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from cgroupd.config import (
 from cgroupd.errors import InstanceIdInUse
 from cgroupd.member import INSTANCE_KEY, Member, MemberState
 from cgroupd.settings import MemberSettings
-from tests.fakes import FakeJetStream, FakeServer
-from tests.groups import eventually
+from tests.support.fakes import FakeJetStream, FakeServer
+from tests.support.groups import eventually
 
 SETTINGS = MemberSettings(retry_interval=0.05, lease=0.4, takeover_margin=0.1,
                           presence_interval=0.02, pull_expires=0.2, heartbeat=0.05,

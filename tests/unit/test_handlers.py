@@ -41,12 +41,12 @@ from cgroupd.handlers import (
 )
 from cgroupd.message import Message, Outcome
 from cgroupd.metrics import Metrics
-from tests.fixtures_cli.support import (
+from tests.support.cli import (
     WebhookServer,
     parse_metrics,
     restore_logging,  # noqa: F401 - autouse fixture
 )
-from tests.natsserver import find_free_port
+from tests.support.natsserver import find_free_port
 
 
 class FakeClient:
@@ -82,20 +82,20 @@ def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
 # -- loading ----------------------------------------------------------------------------
 def test_load_handler_finds_sync_and_async_functions() -> None:
     """``pkg.module:function`` resolves to the function, sync or async."""
-    from tests.fixtures_cli import record_handler
+    from tests.support.handlers import record_handler
 
-    assert load_handler("tests.fixtures_cli.record_handler:handle") is record_handler.handle
-    assert (load_handler("tests.fixtures_cli.record_handler:handle_async")
+    assert load_handler("tests.support.handlers.record_handler:handle") is record_handler.handle
+    assert (load_handler("tests.support.handlers.record_handler:handle_async")
             is record_handler.handle_async)
 
 
 @pytest.mark.parametrize(("reference", "expected"), [
     ("no_such_module_xyz:handle", "not found"),
-    ("tests.fixtures_cli.record_handler:nope", "has no attribute 'nope'"),
-    ("tests.fixtures_cli.record_handler", "must look like package.module:function"),
+    ("tests.support.handlers.record_handler:nope", "has no attribute 'nope'"),
+    ("tests.support.handlers.record_handler", "must look like package.module:function"),
     (":handle", "must look like"),
     ("os:sep", "is not callable"),
-    ("tests.fixtures_cli.broken_handler:handle", "failed to import: RuntimeError"),
+    ("tests.support.handlers.broken_handler:handle", "failed to import: RuntimeError"),
 ])
 def test_load_handler_explains_every_failure(reference: str, expected: str) -> None:
     """Each way a reference can be wrong gives one clear sentence."""

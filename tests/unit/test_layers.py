@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "cgroupd"
+PACKAGE = Path(__file__).resolve().parents[2] / "cgroupd"
 
 #: Every module of cgroupd/, by layer (a new module must be placed here).
 LAYERS: dict[str, set[str]] = {

@@ -17,7 +17,7 @@ import pytest
 import structlog
 
 from cgroupd import logs
-from tests.fixtures_cli.support import (
+from tests.support.cli import (
     child_env,
     restore_logging,  # noqa: F401 - autouse fixture
 )

@@ -8,9 +8,9 @@ from nats.aio.msg import Msg
 
 from cgroupd.message import Message
 from cgroupd.metrics import IGNORED_INPUT, Metrics
-from tests.fixtures_cli.support import parse_metrics
-from tests.groups import eventually
-from tests.test_dispatch_unit import FakeConnection, delivery, dispatcher
+from tests.support.cli import parse_metrics
+from tests.support.groups import eventually
+from tests.unit.test_dispatch_unit import FakeConnection, delivery, dispatcher
 
 
 def ignored(m: Metrics) -> dict[str, float]:

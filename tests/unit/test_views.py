@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from cgroupd import events, views
 from cgroupd.cli import app, parse_duration, parse_time
 from cgroupd.replay import PartitionPlan, Plan, Target, _origin_seq
-from tests.fixtures_cli.support import restore_logging  # noqa: F401 - autouse fixture
+from tests.support.cli import restore_logging  # noqa: F401 - autouse fixture
 
 runner = CliRunner()
 

@@ -3,7 +3,7 @@
 Each message of those tests carries its publish index ``n`` in the header ``Hostile-N``,
 or, when it has no headers at all, as its payload ``n:<n>``; its key is the second
 subject token. Each start and end is one JSON line in ``CGROUPD_TEST_RECORD`` (the
-:class:`tests.groups.Record` format) with digests of what arrived, so the test can check
+:class:`tests.support.groups.Record` format) with digests of what arrived, so the test can check
 that payload, headers and subject came through intact without writing megabytes.
 """
 

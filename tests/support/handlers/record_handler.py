@@ -1,4 +1,4 @@
-"""Handlers for ``cgroupd join --handler tests.fixtures_cli.record_handler:...`` in tests.
+"""Handlers for ``cgroupd join --handler tests.support.handlers.record_handler:...`` in tests.
 
 Each handled message appends one JSON line to the file named by ``CGROUPD_TEST_RECORD``
 (flushed at once, so a test can poll it while the process runs).
@@ -45,8 +45,8 @@ def _event(event: str, message: Message) -> None:
 
 
 async def handle_events(message: Message) -> None:
-    """Record ``start`` and ``end`` events (:class:`tests.groups.Record`) of a
-    ``{"key": ..., "n": ...}`` message (the payloads of ``tests.groups.publish_keyed``)."""
+    """Record ``start`` and ``end`` events (:class:`tests.support.groups.Record`) of a
+    ``{"key": ..., "n": ...}`` message (the payloads of ``tests.support.groups.publish_keyed``)."""
     _event("start", message)
     _event("end", message)
 
