@@ -266,8 +266,8 @@ async def peer_idle(shape: Shape, python: str, tmp: Path) -> dict[str, Any]:
             started = round(time.monotonic() - began, 1)
             await asyncio.sleep(shape.settle)
             idle = await idle_cost(_pid(srv), [p.pid for p in peers], shape.idle)
-            return {"what": "natsio-pcgroups, one tests/support/peer_driver.py process per instance "
-                            f"(Python of the peer's venv), max ack pending "
+            return {"what": "natsio-pcgroups, one tests/support/peer_driver.py process per "
+                            f"instance (Python of the peer's venv), max ack pending "
                             f"{PEER_MAX_ACK_PENDING}", "started_s": started, "idle": idle}
         finally:
             for peer in peers:

@@ -1,7 +1,8 @@
 """Input from outside the process, fuzzed: environment variables, handlers, KV records.
 
-(Message headers, payloads and subjects: tests/integration/test_hostile_messages.py; webhook answers:
-tests/unit/test_handlers.py; records written by the reference: tests/integration/test_interop.py.)
+(Message headers, payloads and subjects: tests/integration/test_hostile_messages.py;
+webhook answers: tests/unit/test_handlers.py; records written by the reference:
+tests/integration/test_interop.py.)
 
 The promise under attack: a bad input gets a clear message and a non-zero exit, or a
 logged, counted error; a running member never crashes, stalls or loses a message on it.

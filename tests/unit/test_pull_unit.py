@@ -1,7 +1,7 @@
 """The Puller's handling of what the server sends on its inbox (statuses 100, 404, 408,
 409, 423, 503; delivery gaps; pin ids), on a fake connection and a fake clock: no server,
-milliseconds per test. The same paths against a real server: tests/integration/test_sync_liveness.py,
-tests/unit/test_pinning.py and the fault suite."""
+milliseconds per test. The same paths against a real server:
+tests/integration/test_sync_liveness.py, tests/unit/test_pinning.py and the fault suite."""
 
 from __future__ import annotations
 
