@@ -21,7 +21,9 @@ import pytest
 import structlog
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
+from typer.testing import CliRunner, Result
 
+from cgroupd.cli import app
 from tests.support.groups import eventually
 from tests.support.natsserver import find_free_port
 from tests.support.procs import live_processes
@@ -204,3 +206,26 @@ async def poll(check: Callable[[], Awaitable[Any]], timeout: float, what: str,
 def session_processes(sid: int) -> list[int]:
     """Pids of live processes in session ``sid`` (zombies excluded)."""
     return live_processes(lambda fields: fields[3] == str(sid))
+
+
+# -- the command line in-process (typer's CliRunner) --------------------------------------
+_runner = CliRunner()
+
+
+def cli(url: str | None, *args: str, input: str | None = None,
+        env: dict[str, str] | None = None) -> Result:
+    """Run ``cgroupd [--server url] args...`` in-process."""
+    argv = (["--server", url] if url else []) + list(args)
+    clean = {k: None for k in os.environ if k.startswith("CGROUPD_") or k == "NATS_URL"}
+    return _runner.invoke(app, argv, input=input, env={**clean, **(env or {})})
+
+
+def assert_one_line_error(result: Result, code: int, *fragments: str) -> None:
+    """The documented exit code, one line on stderr, no traceback."""
+    assert result.exit_code == code, result.output
+    err = result.stderr.strip()
+    assert err.startswith("cgroupd: error: "), err
+    assert "\n" not in err, err
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in err, err
