@@ -26,8 +26,8 @@ from nats.js import api
 from cgroupd import admin
 from cgroupd.config import ElasticGroupConfig, PartitioningFilter
 from cgroupd.jetstream import JetStream
-from tests.support.groups import eventually
 from tests.support.natsserver import NatsServer, client_options, find_free_port
+from tests.support.polling import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -28,8 +28,8 @@ import secrets
 import subprocess
 import time
 
-from tests.support.groups import eventually
 from tests.support.natsserver import NatsCluster, NatsServer
+from tests.support.polling import eventually
 
 #: Prefix of every namespace and interface name created here (the leak check uses it).
 NAME_PREFIX = "cgf"

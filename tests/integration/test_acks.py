@@ -28,8 +28,9 @@ from cgroupd.jetstream import JetStream
 from cgroupd.message import Message
 from cgroupd.settings import MemberSettings
 from tests.faults.injectors import HoldingProxy
-from tests.support.groups import Fleet, check, eventually, make_group
+from tests.support.groups import Fleet, check, make_group
 from tests.support.natsserver import NatsServer, client_options
+from tests.support.polling import eventually
 
 pytestmark = pytest.mark.slow
 

@@ -44,8 +44,9 @@ from cgroupd.jetstream import JetStream, Record
 from cgroupd.member import INSTANCE_KEY, MEMBER_KEY
 from cgroupd.partitions import partition_of
 from cgroupd.settings import PRIORITY_GROUP
-from tests.support.groups import eventually, make_group
+from tests.support.groups import make_group
 from tests.support.natsserver import NatsCluster, NatsServer, client_options
+from tests.support.polling import eventually
 
 ORDERS = "ORDERS"
 WQ = "ORDERS-g"

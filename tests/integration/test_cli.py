@@ -34,6 +34,7 @@ from tests.support.cli import (
     session_processes,
 )
 from tests.support.natsserver import NatsServer, find_free_port, running_server
+from tests.support.polling import eventually_blocking
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +51,14 @@ def ok_json(result: Result) -> Any:
 
 def wait_pending(url: str, stream: str, group: str, count: int, timeout: float = 10) -> None:
     """Poll ``status --json`` until the group's stream has sourced ``count`` messages."""
-    deadline = time.monotonic() + timeout
-    while True:
-        status = ok_json(cli(url, "--json", "status", stream, group))
-        if status["pending"] == count:
-            return
-        assert time.monotonic() < deadline, f"pending stayed {status['pending']}"
-        time.sleep(0.02)
+    status: dict[str, Any] = {}
+
+    def sourced() -> bool:
+        status.update(ok_json(cli(url, "--json", "status", stream, group)))
+        return bool(status["pending"] == count)
+
+    eventually_blocking(sourced, timeout, 0.02, f"{count} pending in {stream}/{group}",
+                        diagnostics=lambda: f"pending stayed {status.get('pending')}")
 
 
 def make_stream(url: str, name: str, subjects: Sequence[str],

@@ -31,11 +31,11 @@ from cgroupd.jetstream import JetStream
 from tests.support.cli import (
     JoinProcess,
     WebhookServer,
-    poll,
     restore_logging,  # noqa: F401 - autouse fixture
 )
 from tests.support.groups import make_group
 from tests.support.natsserver import NatsServer, find_free_port
+from tests.support.polling import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -78,18 +78,18 @@ async def test_python_handler_metrics_probes_and_sigterm_handover(
     a = JoinProcess(nats_server.url, tmp_path, "a", *args, record=record)
     b: JoinProcess | None = None
     try:
-        await poll(lambda: a.metric(http, "cgroupd_member_active"), 20, "a to be active")
+        await eventually(lambda: a.metric(http, "cgroupd_member_active"), 20, what="a to be active")
         b = JoinProcess(nats_server.url, tmp_path, "b", *args, record=record)
-        await poll(lambda: _status(b, http, "/readyz", 200), 20, "b to be ready")
+        await eventually(lambda: _status(b, http, "/readyz", 200), 20, what="b to be ready")
         assert await b.metric(http, "cgroupd_member_active") == 0
 
         for i in range(20):
             await publish(nc, f"orders.k{i % 7}", {"key": f"k{i % 7}", "n": i})
-        await poll(_async(lambda: len(records(record)) == 20), 15, "20 messages handled")
+        await eventually(_async(lambda: len(records(record)) == 20), 15, what="20 messages handled")
         assert {r["pid"] for r in records(record)} == {a.proc.pid}
         assert {r["how"] for r in records(record)} == {"sync"}
 
-        metrics = await poll(lambda: _acked(a, http, 20), 5, "ack counter at 20")
+        metrics = await eventually(lambda: _acked(a, http, 20), 5, what="ack counter at 20")
         assert metrics[("cgroupd_member_active", ())] == 1
         assert metrics[("cgroupd_partitions_owned", ())] == 4
         assert metrics[("cgroupd_messages_processed_total", (("outcome", "nak"),))] == 0
@@ -116,7 +116,7 @@ async def test_python_handler_metrics_probes_and_sigterm_handover(
 
         started = time.monotonic()
         a.terminate()
-        await poll(lambda: b.metric(http, "cgroupd_member_active"), 5, "b to take over",
+        await eventually(lambda: b.metric(http, "cgroupd_member_active"), 5, what="b to take over",
                    interval=0.005)
         handover = time.monotonic() - started
         print(f"\nSIGTERM handover to the standby took {handover * 1000:.0f} ms")
@@ -128,14 +128,14 @@ async def test_python_handler_metrics_probes_and_sigterm_handover(
 
         for i in range(20, 25):
             await publish(nc, f"orders.k{i}", {"key": f"k{i}", "n": i})
-        await poll(_async(lambda: len(records(record)) == 25), 15, "5 more handled by b")
+        await eventually(_async(lambda: len(records(record)) == 25), 15, what="5 more handled by b")
         assert {r["pid"] for r in records(record)[20:]} == {b.proc.pid}
 
         # An administrative step-down: b steps down, and (alone) takes over again.
         stepped = await cli(url, "--json", "step-down", "ORDERS", "g", "m1")
         assert stepped.exit_code == 0 and json.loads(stepped.stdout)["stepped_down"]
-        await poll(lambda: _step_downs(b, http), 5, "b to step down")
-        await poll(lambda: b.metric(http, "cgroupd_member_active"), 10, "b active again")
+        await eventually(lambda: _step_downs(b, http), 5, what="b to step down")
+        await eventually(lambda: b.metric(http, "cgroupd_member_active"), 10, what="b active again")
         b.terminate()
         assert await b.wait_exit() == 0
     finally:
@@ -159,7 +159,7 @@ async def test_webhook_ack_retry_non_retryable_and_dead_letter(
                        "--member", "m1", "--webhook", hook.url, "--max-deliver", "3",
                        "--dead-letter-subject", "dlq.orders", "--non-retryable", "422,410")
     try:
-        await poll(lambda: proc.metric(http, "cgroupd_member_active"), 20, "active")
+        await eventually(lambda: proc.metric(http, "cgroupd_member_active"), 20, what="active")
         for key in ("ok", "retry", "bad", "poison"):
             await publish(nc, f"orders.{key}", {"key": key}, headers={"X-Trace": key})
         # Two dead letters (bad at once, poison after its third delivery).
@@ -182,7 +182,7 @@ async def test_webhook_ack_retry_non_retryable_and_dead_letter(
         # A message's outcome is counted once its handling is over: after its dead letter
         # was published (and seen above) and it was termed. Wait for every count.
         want = {"ack": 2, "dead_letter": 2, "nak": 3}
-        await poll(lambda: _counts(proc, http, want), 10, f"outcomes {want}")
+        await eventually(lambda: _counts(proc, http, want), 10, what=f"outcomes {want}")
         assert [h.headers["Cgroupd-Delivery-Count"] for h in hook.for_key("retry")] == [
             "1", "2"]
         assert len(hook.for_key("ok")) == 1 and len(hook.for_key("bad")) == 1
@@ -190,7 +190,7 @@ async def test_webhook_ack_retry_non_retryable_and_dead_letter(
         ok = hook.for_key("ok")[0].headers
         assert ok["Cgroupd-Subject"] == "orders.ok" and ok["Nats-Header-X-Trace"] == "ok"
         assert ok["Cgroupd-Stream-Sequence"].isdigit()
-        await poll(_async_pending(jetstream, 0), 10, "the group's stream to be empty")
+        await eventually(_async_pending(jetstream, 0), 10, what="the group's stream to be empty")
     finally:
         proc.close()
         await hook.stop()
@@ -207,17 +207,17 @@ async def test_webhook_without_dead_letter_subject_terms(
     proc = JoinProcess(nats_server.url, tmp_path, "t", "--stream", "ORDERS", "--group", "g",
                        "--member", "m1", "--webhook", hook.url, "--max-deliver", "2")
     try:
-        await poll(lambda: proc.metric(http, "cgroupd_member_active"), 20, "active")
+        await eventually(lambda: proc.metric(http, "cgroupd_member_active"), 20, what="active")
         for key in ("bad", "poison", "fine"):
             await publish(nc, f"orders.{key}", {"key": key})
         # The three settle in any order (different keys): wait for all of them.
-        await poll(lambda: _counts(proc, http, {"term": 2, "ack": 1}), 15,
-                   "two terms and one ack")
+        await eventually(lambda: _counts(proc, http, {"term": 2, "ack": 1}), 15,
+                   what="two terms and one ack")
         assert len(hook.for_key("bad")) == 1 and len(hook.for_key("poison")) == 2
         errors = [e for e in proc.events() if e.get("level") == "error"]
         assert any("giving up" in e["event"] and e["subject"] == "orders.poison"
                    for e in errors), proc.log_text()
-        await poll(_async_pending(jetstream, 0), 10, "the group's stream to be empty")
+        await eventually(_async_pending(jetstream, 0), 10, what="the group's stream to be empty")
     finally:
         proc.close()
         await hook.stop()
@@ -234,11 +234,11 @@ async def test_group_deletion_ends_the_process_with_0(
     proc = JoinProcess(nats_server.url, tmp_path, "d", "--stream", "ORDERS", "--group", "g",
                        "--member", "m1", "--handler", HANDLER)
     try:
-        await poll(lambda: proc.metric(http, "cgroupd_member_active"), 20, "active")
+        await eventually(lambda: proc.metric(http, "cgroupd_member_active"), 20, what="active")
         assert await proc.metric(http, "cgroupd_partitions_owned") == 2
         await admin.add_members(jetstream, "ORDERS", "g", ["m2"])
-        await poll(lambda: proc.metric(http, "cgroupd_rebalance_duration_seconds_count"), 10,
-                   "the rebalance to complete")
+        await eventually(lambda: proc.metric(http, "cgroupd_rebalance_duration_seconds_count"), 10,
+                   what="the rebalance to complete")
         metrics = await proc.metrics(http)
         assert metrics[("cgroupd_rebalances_total", ())] == 1
         assert metrics[("cgroupd_member_active", ())] == 1
@@ -259,12 +259,14 @@ async def test_group_deletion_ends_the_process_with_0(
 
         assert await ignored("invalid_group_record") == 0
         await put(b'{"max_members": "four", ')
-        await poll(lambda: ignored("invalid_group_record"), 10, "the invalid record counted")
+        await eventually(lambda: ignored("invalid_group_record"), 10,
+                         what="the invalid record counted")
         reshaped = json.dumps({"max_members": 5, "members": ["m1", "m2"],
                                "partitioning_filters": [
                                    {"filter": "orders.*", "partitioning_wildcards": [1]}]})
         await put(reshaped.encode())
-        await poll(lambda: ignored("replaced_group_record"), 10, "the reshaped record counted")
+        await eventually(lambda: ignored("replaced_group_record"), 10,
+                         what="the reshaped record counted")
         metrics = await proc.metrics(http)
         assert metrics[("cgroupd_ignored_input_total", (("kind", "invalid_group_record"),))] == 1
         assert metrics[("cgroupd_ignored_input_total", (("kind", "not_jetstream_message"),))] == 0
@@ -322,12 +324,12 @@ async def test_second_signal_exits_without_waiting_for_the_drain(
                        "--member", "m1", "--webhook", hook.url, "--webhook-timeout", "60",
                        "--drain-timeout", "60")
     try:
-        await poll(lambda: proc.metric(http, "cgroupd_member_active"), 20, "active")
+        await eventually(lambda: proc.metric(http, "cgroupd_member_active"), 20, what="active")
         await publish(nc, "orders.k1", {"key": "slow"})
-        await poll(_async(lambda: hook.for_key("slow")), 10, "the webhook call")
+        await eventually(_async(lambda: hook.for_key("slow")), 10, what="the webhook call")
         proc.proc.send_signal(signal.SIGTERM)
-        await poll(_async(lambda: "stopping" in [e["event"] for e in proc.events()]), 5,
-                   "the first signal to be handled")
+        await eventually(_async(lambda: "stopping" in [e["event"] for e in proc.events()]), 5,
+                   what="the first signal to be handled")
         proc.proc.send_signal(signal.SIGINT)
         assert await proc.wait_exit(timeout=5) == 1
     finally:

@@ -24,11 +24,11 @@ from cgroupd.settings import MemberSettings
 from tests.integration.test_daemon import _async, http, publish, records  # noqa: F401 - http fixture
 from tests.support.cli import (
     JoinProcess,
-    poll,
     restore_logging,  # noqa: F401 - autouse fixture
 )
 from tests.support.groups import make_group
 from tests.support.natsserver import NatsServer
+from tests.support.polling import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +53,7 @@ async def test_healthz_fails_while_a_handler_keeps_blocking_the_event_loop(
                        "tests.support.handlers.record_handler:block_loop",
                        record=tmp_path / "r.jsonl")
     try:
-        await poll(lambda: proc.metric(http, "cgroupd_member_active"), 20, "active")
+        await eventually(lambda: proc.metric(http, "cgroupd_member_active"), 20, what="active")
         status, body = await _health(proc, http)
         assert status == 200 and body["problems"] == []
         for n in range(3):
@@ -63,7 +63,7 @@ async def test_healthz_fails_while_a_handler_keeps_blocking_the_event_loop(
             status, body = await _health(proc, http)
             return body if status == 503 else None
 
-        body = await poll(unhealthy, 20, "/healthz to fail")
+        body = await eventually(unhealthy, 20, what="/healthz to fail")
         assert any("event loop blocked" in p for p in body["problems"]), body
     finally:
         proc.close()
@@ -83,24 +83,24 @@ async def test_a_release_stuck_on_a_sync_handler_keeps_its_partitions_and_fails_
     a = JoinProcess(nats_server.url, tmp_path, "a", *args, record=record)
     b: JoinProcess | None = None
     try:
-        await poll(lambda: a.metric(http, "cgroupd_member_active"), 20, "a active")
+        await eventually(lambda: a.metric(http, "cgroupd_member_active"), 20, what="a active")
         b = JoinProcess(nats_server.url, tmp_path, "b", *args, record=record)
-        await poll(lambda: b.get(http, "/readyz"), 20, "b ready")
+        await eventually(lambda: b.get(http, "/readyz"), 20, what="b ready")
         await publish(nc, "orders.k1", {"n": 1, "hang": 60})
-        await poll(_async(lambda: records(record)), 10, "the handler to start")
+        await eventually(_async(lambda: records(record)), 10, what="the handler to start")
         a.terminate()
 
         async def stuck() -> dict | None:
             status, body = await _health(a, http)
             return body if status == 503 else None
 
-        body = await poll(stuck, 15, "a's /healthz to report the stuck release")
+        body = await eventually(stuck, 15, what="a's /healthz to report the stuck release")
         assert any("release stuck" in p for p in body["problems"]), body
         assert await b.metric(http, "cgroupd_member_active") == 0
         assert [r["pid"] for r in records(record)] == [a.proc.pid]
         a.proc.send_signal(signal.SIGKILL)
-        await poll(lambda: b.metric(http, "cgroupd_member_active"), 5, "b to take over")
-        await poll(_async(lambda: len(records(record)) == 2), 10, "b to run the message")
+        await eventually(lambda: b.metric(http, "cgroupd_member_active"), 5, what="b to take over")
+        await eventually(_async(lambda: len(records(record)) == 2), 10, what="b to run the message")
         assert records(record)[1]["pid"] == b.proc.pid
     finally:
         a.close()
@@ -119,7 +119,7 @@ async def test_a_second_process_with_the_same_instance_id_exits_1(
     a = JoinProcess(nats_server.url, tmp_path, "a", *args, record=tmp_path / "r.jsonl")
     b: JoinProcess | None = None
     try:
-        await poll(lambda: a.metric(http, "cgroupd_member_active"), 20, "a active")
+        await eventually(lambda: a.metric(http, "cgroupd_member_active"), 20, what="a active")
         b = JoinProcess(nats_server.url, tmp_path, "b", *args, metrics=False)
         assert await b.wait_exit() == 1
         last = b.log_text().strip().splitlines()[-1]

@@ -18,11 +18,11 @@ from tests.support.groups import (
     Record,
     all_done,
     check,
-    eventually,
     make_group,
     publish_keyed,
 )
 from tests.support.natsserver import NatsServer
+from tests.support.polling import eventually
 
 
 @pytest.mark.slow

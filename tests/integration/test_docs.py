@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from cgroupd.partitions import member_partitions, partition_of
 from tests.support.cli import child_env
 from tests.support.docblocks import Block, all_blocks, block_by_marker, blocks, with_server
 from tests.support.natsserver import NatsServer, find_free_port, running_server
+from tests.support.polling import eventually_blocking
 
 
 @pytest.fixture(scope="module")
@@ -127,13 +127,6 @@ def lines_of(stream: object, into: list[str]) -> threading.Thread:
     return thread
 
 
-def wait_for(check: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 async def test_library_example_prints_only_what_its_handler_prints(
         server: NatsServer, tmp_path: Path) -> None:
     """The README's library example, run as a newcomer runs it (no logging configured):
@@ -160,8 +153,8 @@ async def drive_library_example(python: str, env: dict[str, str], server: NatsSe
     nc = await nats.connect(server.url)
     try:
         js = JetStream(nc)
-        await asyncio.to_thread(wait_for, lambda: out or proc.poll() is not None, 60,
-                                "the member to become active")
+        await asyncio.to_thread(eventually_blocking, lambda: out or proc.poll() is not None, 60,
+                                what="the member to become active")
         assert proc.poll() is None, (out, err)
         stored = await admin.get_group(js, "ORDERS", "shipping")
         mine = set(member_partitions(stored.config, "a"))
@@ -176,8 +169,8 @@ async def drive_library_example(python: str, env: dict[str, str], server: NatsSe
                 expected.append(f"{partition} {subject} b'o{i}'")
         assert expected, "no test message falls in member a's partitions"
         await nc.flush()
-        await asyncio.to_thread(wait_for, lambda: len(out) >= 1 + len(expected), 30,
-                                "the handler's lines")
+        await asyncio.to_thread(eventually_blocking, lambda: len(out) >= 1 + len(expected), 30,
+                                what="the handler's lines")
         await asyncio.sleep(1.0)  # idle pulls time out a few times meanwhile: still quiet
         await admin.delete_group(js, "ORDERS", "shipping")
         code = await asyncio.to_thread(proc.wait, 30)
@@ -256,8 +249,8 @@ async def test_command_line_block(server: NatsServer, tmp_path: Path) -> None:
                         instances.append(subprocess.Popen(
                             shlex.split(join), cwd=tmp_path, env=env, text=True,
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
-                await asyncio.to_thread(wait_for, active_instance, 30,
-                                        "an active instance of member a")
+                await asyncio.to_thread(eventually_blocking, active_instance, 30,
+                                        what="an active instance of member a")
             await asyncio.to_thread(run, command)
         codes = [await asyncio.to_thread(p.wait, 30) for p in instances]
         assert codes == [0, 0], [(tmp_path / f"join{n}.log").read_text() for n in range(2)]

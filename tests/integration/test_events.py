@@ -23,11 +23,11 @@ from tests.support.cli import (
     ROOT,
     JoinProcess,
     child_env,
-    poll,
     restore_logging,  # noqa: F401 - autouse fixture
 )
-from tests.support.groups import eventually, make_group
+from tests.support.groups import make_group
 from tests.support.natsserver import NatsServer
+from tests.support.polling import eventually
 
 pytestmark = pytest.mark.slow
 HANDLER = "tests.support.handlers.record_handler:handle"
@@ -99,9 +99,9 @@ async def test_advisories_follow_failover_rebalance_and_idle_partitions(
 
     async with aiohttp.ClientSession() as http:
         a = join("a", "m1")
-        await poll(lambda: a.metric(http, "cgroupd_member_active"), 20, "a active")
+        await eventually(lambda: a.metric(http, "cgroupd_member_active"), 20, what="a active")
         b = join("b", "m1")
-        await poll(lambda: _ready(b, http), 20, "b standing by")
+        await eventually(lambda: _ready(b, http), 20, what="b standing by")
         await eventually(lambda: ("active", "a") in kinds(), 10, what="a's advisory")
 
         described = json.loads((await cli(url, "--json", "member", "ls", "ORDERS",

@@ -38,8 +38,9 @@ from tests.support.cli import (
     child_env,
     restore_logging,  # noqa: F401 - autouse fixture
 )
-from tests.support.groups import Record, all_done, check, eventually, make_group, publish_keyed
+from tests.support.groups import Record, all_done, check, make_group, publish_keyed
 from tests.support.natsserver import NatsServer
+from tests.support.polling import eventually
 
 runner = CliRunner()
 

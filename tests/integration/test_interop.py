@@ -43,9 +43,10 @@ from cgroupd.errors import GroupNotFound
 from cgroupd.jetstream import JetStream
 from cgroupd.partitions import member_filters, member_partitions, partition_of
 from tests.support.cli import JoinProcess
-from tests.support.groups import Record, check, eventually
+from tests.support.groups import Record, check
 from tests.support.natsserver import NatsServer
 from tests.support.peer import PeerError, PeerProcess
+from tests.support.polling import eventually
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow]
 

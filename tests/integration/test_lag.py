@@ -19,8 +19,9 @@ from cgroupd.jetstream import JetStream
 from cgroupd.jsapi import FirstMatch
 from cgroupd.lag import PartitionLag, _merge, max_lag, partition_subjects, read_lag
 from cgroupd.metrics import Metrics
-from tests.support.cli import JoinProcess, parse_metrics, poll
-from tests.support.groups import eventually, make_group
+from tests.support.cli import JoinProcess, parse_metrics
+from tests.support.groups import make_group
+from tests.support.polling import eventually
 
 WQ = "ORDERS-g"
 
@@ -154,7 +155,8 @@ async def test_daemon_exports_its_partitions_lag(nats_server: object, jetstream:
                        "tests.support.handlers.record_handler:handle", "--status-interval", "0.3")
     try:
         async with aiohttp.ClientSession() as http:
-            await poll(lambda: proc.metric(http, "cgroupd_member_active"), 20, "m1 active")
+            await eventually(lambda: proc.metric(http, "cgroupd_member_active"), 20,
+                             what="m1 active")
             for i in range(20):
                 await jetstream.js.publish(f"orders.k{i}", b"{}")
 
@@ -168,7 +170,7 @@ async def test_daemon_exports_its_partitions_lag(nats_server: object, jetstream:
                     max(seconds.values(), default=0) > 0.5
                 return seconds if ok else {}
 
-            seconds = await poll(lagging, 20, "m1's partitions to lag")
+            seconds = await eventually(lagging, 20, what="m1's partitions to lag")
             assert set(seconds) == {"0", "1"}
     finally:
         proc.close()

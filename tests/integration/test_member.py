@@ -26,12 +26,12 @@ from tests.support.groups import (
     Record,
     all_done,
     check,
-    eventually,
     make_group,
     publish_keyed,
     wait_started,
 )
 from tests.support.natsserver import NatsServer
+from tests.support.polling import eventually
 
 pytestmark = pytest.mark.slow
 

@@ -30,9 +30,10 @@ from nats.aio.client import Client
 from cgroupd import admin
 from cgroupd.jetstream import JetStream
 from cgroupd.metrics import Metrics
-from tests.support.cli import JoinProcess, poll
-from tests.support.groups import eventually, make_group
+from tests.support.cli import JoinProcess
+from tests.support.groups import make_group
 from tests.support.natsserver import NatsServer
+from tests.support.polling import eventually
 from tests.support.prometheus_tools import PrometheusServer, check_rules, promtool, require
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -215,26 +216,26 @@ async def test_alert_fires_in_prometheus_and_dashboard_queries_return_series(
                     == [("m1", "1"), ("m2", "1")] and bool(owned)
                     and owned[0]["value"][1] == "0")
 
-        await poll(formed, 60, "Prometheus to see both members active")
+        await eventually(formed, 60, what="Prometheus to see both members active")
         for i in range(40):
             await jetstream.publish(f"orders.k{i % 8}", json.dumps({"n": i}).encode())
         await eventually(lambda: _lines(record, 40), 30, what="40 messages handled")
         # A step-down (m1 takes its partitions back at once) so the step-down series
         # exists; lag series come from the active instances.
         assert await admin.step_down(jetstream, "ORDERS", "g", "m1")
-        await poll(lambda: query('cgroupd_step_downs_total{reason="sync-consumer-lost"}'),
-                   30, "the step-down counter in Prometheus")
-        await poll(lambda: _count(query("cgroupd_partition_lag_seconds"), 4), 30,
-                   "lag series of all 4 partitions")
+        await eventually(lambda: query('cgroupd_step_downs_total{reason="sync-consumer-lost"}'),
+                   30, what="the step-down counter in Prometheus")
+        await eventually(lambda: _count(query("cgroupd_partition_lag_seconds"), 4), 30,
+                   what="lag series of all 4 partitions")
         # The step-down left partitions unowned for a moment (the alert may have gone
         # pending); with every partition consumed again it is quiet.
-        await poll(lambda: _none(query('ALERTS{alertname="CgroupdUnownedPartitions"}')), 30,
-                   "the alert to be quiet while every partition is consumed")
+        await eventually(lambda: _none(query('ALERTS{alertname="CgroupdUnownedPartitions"}')), 30,
+                   what="the alert to be quiet while every partition is consumed")
         assert await firing() == []
 
         for proc in (m2a, m2b):
             proc.proc.send_signal(signal.SIGKILL)
-        fired = await poll(firing, 60, "CgroupdUnownedPartitions to fire")
+        fired = await eventually(firing, 60, what="CgroupdUnownedPartitions to fire")
         assert [(a["labels"]["stream"], a["labels"]["group"], a["labels"]["severity"])
                 for a in fired] == [("ORDERS", "g", "critical")]
         assert fired[0]["annotations"]["summary"] == \

@@ -7,14 +7,10 @@ pause really stalls the server, cluster failover works, nothing is leaked.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import sys
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
 
 import nats
 import nats.errors
@@ -33,31 +29,10 @@ from tests.support.natsserver import (
     running_cluster,
     running_server,
 )
+from tests.support.polling import eventually
 
-T = TypeVar("T")
-
-
-async def until(cond: Callable[[], bool], *, timeout: float, what: str) -> None:
-    """Poll a condition (letting the event loop run) until true or ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what}: not true after {timeout}s")
-        await asyncio.sleep(0.02)
-
-
-async def eventually(
-    op: Callable[[], Awaitable[T]], *, timeout: float, what: str, interval: float = 0.05
-) -> T:
-    """Retry ``op`` until it succeeds; re-raise its last error after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return await op()
-        except (nats.errors.Error, TimeoutError, OSError) as exc:
-            if time.monotonic() >= deadline:
-                raise AssertionError(f"{what}: still failing after {timeout}s") from exc
-        await asyncio.sleep(interval)
+#: What a request or publish raises while the server is paused, down or electing: not yet.
+NOT_YET = (nats.errors.Error, TimeoutError, OSError)
 
 
 def assert_reaped(pid: int | None) -> None:
@@ -110,14 +85,14 @@ async def test_kill_and_restart_keep_stream_and_client_reconnects(
         assert_reaped(old_pid)
     # kill() blocks the loop; let the client see the EOF before the server returns,
     # or a request sent in between is silently lost and only times out.
-    await until(lambda: not nc.is_connected, timeout=5, what="client notices the crash")
+    await eventually(lambda: not nc.is_connected, timeout=5, what="client notices the crash")
 
     nats_server.restart()
     assert nats_server.is_running()
     assert nats_server.port == port
     assert nats_server.pid != old_pid
     # The fixture's client reconnects on its own (same URL) and sees the old data.
-    await until(lambda: nc.is_connected, timeout=10, what="client reconnects")
+    await eventually(lambda: nc.is_connected, timeout=10, what="client reconnects")
     info = await js.stream_info("KEEP")
     assert info.state.messages == 5
     assert (await js.get_msg("KEEP", seq=5)).data == b"4"
@@ -137,7 +112,8 @@ async def test_pause_stalls_requests_until_resume(
         nats_server.resume()
     assert not nats_server.is_paused
     reply = await eventually(
-        lambda: nc.request("$JS.API.INFO", b"", timeout=0.5), timeout=5, what="request after resume"
+        lambda: nc.request("$JS.API.INFO", b"", timeout=0.5), timeout=5,
+        what="request after resume", retry=NOT_YET,
     )
     assert b"memory" in reply.data
 
@@ -230,6 +206,7 @@ async def test_cluster_failover_and_rejoin(nats_cluster: NatsCluster) -> None:
             timeout=30,
             interval=0.1,
             what="publish after leader kill",
+            retry=NOT_YET,
         )
         assert ack.seq == 4
         new_leader = nats_cluster.stream_leader("HA")
@@ -251,6 +228,7 @@ async def test_cluster_failover_and_rejoin(nats_cluster: NatsCluster) -> None:
             timeout=30,
             interval=0.1,
             what="publish after rejoin",
+            retry=NOT_YET,
         )
         assert rejoin_ack.seq == 5
     finally:

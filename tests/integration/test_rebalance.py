@@ -12,7 +12,8 @@ from cgroupd.config import MemberMapping
 from cgroupd.jetstream import JetStream
 from cgroupd.partitions import moved_partitions
 from cgroupd.settings import MemberSettings
-from tests.support.groups import Fleet, all_done, check, eventually, make_group, publish_keyed
+from tests.support.groups import Fleet, all_done, check, make_group, publish_keyed
+from tests.support.polling import eventually
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,8 @@ from cgroupd.jetstream import JetStream
 from cgroupd.partitions import partition_of
 from cgroupd.replay import ReplayRefused, Target
 from tests.support.cli import restore_logging  # noqa: F401 - autouse fixture
-from tests.support.groups import Fleet, Record, check, eventually, make_group, publish_keyed
+from tests.support.groups import Fleet, Record, check, make_group, publish_keyed
+from tests.support.polling import eventually
 
 pytestmark = pytest.mark.slow
 

@@ -32,8 +32,9 @@ from cgroupd.pull import PullOptions
 from cgroupd.settings import MemberSettings
 from tests.faults.injectors import HoldingProxy
 from tests.support.groups import Record as Events
-from tests.support.groups import check, eventually, make_group
+from tests.support.groups import check, make_group
 from tests.support.natsserver import NatsServer, client_options
+from tests.support.polling import eventually
 
 pytestmark = pytest.mark.slow
 

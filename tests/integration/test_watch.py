@@ -21,9 +21,10 @@ from cgroupd import admin
 from cgroupd.config import ElasticGroupConfig, PartitioningFilter
 from cgroupd.jetstream import JetStream
 from tests.support.cli import ROOT, JoinProcess, child_env
-from tests.support.groups import eventually, make_group, publish_keyed
+from tests.support.groups import make_group, publish_keyed
 from tests.support.k8s_tools import in_ci
 from tests.support.natsserver import NatsServer
+from tests.support.polling import eventually
 
 pytestmark = pytest.mark.slow
 

@@ -28,8 +28,7 @@ import re
 import secrets
 import subprocess
 import sys
-import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +60,7 @@ from tests.support.k8s_tools import (
     validate_object,
 )
 from tests.support.natsserver import client_options, find_free_port, running_server
+from tests.support.polling import eventually
 from tests.support.prometheus_tools import check_rules
 
 FULL_VALUES = CHART / "ci" / "full-values.yaml"
@@ -714,20 +714,6 @@ def test_deploy_manifests_are_namespace_agnostic_and_consistent(
 
 
 # -- the pods, run locally ------------------------------------------------------------------
-async def poll(check: Callable[[], Awaitable[Any]], timeout: float, what: str,
-               on_timeout: Callable[[], str] = lambda: "") -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        last = await check()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: "
-                                 f"{last!r}\n{on_timeout()}")
-        await asyncio.sleep(0.1)
-
-
 @pytest.fixture
 def local_pods() -> Iterator[list[LocalPod]]:
     pods: list[LocalPod] = []
@@ -853,7 +839,8 @@ async def _run_pods(helm: Helm, image: Image, tmp_path: Path, pods: list[LocalPo
                 return {}
             return now
 
-        now = await poll(formed, 60, "the group to form", logs)
+        now = await eventually(formed, 60, 0.1, "the group to form",
+                         diagnostics=logs)
         # What NOTES.txt tells the user to run, in a pod's environment (kubectl exec).
         some = next(iter(running.values()))
         done = some.exec("cgroupd", ["cgroupd", "status", "ORDERS", "workers", "--json"])
@@ -875,7 +862,8 @@ async def _run_pods(helm: Helm, image: Image, tmp_path: Path, pods: list[LocalPo
             return keys <= {h.key for h in hook.hits}
 
         first = await publish("before")
-        await poll(lambda: delivered(first), 30, "messages to reach the handler", logs)
+        await eventually(lambda: delivered(first), 30, 0.1, "messages to reach the handler",
+                         diagnostics=logs)
 
         # Delete the pod of m0's active instance, as the kubelet does.
         victim = next(n for n in running if members[n] == "m0" and now[n][0] == "active")
@@ -889,12 +877,15 @@ async def _run_pods(helm: Helm, image: Image, tmp_path: Path, pods: list[LocalPo
             now = await formed()
             return now if now and now[standby][0] == "active" else {}
 
-        now = await poll(handed_over, 30, f"{standby} to take over m0", logs)
+        now = await eventually(handed_over, 30, 0.1, f"{standby} to take over m0",
+                         diagnostics=logs)
         second = await publish("after")
-        await poll(lambda: delivered(second), 30, "messages after the handover", logs)
+        await eventually(lambda: delivered(second), 30, 0.1, "messages after the handover",
+                         diagnostics=logs)
 
         # The StatefulSet re-creates the pod under the same name: it joins as a standby.
         running[victim] = pod(victim)
         await running[victim].start()
-        now = await poll(formed, 60, f"re-created {victim} to stand by", logs)
+        now = await eventually(formed, 60, 0.1, f"re-created {victim} to stand by",
+                         diagnostics=logs)
         assert now[victim][0] == "standby" and now[standby][0] == "active"

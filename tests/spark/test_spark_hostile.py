@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from cgroupd.config import ElasticGroupConfig, PartitioningFilter
 from cgroupd.jetstream import JetStream
 from cgroupd.spark.source import close_executor_connections
 from tests.support.natsserver import NatsServer, client_options, running_server
+from tests.support.polling import eventually, eventually_blocking
 from tests.support.spark_support import (
     ManualQuery,
     Published,
@@ -46,7 +46,6 @@ from tests.support.spark_support import (
     shared_spark,
     source,
     to_parquet,
-    wait_for,
 )
 
 pytestmark = pytest.mark.slow
@@ -160,10 +159,14 @@ async def _queued(url: str, stream: str) -> int:
 
 
 async def _wait_queued(url: str, stream: str, count: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while (have := await _queued(url, stream)) != count:
-        assert time.monotonic() < deadline, f"{stream} holds {have}, expected {count}"
-        await asyncio.sleep(0.05)
+    have: list[int | None] = [None]
+
+    async def queued() -> bool:
+        have[0] = await _queued(url, stream)
+        return have[0] == count
+
+    await eventually(queued, timeout, 0.05, f"{stream} to hold {count}",
+                     diagnostics=lambda: f"{stream} holds {have[0]}, expected {count}")
 
 
 # -- the reader, driven as Spark drives it ---------------------------------------------------
@@ -300,7 +303,7 @@ def test_property_through_a_running_spark_query(
         seen = {r["origin_sequence"] for r in collected.snapshot()}
         return all(p.seq in seen for p in sent)
 
-    wait_for(arrived, timeout=60, what="the batch's rows", interval=0.05)
+    eventually_blocking(arrived, timeout=60, what="the batch's rows", interval=0.05)
     env.run(_wait_queued(url, "SP-g", 0))
     # Exactly once over everything published to SP so far (other examples included).
     check_rows(collected.snapshot(), collected.sent, sequence="origin_sequence")

@@ -24,8 +24,9 @@ from cgroupd.spark.lease import Lease, LeaseLost, LeaseUnavailable, claims_for
 from cgroupd.spark.offsets import ReadRange
 from cgroupd.spark.options import DEFAULT_LEASE_INACTIVE, Connection, SourceOptions
 from cgroupd.spark.source import ReadTask, close_executor_connections, read_task
-from tests.support.groups import eventually, make_group, publish_keyed
+from tests.support.groups import make_group, publish_keyed
 from tests.support.natsserver import NatsServer
+from tests.support.polling import eventually
 from tests.support.spark_support import TcpProxy, wait_sourced
 
 pytestmark = pytest.mark.slow

@@ -30,8 +30,9 @@ from cgroupd.errors import ConfigError, DataLoss
 from cgroupd.jetstream import JetStream
 from cgroupd.spark.offsets import Offset
 from cgroupd.spark.source import close_executor_connections
-from tests.support.groups import eventually, publish_keyed
+from tests.support.groups import publish_keyed
 from tests.support.natsserver import NatsCluster, NatsServer, client_options
+from tests.support.polling import eventually
 from tests.support.spark_support import (
     ManualQuery,
     check_rows,

@@ -24,15 +24,15 @@ from cgroupd.jetstream import JetStream
 from cgroupd.member import INSTANCE_KEY, Member, MemberState
 from cgroupd.message import Message
 from cgroupd.spark.lease import HOLDER_KEY
-from tests.support.groups import eventually, publish_keyed
+from tests.support.groups import publish_keyed
 from tests.support.natsserver import NatsServer
+from tests.support.polling import eventually, eventually_blocking
 from tests.support.spark_support import (
     finish,
     make_group,
     shared_spark,
     source,
     to_parquet,
-    wait_for,
     wait_sourced,
 )
 
@@ -130,8 +130,8 @@ async def test_stop_and_restart_resumes_without_loss_or_duplicate(
     df = source(spark, nats_server.url, maxMessagesPerTrigger=100)
     query = to_parquet(df, tmp_path, available_now=False)
     await asyncio.to_thread(
-        wait_for, lambda: (query.lastProgress or {}).get("batchId", -1) >= 2,
-        what="three batches")
+        eventually_blocking, lambda: (query.lastProgress or {}).get("batchId", -1) >= 2,
+        timeout=60, what="three batches")
     await asyncio.to_thread(query.stop)
     await _group(jetstream, 400, start=800)
 

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner, Result
 
 from cgroupd.cli import app
-from tests.support.groups import eventually
 from tests.support.natsserver import find_free_port
 from tests.support.procs import live_processes
 
@@ -195,12 +194,6 @@ class WebhookServer:
 
     def for_key(self, key: str) -> list[Hit]:
         return [h for h in self.hits if h.key == key]
-
-
-async def poll(check: Callable[[], Awaitable[Any]], timeout: float, what: str,
-               interval: float = 0.02) -> Any:
-    """Await ``check()`` until truthy; fail naming ``what`` at the deadline."""
-    return await eventually(check, timeout, interval, what)
 
 
 def session_processes(sid: int) -> list[int]:

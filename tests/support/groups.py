@@ -31,23 +31,9 @@ from cgroupd.member import Member
 from cgroupd.message import Message
 from cgroupd.settings import MemberSettings
 from tests.support.natsserver import client_options
+from tests.support.polling import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-async def eventually(check: Callable[[], Any], timeout: float = 10.0,
-                     interval: float = 0.02, what: str = "condition") -> Any:
-    """Poll ``check`` (sync or async) until truthy; fail with ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(interval)
 
 
 async def make_group(js: JetStream, stream: str = "ORDERS", group: str = "g",

@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,7 @@ from cgroupd.spark.source import (
     schema_for,
 )
 from cgroupd.spark.writer import CgroupdStreamWriter, PublishReport
+from tests.support.polling import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Bound on any one Spark query in the tests.
@@ -163,30 +163,17 @@ def finish(query: StreamingQuery, timeout: float = QUERY_TIMEOUT) -> None:
         raise AssertionError(f"query did not finish within {timeout}s")
 
 
-def wait_for(check: Any, timeout: float = 60.0, what: str = "condition",
-             interval: float = 0.1) -> Any:
-    """Poll ``check`` (blocking) until truthy."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
 async def wait_sourced(js: JetStream, stream: str, count: int, timeout: float = 20.0) -> None:
     """Wait until the group's work-queue stream holds ``count`` messages."""
-    deadline = time.monotonic() + timeout
-    while True:
+    seen: list[int | None] = [None]
+
+    async def sourced() -> bool:
         info = await js.stream_info(stream)
-        if info is not None and info.state.messages >= count:
-            return
-        if time.monotonic() > deadline:
-            have = info.state.messages if info else None
-            raise AssertionError(f"{stream} holds {have} messages, expected {count}")
-        await asyncio.sleep(0.05)
+        seen[0] = info.state.messages if info is not None else None
+        return seen[0] is not None and seen[0] >= count
+
+    await eventually(sourced, timeout, 0.05, f"{stream} to hold {count} messages",
+                     diagnostics=lambda: f"{stream} holds {seen[0]} messages")
 
 
 # -- failures on purpose ----------------------------------------------------------------

@@ -16,7 +16,7 @@ from cgroupd.dispatch import Dispatcher, Ordering
 from cgroupd.errors import AckNotConfirmed
 from cgroupd.message import Message
 from cgroupd.partitions import key_function
-from tests.support.groups import eventually
+from tests.support.polling import eventually
 
 
 class FakeConnection:

@@ -22,7 +22,7 @@ from cgroupd.errors import InstanceIdInUse
 from cgroupd.member import INSTANCE_KEY, Member, MemberState
 from cgroupd.settings import MemberSettings
 from tests.support.fakes import FakeJetStream, FakeServer
-from tests.support.groups import eventually
+from tests.support.polling import eventually
 
 SETTINGS = MemberSettings(retry_interval=0.05, lease=0.4, takeover_margin=0.1,
                           presence_interval=0.02, pull_expires=0.2, heartbeat=0.05,

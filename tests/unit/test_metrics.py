@@ -9,7 +9,7 @@ from nats.aio.msg import Msg
 from cgroupd.message import Message
 from cgroupd.metrics import IGNORED_INPUT, Metrics
 from tests.support.cli import parse_metrics
-from tests.support.groups import eventually
+from tests.support.polling import eventually
 from tests.unit.test_dispatch_unit import FakeConnection, delivery, dispatcher
 
 
