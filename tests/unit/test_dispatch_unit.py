@@ -151,16 +151,20 @@ async def test_settle_waits_for_the_partitions_messages_only() -> None:
     """settle() returns once the given partitions hold nothing, ignoring the others."""
     nc = FakeConnection()
     gate = {0: asyncio.Event(), 1: asyncio.Event()}
+    started = {0: asyncio.Event(), 1: asyncio.Event()}
 
     async def handler(msg: Message) -> None:
         assert msg.partition is not None
+        started[msg.partition].set()
         await gate[msg.partition].wait()
 
     d, _ = dispatcher(nc, handler)
     d.submit(delivery(nc, 1, "a", partition=0))
     d.submit(delivery(nc, 2, "b", partition=1))
+    await started[0].wait()
+    await started[1].wait()
     settling = asyncio.create_task(d.settle({0}, 5))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # settle() looks once: partition 0 still holds a message
     assert not settling.done()
     gate[0].set()
     assert await settling is True
@@ -175,16 +179,18 @@ async def test_closing_hands_new_deliveries_back_and_leaves_unstarted_ones_unack
     next owner) and messages that had not started are neither acked nor nak'ed."""
     nc = FakeConnection()
     release = asyncio.Event()
+    started = asyncio.Event()
 
     async def handler(msg: Message) -> None:
+        started.set()
         await release.wait()
 
     d, stats = dispatcher(nc, handler, ordering=Ordering.PARTITION, max_in_flight=1)
     d.submit(delivery(nc, 1, "a"))
     d.submit(delivery(nc, 2, "a"))
-    await asyncio.sleep(0.01)
+    await started.wait()
     draining = asyncio.create_task(d.drain(5))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # drain() runs up to its first await: closing from here on
     d.submit(delivery(nc, 3, "a"))
     release.set()
     await draining
@@ -362,16 +368,18 @@ async def test_hand_back_naks_what_did_not_start_in_stream_order() -> None:
     nor one the drain timeout cut off."""
     nc = FakeConnection()
     release = asyncio.Event()
+    started = asyncio.Event()
 
     async def handler(msg: Message) -> None:
+        started.set()
         await release.wait()
 
     d, stats = dispatcher(nc, handler, ordering=Ordering.PARTITION, max_in_flight=1)
     for seq in (1, 3, 2):
         d.submit(delivery(nc, seq, "a"))
-    await asyncio.sleep(0.01)
+    await started.wait()
     draining = asyncio.create_task(d.drain(0.05, hold_late=True))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # drain() runs up to its first await: closing from here on
     d.submit(delivery(nc, 4, "a"))
     await draining  # the handler of 1 was cut off by the drain timeout
     assert await d.hand_back() == 3
@@ -500,15 +508,17 @@ async def test_on_its_own_consumer_a_closing_dispatcher_naks_nothing() -> None:
     is left for the next owner, not nak'ed (the server would hand it straight back)."""
     nc = FakeConnection()
     release = asyncio.Event()
+    started = asyncio.Event()
 
     async def handler(msg: Message) -> None:
+        started.set()
         await release.wait()
 
     d, _ = dispatcher(nc, handler, hand_back_on_close=False)
     d.submit(delivery(nc, 1, "a"))
-    await asyncio.sleep(0.01)
+    await started.wait()
     draining = asyncio.create_task(d.drain(5))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # drain() runs up to its first await: closing from here on
     d.submit(delivery(nc, 2, "b"))
     release.set()
     await draining

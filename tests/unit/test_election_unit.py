@@ -111,7 +111,7 @@ async def test_a_gone_owner_is_replaced_at_once_with_its_consumers(group: Group)
     a = await group.start()
     await eventually(lambda: a.active, 5, what="a active")
     b = await group.start()
-    await asyncio.sleep(0.1)  # b is watching a
+    await eventually(lambda: b.state is MemberState.STANDBY, 5, what="b to watch a")
     assert isinstance(a.js, FakeJetStream)
     a.js.crash()
     await eventually(lambda: b.active, SETTINGS.lease, what="b to take over before a lease")
@@ -126,7 +126,7 @@ async def test_a_silent_owner_is_replaced_only_after_lease_and_margin(group: Gro
     assert isinstance(a, Muted)
     await eventually(lambda: a.active, 5, what="a active")
     b = await group.start()
-    await asyncio.sleep(0.1)
+    await eventually(lambda: b.state is MemberState.STANDBY, 5, what="b to watch a")
     loop = asyncio.get_running_loop()
     a.muted = True
     muted_at = loop.time()
