@@ -14,7 +14,7 @@
 # /app (the working directory, which `cgroupd join --handler` imports from) and set
 # CGROUPD_HANDLER=yourpkg.module:function.
 #
-# CI has no Docker engine: tests/test_k8s.py lints this file with hadolint and replays the
+# CI has no Docker engine: tests/k8s/test_k8s.py lints this file with hadolint and replays the
 # build stage (its COPY, ENV and RUN steps) in a clean virtualenv, then runs `cgroupd --help`.
 
 ARG PYTHON_IMAGE=python:3.12-slim

@@ -26,8 +26,8 @@ from nats.js import api
 from cgroupd import admin
 from cgroupd.config import ElasticGroupConfig, PartitioningFilter
 from cgroupd.jetstream import JetStream
-from tests.groups import eventually
-from tests.natsserver import NatsServer, client_options, find_free_port
+from tests.support.natsserver import NatsServer, client_options, find_free_port
+from tests.support.polling import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,7 +41,7 @@ def machine() -> dict[str, Any]:
 
 
 def _server_binary() -> str:
-    from tests.natsserver import find_nats_server_binary
+    from tests.support.natsserver import find_nats_server_binary
     return find_nats_server_binary()
 
 
@@ -332,7 +332,7 @@ async def publish_keyed(nc: Client, prefix: str, count: int, keys: int = 64,
                         start: int = 0) -> list[tuple[str, int]]:
     """Publish ``count`` messages ``prefix.k<i % keys>`` (``n`` from ``start``) as fast as
     the server acknowledges them; ``(subject, n)`` in publish order (what
-    :func:`tests.groups.check` wants)."""
+    :func:`tests.support.groups.check` wants)."""
     sent = [(f"{prefix}.k{n % keys}", n) for n in range(start, start + count)]
     payloads = [keyed_payload(subject, n) for subject, n in sent]  # encoded before timing
     async with Publisher(nc) as pub:
@@ -391,7 +391,7 @@ class KeyedTraffic:
 
 # -- what recording handlers wrote -----------------------------------------------------
 class Records:
-    """Start and end events (:class:`tests.groups.Record` format) appended by recording
+    """Start and end events (:class:`tests.support.groups.Record` format) appended by recording
     handlers, one JSON-lines file per process in ``directory`` (or the files given),
     read incrementally: polling costs only what was written since the last poll."""
 
@@ -456,8 +456,8 @@ class Records:
         return max(ends, key=lambda e: e["t"])["instance"] if ends else None
 
     def as_record(self) -> Any:
-        """A :class:`tests.groups.Record` of everything read (for its checkers)."""
-        from tests.groups import Record
+        """A :class:`tests.support.groups.Record` of everything read (for its checkers)."""
+        from tests.support.groups import Record
         return Record(sorted(self.events, key=lambda e: e["t"]))
 
 

@@ -11,7 +11,7 @@ includes everything the new owner needs before it delivers. Parts:
   a kill -9 failover, the others right after the previous handover ("right after": as
   soon as the new owner processes and a fresh standby has joined, no settling).
 - ``peer``: the peer's failover by the same method: two peer instances of one member
-  (:mod:`tests.peer_driver` processes, max ack pending 1, its default ack wait of 5 s,
+  (:mod:`tests.support.peer_driver` processes, max ack pending 1, its default ack wait of 5 s,
   which also sets its pinned TTL), kill -9 of the one processing.
 - ``netns``: host or network loss: the active instance runs in a network namespace
   (:class:`tests.faults.injectors.VethNamespace`, nats-server on the host end) and the
@@ -61,9 +61,9 @@ from cgroupd import admin
 from cgroupd.config import ElasticGroupConfig, PartitioningFilter
 from cgroupd.jetstream import JetStream
 from tests.faults.injectors import NetnsUnavailable, VethNamespace
-from tests.groups import Record, check
-from tests.natsserver import client_options, running_server
-from tests.peer import PeerProcess, peer_python, why
+from tests.support.groups import Record, check
+from tests.support.natsserver import client_options, running_server
+from tests.support.peer import PeerProcess, peer_python, why
 
 PARTS = ("sigkill", "sigterm", "peer", "netns", "stall")
 PARTITIONS = 4

@@ -35,7 +35,7 @@ from bench.common import (
     wait_for,
 )
 from bench.profile import analyse_py_spy, start_py_spy
-from tests.natsserver import NatsServer
+from tests.support.natsserver import NatsServer
 
 
 def wakeups(pid: int) -> int:

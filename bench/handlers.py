@@ -25,7 +25,7 @@ async def record(message: Message) -> None:
 
 
 def _event(event: str, message: Message, body: dict[str, object]) -> None:
-    # Opened per event, as the peer's recording handler (tests/peer_driver.py) does, so
+    # Opened per event, as the peer's recording handler (tests/support/peer_driver.py) does, so
     # every side of a comparison pays the same for its records.
     line = json.dumps({"event": event, "instance": f"cgroupd-{os.getpid()}",
                        "t": time.time(), "subject": body["key"], "n": body["n"],
@@ -52,7 +52,7 @@ def _first_to_block(body: dict[str, object]) -> float:
 
 
 async def events(message: Message) -> None:
-    """Record ``start`` and ``end`` (:class:`tests.groups.Record` format, as the peer's
+    """Record ``start`` and ``end`` (:class:`tests.support.groups.Record` format, as the peer's
     driver records) of a ``{"key": ..., "n": ...}`` message, then acknowledge. A message
     marked ``"block": S`` blocks the event loop S seconds once (``time.sleep`` in an async
     handler: what a long GC pause or a blocking call does to a member)."""

@@ -53,7 +53,7 @@ from bench.common import (
 from cgroupd import admin
 from cgroupd.config import ElasticGroupConfig, PartitioningFilter
 from cgroupd.jetstream import JetStream
-from tests.natsserver import client_options
+from tests.support.natsserver import client_options
 
 MEMBERS = 4
 PARTITIONS = 8

@@ -15,7 +15,7 @@ change (next to the same measure before it), messages processed more than once, 
 checks (nothing lost, per-key order).
 
 The peer's idle cost at the same shape (16 members x 2 instances of natsio-pcgroups, one
-:mod:`tests.peer_driver` process per instance, max ack pending 1) is measured on a fresh
+:mod:`tests.support.peer_driver` process per instance, max ack pending 1) is measured on a fresh
 server of its own (skipped with ``--no-peer``).
 
 Run: ``python -m bench.scale [--idle 30] [--rate 1000]``.
@@ -52,9 +52,9 @@ from cgroupd import admin
 from cgroupd.config import ElasticGroupConfig, PartitioningFilter
 from cgroupd.jetstream import JetStream
 from cgroupd.partitions import moved_partitions, owners
-from tests.groups import check
-from tests.natsserver import NatsServer, client_options
-from tests.peer import PeerProcess, peer_python, why
+from tests.support.groups import check
+from tests.support.natsserver import NatsServer, client_options
+from tests.support.peer import PeerProcess, peer_python, why
 
 #: The peer's members, as in the throughput benchmark.
 PEER_MAX_ACK_PENDING = 1
@@ -287,8 +287,8 @@ async def peer_idle(shape: Shape, python: str, tmp: Path) -> dict[str, Any]:
             started = round(time.monotonic() - began, 1)
             await asyncio.sleep(shape.settle)
             idle = await idle_cost(srv, [p.pid for p in peers], shape.idle)
-            return {"what": "natsio-pcgroups, one tests/peer_driver.py process per instance "
-                            f"(Python of the peer's venv), max ack pending "
+            return {"what": "natsio-pcgroups, one tests/support/peer_driver.py process per "
+                            f"instance (Python of the peer's venv), max ack pending "
                             f"{PEER_MAX_ACK_PENDING}", "started_s": started, "idle": idle}
         finally:
             for peer in peers:

@@ -44,7 +44,7 @@ from cgroupd.spark.layout import HASHED, Layout, Mode  # noqa: E402
 from cgroupd.spark.offsets import READ_SUBJECT, ReadRange  # noqa: E402
 from cgroupd.spark.options import SourceOptions  # noqa: E402
 from cgroupd.spark.source import ReadTask, close_executor_connections, read_task  # noqa: E402
-from tests.natsserver import client_options, running_server  # noqa: E402
+from tests.support.natsserver import client_options, running_server  # noqa: E402
 
 FILTER = PartitioningFilter("bench.*.*", (1,))
 
@@ -143,7 +143,7 @@ def _descendants(pid: int) -> list[int]:
 def spark_runs(url: str, tmp: Path, count: int) -> dict[str, Any]:
     from pyspark import SparkContext
 
-    from tests.spark_support import start_spark, stop_spark
+    from tests.support.spark_support import start_spark, stop_spark
 
     spark = start_spark(tmp)
     out: dict[str, Any] = {}

@@ -11,7 +11,7 @@ message is acked when the handler returns). Rows:
 - ``member_in_stream_order``: the whole member in stream order, one handler at a time
   (:data:`STREAM_ORDER_ARGS`; today that is also what the defaults do);
 - ``peer``: natsio-pcgroups members (its ``elastic_consume``, max ack pending 1) run by
-  :mod:`tests.peer_driver` processes in the peer's own venv (:mod:`tests.peer`);
+  :mod:`tests.support.peer_driver` processes in the peer's own venv (:mod:`tests.support.peer`);
 - ``raw``: one plain nats-py pull consumer on the origin stream, batch 256, each message
   acked, no group (:mod:`bench.raw_consumer`); it handles one message at a time in
   stream order, with the server sending ahead;
@@ -26,7 +26,7 @@ publish); ``x_peer`` and ``x_raw`` divide it by the peer's and the raw consumer'
 ``cpu_us_per_msg`` is the CPU (user + system, from /proc) all the row's consumer
 processes used from the first publish until everything was processed, per message; the
 server's likewise. Every row is checked: nothing lost, per-key order of every completion
-(:func:`tests.groups.check`), duplicates counted.
+(:func:`tests.support.groups.check`), duplicates counted.
 
 With ``--rounds N`` the rows run N times round-robin and each reports its median round
 (ratios: the median of the ratios within a round), so a burst of load from others falls
@@ -68,9 +68,9 @@ from bench.common import (
 from cgroupd import admin
 from cgroupd.config import ElasticGroupConfig, PartitioningFilter
 from cgroupd.jetstream import JetStream
-from tests.groups import check
-from tests.natsserver import NatsServer, client_options
-from tests.peer import PeerProcess, peer_python, why
+from tests.support.groups import check
+from tests.support.natsserver import NatsServer, client_options
+from tests.support.peer import PeerProcess, peer_python, why
 
 #: How the strictest mode is spelled today: one message in flight per member.
 STREAM_ORDER_ARGS = ("--ordering", "partition", "--max-in-flight", "1")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install Debian's prometheus package (the Prometheus server and promtool), quietly, for
-# the monitoring tests (tests/test_monitoring.py). Needs root and apt-get; does nothing
+# the monitoring tests (tests/integration/test_monitoring.py). Needs root and apt-get; does nothing
 # when both tools are already there. The package's service is never started: a
 # policy-rc.d that refuses service starts is put in place for the install if the machine
 # has none (container images usually do).

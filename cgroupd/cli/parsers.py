@@ -2,7 +2,7 @@
 
 Each raises ValueError with a message meant for the user; the commands turn it into a
 usage error (exit 2) with :func:`cgroupd.cli.errors.bad_arguments`. Unit-tested in
-tests/test_cli.py, tests/test_views.py and tests/test_cli_parsers.py.
+tests/unit/test_cli_parsing.py, tests/unit/test_views.py and tests/unit/test_cli_parsers.py.
 """
 
 from __future__ import annotations

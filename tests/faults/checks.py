@@ -31,7 +31,7 @@ its ``double_ack`` fails, the handler rolls back. So the processed view of those
 shows overlaps that are expected and reported ("raw overlaps"); the committed view must
 show none.
 
-The ordering, loss and overlap arithmetic is :func:`tests.groups.check`, fed with events
+The ordering, loss and overlap arithmetic is :func:`tests.support.groups.check`, fed with events
 built from the rows.
 """
 
@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.groups import Record, check
+from tests.support.groups import Record, check
 
 FINISHED = ("done", "prepared", "committed", "aborted")
 
@@ -121,7 +121,7 @@ def committed(rows: Sequence[Row]) -> tuple[list[Span], int]:
 
 
 def to_record(spans: Iterable[Span]) -> Record:
-    """The events :func:`tests.groups.check` reads: a start and an end per span."""
+    """The events :func:`tests.support.groups.check` reads: a start and an end per span."""
     events: list[dict[str, Any]] = []
     for s in spans:
         common = {"instance": s.row.instance, "member": s.row.member, "seq": s.row.seq,
@@ -279,7 +279,7 @@ def judge(scenario: str, variant: str, rows: Sequence[Row], sent: Sequence[tuple
     """Apply every checker to ``rows`` for the messages ``sent`` ((subject, n) pairs).
 
     ``rewinds``: a crash (SIGKILL of a member or a server) may have lost acks, so redoing
-    the tail of the work is allowed (see :func:`tests.groups.check`). ``returns``: an
+    the tail of the work is allowed (see :func:`tests.support.groups.check`). ``returns``: an
     instance may win back partitions it lost (see :func:`start_violations`).
     """
     raw = processed(rows)

@@ -16,7 +16,7 @@ import pytest_asyncio
 
 from tests.faults import injectors, runner
 from tests.faults.scenario import REPORTS, Scenario
-from tests.natsserver import NatsCluster, NatsServer, running_cluster, running_server
+from tests.support.natsserver import NatsCluster, NatsServer, running_cluster, running_server
 
 
 def pytest_configure(config: pytest.Config) -> None:

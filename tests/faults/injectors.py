@@ -1,7 +1,7 @@
 """Fault injectors: signals, nats-server restarts, cluster node faults, network cuts.
 
 Process signals are :meth:`tests.faults.runner.JoinProc.signal`. Server operations of
-:mod:`tests.natsserver` block (they poll with ``time.sleep``), so the async wrappers here
+:mod:`tests.support.natsserver` block (they poll with ``time.sleep``), so the async wrappers here
 run them in a thread: the publisher and the test's own client keep running meanwhile.
 
 :class:`VethNamespace` cuts one member process off the network: it runs inside a network
@@ -28,8 +28,8 @@ import secrets
 import subprocess
 import time
 
-from tests.groups import eventually
-from tests.natsserver import NatsCluster, NatsServer
+from tests.support.natsserver import NatsCluster, NatsServer
+from tests.support.polling import eventually
 
 #: Prefix of every namespace and interface name created here (the leak check uses it).
 NAME_PREFIX = "cgf"

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.fixtures_cli.support import child_env
-from tests.procs import live_processes
+from tests.support.cli import child_env
+from tests.support.procs import live_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -30,8 +30,9 @@ from cgroupd.jetstream import JetStream
 from tests.faults.checks import FaultVerdict, Row, committed, judge, load_rows, processed
 from tests.faults.runner import JoinProc
 from tests.faults.traffic import KeyedPublisher, partition_of
-from tests.groups import eventually, make_group
-from tests.natsserver import client_options
+from tests.support.groups import make_group
+from tests.support.natsserver import client_options
+from tests.support.polling import eventually
 
 #: Tables of every scenario judged in this session, printed at the end.
 REPORTS: list[str] = []
@@ -162,11 +163,10 @@ class Scenario:
         return [p for p in self.procs if p.member == member]
 
     async def wait_for(self, check: Callable[[], Any], timeout: float, what: str) -> Any:
-        """Poll ``check`` until truthy; on timeout fail with the processes' log tails."""
-        try:
-            return await eventually(check, timeout, 0.1, what)
-        except AssertionError as exc:
-            raise AssertionError(f"{self.name}: {exc}\n{self.diagnostics()}") from None
+        """:func:`eventually`, failing with the scenario's name and its processes' log
+        tails."""
+        return await eventually(check, timeout, 0.1, f"{what} ({self.name})",
+                                diagnostics=self.diagnostics)
 
     async def wait_active(self, member: str, timeout: float = 30.0,
                           exclude: Iterable[JoinProc] = ()) -> JoinProc:

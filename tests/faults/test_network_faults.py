@@ -28,7 +28,7 @@ import pytest
 from cgroupd.settings import MemberSettings
 from tests.faults.injectors import NetnsUnavailable, VethNamespace
 from tests.faults.scenario import Scenario
-from tests.natsserver import NatsServer, running_server
+from tests.support.natsserver import NatsServer, running_server
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

@@ -19,7 +19,7 @@ from cgroupd import jsapi
 from cgroupd.errors import CgroupdError
 from tests.faults import injectors
 from tests.faults.scenario import Scenario
-from tests.natsserver import NatsCluster
+from tests.support.natsserver import NatsCluster
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

@@ -21,7 +21,7 @@ import pytest
 from cgroupd.config import ELASTIC_BUCKET
 from tests.faults import injectors
 from tests.faults.scenario import Scenario
-from tests.natsserver import NatsCluster, NatsServer
+from tests.support.natsserver import NatsCluster, NatsServer
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

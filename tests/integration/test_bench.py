@@ -1,0 +1,80 @@
+"""The benchmarks (bench/, run on demand) still run.
+
+Here each benchmark's ``main`` runs with tiny parameters against a real
+nats-server and real ``cgroupd join`` processes (about 20 s together), so a change that
+breaks a benchmark is seen here, not months later by whoever measures next; the
+numbers themselves mean nothing at this size. The network-namespace part of
+``bench.failover`` is left to the real runs (it needs root and takes ~7 s even when tiny).
+Their analysis, fed hand-made records and profiles: tests/unit/test_bench_analysis.py.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from bench import failover, profile, scale, table, throughput
+
+
+# -- end to end, tiny --------------------------------------------------------------------
+def _json(result: dict[str, Any]) -> dict[str, Any]:
+    """The printed form: valid JSON (no NaN) that reads back the same."""
+    return json.loads(json.dumps(result, allow_nan=False))  # type: ignore[no-any-return]
+
+
+@pytest.mark.slow
+async def test_throughput_runs() -> None:
+    result = _json(await throughput.main(throughput.Shape(2, 2, 8, 100),
+                                         ["key", "raw", "raw_round_trip", "peer"]))
+    rows = result["rows"]
+    assert "| `raw_round_trip` |" in table.render(result)
+    for name in ("key", "raw", "raw_round_trip"):
+        assert rows[name]["lost"] == 0 and rows[name]["order_violations"] == 0, rows[name]
+        assert rows[name]["msgs_per_s"] > 0 and rows[name]["cpu_us_per_msg"] >= 0
+    assert rows["key"]["x_raw"] > 0
+    assert "skipped" in rows["peer"] or rows["peer"]["lost"] == 0, rows["peer"]
+
+
+@pytest.mark.slow
+async def test_failover_runs() -> None:
+    # One SIGTERM trial comes right after a kill -9 failover: both signals are exercised.
+    result = _json(await failover.main({"sigterm", "stall"}, trials=1, rate=100, stall=0.3,
+                                       stall_trials=1, settle=0.0, observe=0.5))
+    sigterm = result["sigterm"]
+    assert sigterm["p50_s"] > 0 and len(sigterm["right_after_failover"]["trials_s"]) == 1
+    assert len(sigterm["the_kill_before"]["trials_s"]) == 1
+    assert result["stall"]["sigstop"]["trials"] == 1
+    checks = result["cgroupd_checks"]
+    assert checks["lost"] == 0 and checks["order_violations"] == 0, checks
+
+
+@pytest.mark.slow
+async def test_scale_runs() -> None:
+    result = _json(await scale.main(scale.Shape(
+        partitions=4, members=1, instances=2, added=1, keys=16, rate=200, idle=0.5,
+        settle=0.0, window=0.5), with_peer=False))
+    idle = result["cgroupd"]["idle"]
+    assert idle["processes"] == 2 and idle["rss_mb_each"]["max"] > 0
+    added = result["cgroupd"]["add_members"]
+    assert added["moved_partitions"] > 0 and added["reowned_s"] >= 0
+    assert added["lost"] == 0 and added["order_violations"] == 0, added
+
+
+@pytest.mark.slow
+async def test_profile_runs() -> None:
+    result = _json(await profile.main(200, "cprofile", 100, 5, members=2))
+    assert result["profiled_member"]["messages"] > 0
+    assert result["profile"]["self"] and result["profile"]["by_area"]
+
+
+@pytest.mark.slow
+async def test_profile_trace_runs() -> None:
+    """The step trace of a one-at-a-time member: every gap is split, in order."""
+    result = _json(await profile.main(100, "trace", 100, 5, members=2, case="defaults"))
+    split = result["wall_split"]
+    assert split["messages"] > 0 and split["handlers_overlapping"] == 0, split
+    trips = split["between_messages"]["server round trip: write -> next message read"]
+    assert trips["count"] > 0 and trips["p50_us"] > 0, split
+    assert "server round trip" in table.render(result)

@@ -1,0 +1,84 @@
+"""The one way tests wait for a condition they cannot await: poll it with a deadline, and
+fail saying what was awaited, where, and what was seen last.
+
+Await an event when there is one (an ``asyncio.Event``, a future, a process exit); poll
+only what has no event (a server's state, a child's log, a metric). ``eventually`` is for
+coroutines; ``eventually_blocking`` for code that must not use the event loop (Spark's
+callbacks, threads, synchronous tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["eventually", "eventually_blocking"]
+
+#: How much of the last result a timeout message shows.
+_SHOWN = 300
+
+
+def _describe(check: Callable[..., Any]) -> str:
+    """``check``'s name and where it was written, for a timeout without ``what``."""
+    code = getattr(check, "__code__", None)
+    name = getattr(check, "__qualname__", None) or repr(check)
+    if code is None:
+        return name
+    return f"{name} ({code.co_filename}:{code.co_firstlineno})"
+
+
+def _timed_out(check: Callable[..., Any], timeout: float, what: str | None, last: Any,
+               error: BaseException | None,
+               diagnostics: Callable[[], str] | None) -> AssertionError:
+    shown = repr(last)
+    if len(shown) > _SHOWN:
+        shown = shown[:_SHOWN] + "..."
+    message = (f"timed out after {timeout}s waiting for {what or _describe(check)}; "
+               f"last: {shown}")
+    if error is not None:
+        message += f" (last error: {error!r})"
+    if diagnostics is not None:
+        message += f"\n{diagnostics()}"
+    return AssertionError(message)
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02,
+                     what: str | None = None, *, retry: tuple[type[BaseException], ...] = (),
+                     diagnostics: Callable[[], str] | None = None) -> Any:
+    """Call ``check`` (sync, or returning an awaitable) until its result is truthy and
+    return that result. At the deadline, fail naming ``what`` (else ``check`` and where it
+    was written), the last result, and ``diagnostics()`` (log tails, say). Exceptions of
+    the ``retry`` types count as "not yet"; any other propagates at once."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            last = check()
+            if inspect.isawaitable(last):
+                last = await last
+            error = None
+        except retry as exc:
+            last, error = None, exc
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise _timed_out(check, timeout, what, last, error, diagnostics) from error
+        await asyncio.sleep(interval)
+
+
+def eventually_blocking(check: Callable[[], Any], timeout: float = 10.0,
+                        interval: float = 0.05, what: str | None = None, *,
+                        diagnostics: Callable[[], str] | None = None) -> Any:
+    """:func:`eventually` for synchronous code: blocks the calling thread between calls."""
+    deadline = time.monotonic() + timeout
+    while True:
+        last = check()
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise _timed_out(check, timeout, what, last, None, diagnostics)
+        time.sleep(interval)

@@ -1,0 +1,194 @@
+"""What the benchmarks (bench/) compute is right: their analysis, fed hand-made records
+and profiles (each benchmark run end to end, tiny: tests/integration/test_bench.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import failover, profile, table, throughput, variant
+from bench.common import Records
+
+
+def _event(event: str, instance: str, n: int, t: float, seq: int | None = None) -> dict[str, Any]:
+    return {"event": event, "instance": instance, "t": t, "subject": f"k{n % 2}", "n": n,
+            "seq": n if seq is None else seq, "partition": 0}
+
+
+# -- analysis ----------------------------------------------------------------------------
+def test_records_read_only_complete_lines(tmp_path: Path) -> None:
+    """A line still being written (or cut by kill -9) is not parsed until it ends."""
+    path = tmp_path / "a.jsonl"
+    first = json.dumps(_event("end", "a", 1, 1.0))
+    second = json.dumps(_event("end", "a", 2, 2.0))
+    path.write_text(first + "\n" + second[:10])
+    records = Records(tmp_path)
+    assert [e["n"] for e in records.poll()] == [1]
+    assert records.count_ends() == 1
+    with open(path, "a") as out:
+        out.write(second[10:] + "\n")
+    assert [e["n"] for e in records.poll()] == [2]
+    assert records.count_ends() == 2
+    assert records.poll() == []
+
+
+def test_a_stall_taken_over_is_judged() -> None:
+    """Old owner ``a`` blocks in #2 from 1.0 to 3.0 s; ``b`` starts #3 at 2.0 s (while
+    ``a`` is busy: an overlap) and runs #2 again; ``a`` starts #4 after that."""
+    events = [
+        _event("start", "a", 1, 0.89), _event("end", "a", 1, 0.9),
+        _event("start", "a", 2, 1.0),
+        _event("start", "b", 3, 2.0), _event("end", "b", 3, 2.01),
+        _event("start", "b", 2, 2.5), _event("end", "b", 2, 2.51),
+        _event("end", "a", 2, 3.0),
+        _event("start", "a", 4, 3.1), _event("end", "a", 4, 3.11),
+    ]
+    records = Records()
+    records.events = events
+    judged = failover.judge_stall(records, "a", "b", 1.0, 5.0)
+    assert judged["took_over"]
+    assert judged["overlapping_runs"] >= 1
+    assert judged["run_by_both"] == 1
+    assert judged["old_starts_after_takeover"] == 1
+    assert judged["longest_gap_s"] == pytest.approx(1.11)  # 0.9 (#1) to 2.01 (#3)
+    quiet = failover.judge_stall(records, "a", "b", 3.05, 5.0)
+    assert not quiet["took_over"] and quiet["overlapping_runs"] == 0
+
+
+def test_py_spy_samples_are_attributed(tmp_path: Path) -> None:
+    """Samples go to their innermost cgroupd (or handler) frame below the event loop's
+    dispatch, or to the loop callback when no cgroupd frame is in it; areas by file."""
+    loop = ("<module> (/v/cgroupd/__main__.py);run (/py/lib/python3.11/asyncio/runners.py);"
+            "Handle._run (/py/lib/python3.11/asyncio/events.py)")
+    raw = tmp_path / "raw.txt"
+    raw.write_text(
+        f"{loop};Dispatcher._invoke (/v/cgroupd/dispatch.py);events (/w/bench/handlers.py);"
+        "dumps (/py/lib/python3.11/json/__init__.py) 3\n"
+        f"{loop};Client._read_loop (/v/site-packages/nats/aio/client.py);"
+        "Parser.parse (/v/site-packages/nats/protocol/parser.py) 1\n"
+        # py-spy caught the loop inside Handle._run itself, and a thread with no Python
+        # frame: the first is the loop's own time, the second no sample at all.
+        f"{loop} 1\nprocess 12:\"python\";thread (0x7f) 2\n"
+        # Waiting for the socket is not CPU: counted apart, the rest scaled to the CPU.
+        "<module> (/v/cgroupd/__main__.py);run (/py/lib/python3.11/asyncio/runners.py);"
+        "BaseEventLoop._run_once (/py/lib/python3.11/asyncio/base_events.py);"
+        "EpollSelector.select (/py/lib/python3.11/selectors.py) 5\n")
+    result = profile.analyse_py_spy(raw, 125.0, 10)
+    assert result["samples"] == 10 and result["waiting_in_select_share"] == 0.5
+    owners = {r["what"]: (r["share"], r["us_per_msg"])
+              for r in result["by_innermost_cgroupd_frame"]}
+    assert owners["events (bench/handlers.py)"] == (0.6, 75.0)
+    assert owners["(no cgroupd frame) Client._read_loop (nats/aio/client.py)"] == (0.2, 25.0)
+    assert owners["(no cgroupd frame) Handle._run (asyncio/events.py)"] == (0.2, 25.0)
+    areas = {r["what"]: r["share"] for r in result["by_area"]}
+    assert areas == {"json": 0.6, "nats-py": 0.2, "asyncio": 0.2}
+    inclusive = {r["what"] for r in result["inclusive_within_loop_callbacks"]}
+    assert "run (asyncio/runners.py)" not in inclusive  # outside the loop's callbacks
+
+
+def test_wall_split_times_each_step_between_two_messages() -> None:
+    """One-at-a-time member: handler 0.1 ms, then ack, pull, write, receive, submit, and
+    the next start; a gap whose message came before the handler ended is not a round
+    trip, and another instance's records do not count."""
+    records = [_event("start", "a", 1, 10.0), _event("end", "a", 1, 10.0001),
+               _event("start", "a", 2, 10.0020), _event("end", "a", 2, 10.0021),
+               _event("start", "a", 3, 10.0022), _event("end", "a", 3, 10.0023),
+               _event("start", "b", 4, 10.0010), _event("end", "b", 4, 10.0011)]
+    steps = [{"t": t, "step": s} for t, s in (
+        (10.0002, "ack"), (10.0003, "pull"), (10.0004, "write"), (10.0016, "receive"),
+        (10.0017, "submit"),
+        (10.00205, "receive"),  # message 3 arrived while message 2 ran: prefetched
+        (10.00215, "ack"))]
+    split = profile.wall_split(records, steps, "a")
+    assert split["messages"] == 3 and split["handlers_overlapping"] == 0
+    assert split["gaps_with_message_already_received"] == 1
+    assert split["steps_per_message"]["ack"] == pytest.approx(2 / 3, abs=0.01)
+    assert split["handler"]["p50_us"] == pytest.approx(100, abs=1)
+    between = split["between_messages"]
+    expected = {"settle": 100, "refill": 100, "flush": 100, "server round trip": 1200,
+                "puller": 100, "dispatch": 300}
+    for name, part in between.items():
+        assert part["count"] == 1
+        assert part["mean_us"] == pytest.approx(expected[name.split(":")[0]], abs=1), name
+
+
+def test_tables_render_every_benchmark() -> None:
+    """Each benchmark's JSON becomes a Markdown table with its rows and targets; a file
+    that is no benchmark's output is refused with a clear message."""
+    result = {"benchmark": "throughput", "shape": {"members": 4, "messages": 20000},
+              "machine": {"cores": 2}, "rows": {
+                  "defaults": {"msgs_per_s": 3062, "x_peer": 0.88, "cpu_us_per_msg": 408.5,
+                               "lost": 0, "order_violations": 0, "duplicates": 0},
+                  "peer": {"skipped": "no Python >= 3.12"}},
+              "targets": {"defaults >= 4x peer": False, "key >= 1.2x raw": None}}
+    text = table.render(result)
+    assert "| `defaults` | 3,062 | 0.88 | - | 408.5 | - | - | 0 / 0 / 0 |" in text
+    assert "| `peer` | skipped: no Python >= 3.12 |" in text
+    assert "| defaults >= 4x peer | no |" in text and "| key >= 1.2x raw | not run |" in text
+    fail = {"benchmark": "failover", "setup": {"trials": 20},
+            "sigkill": {"p50_s": 0.61, "p99_s": 1.35, "max_s": 1.4},
+            "stall": {"sigstop": {"trials": 3, "takeovers": 0, "overlaps": 0}}}
+    text = table.render(fail)
+    assert "| kill -9 of the active instance | 0.610 | 1.350 | 1.400 |" in text
+    assert "| stall `sigstop`: takeovers / overlaps in 3 trials | 0 / 0 |" in text
+    assert "| server CPU, idle | 11.00 % | - |" in table.render(
+        {"benchmark": "scale", "cgroupd": {"idle": {"server_cpu_percent": 11}}})
+    gap = {"benchmark": "scale", "cgroupd": {"add_members": {
+        "longest_gap_s": {"partition": 16, "seconds": 1.693}}}}
+    assert "| longest gap of a partition (s) | 1.69 | |" in table.render(gap)
+    with pytest.raises(ValueError, match="not a benchmark's output"):
+        table.render({"rows": {}})
+
+
+def test_throughput_ratios_and_targets() -> None:
+    rows: dict[str, dict[str, Any]] = {
+        "defaults": {"msgs_per_s": 8000, "lost": 0, "order_violations": 0, "duplicates": 0,
+                     "cpu_us_per_msg": 100.0, "server_cpu_us_per_msg": 50.0},
+        "key": {"msgs_per_s": 30000, "cpu_us_per_msg": 60.0},
+        "peer": {"msgs_per_s": 2000, "cpu_us_per_msg": 400.0, "server_cpu_us_per_msg": 200.0},
+        "raw": {"msgs_per_s": 24000},
+    }
+    throughput.ratios(rows)
+    assert rows["defaults"]["x_peer"] == 4.0 and rows["key"]["x_raw"] == 1.25
+    # (400 + 200) / (100 + 50): the peer's and the server's CPU per message over the row's
+    assert rows["defaults"]["x_peer_by_cpu"] == 4.0 and "x_peer_by_cpu" not in rows["key"]
+    goals = throughput.targets(rows)
+    assert goals["defaults >= 4x peer"] is True
+    assert goals["key >= 1.2x raw"] is True
+    assert goals["member_in_stream_order >= 2.5x peer"] is None  # that row did not run
+    rows["key"]["duplicates"] = 1
+    assert throughput.targets(rows)[
+        "every row: nothing lost, per-key order, no duplicates"] is False
+
+
+def test_rounds_merge_to_medians_and_summed_checks() -> None:
+    """Three rounds: each row reports its median round, ratios are the medians of the
+    ratios within a round (not of medians), and a loss in any round shows."""
+    def run(key: int, peer: int, lost: int = 0) -> dict[str, dict[str, Any]]:
+        rows: dict[str, dict[str, Any]] = {
+            name: {"msgs_per_s": rate, "cpu_us_per_msg": 1.0, "server_cpu_us_per_msg": 1.0,
+                   "lost": lost if name == "key" else 0, "order_violations": 0,
+                   "duplicates": 0} for name, rate in (("key", key), ("peer", peer))}
+        throughput.ratios(rows)
+        return rows
+
+    merged = throughput.merge_rounds([run(9000, 3000), run(4000, 1000, lost=1),
+                                      run(6000, 2500)])
+    assert merged["key"]["msgs_per_s"] == 6000
+    assert merged["key"]["x_peer_rounds"] == [3.0, 4.0, 2.4]
+    assert merged["key"]["x_peer"] == 3.0  # the median ratio, not 6000 / 2500
+    assert merged["key"]["lost"] == 1
+    assert throughput.targets(merged)[
+        "every row: nothing lost, per-key order, no duplicates"] is False
+
+
+def test_variant_settings_are_checked() -> None:
+    """A proposed default is parsed as a literal; a name MemberSettings lacks is refused
+    with the names it has (a typo must not measure the defaults by mistake)."""
+    assert variant.parse("pull_expires=5,heartbeat=2.5") == {"pull_expires": 5,
+                                                             "heartbeat": 2.5}
+    with pytest.raises(SystemExit, match="pull_expires"):
+        variant.parse("pull_expiry=5")

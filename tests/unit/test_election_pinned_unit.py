@@ -1,0 +1,167 @@
+"""The pinned election as a state machine, against the in-memory adapter with priority
+groups (tests/support/fakes_pinned.py; no server, a few seconds in all): who wins the pin, that a
+standby takes over (and takes back what a dead holder left unfinished) once the pin
+expires, and that an instance unpinned by someone else steps down. The same rules against
+real servers and processes: tests/unit/test_pinning.py and tests/faults/test_pinned_faults.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from cgroupd.config import (
+    ELASTIC_BUCKET,
+    ElasticGroupConfig,
+    PartitioningFilter,
+    group_key,
+    work_queue_stream,
+)
+from cgroupd.member import Member, MemberState
+from cgroupd.settings import PRIORITY_GROUP, Exclusivity, MemberSettings
+from tests.support.fakes_pinned import PinnedJetStream, PinnedServer
+from tests.support.polling import eventually
+
+TTL = 0.4
+SETTINGS = MemberSettings(exclusivity=Exclusivity.PINNED, pinned_ttl=TTL, retry_interval=0.05,
+                          lease=0.4, pull_expires=0.1, heartbeat=0.05, rejoin_delay=0.05,
+                          drain_timeout=0.5, transition_delay=0.05)
+WQ = work_queue_stream("ORDERS", "g")
+#: The member consumer every instance of m1 shares.
+MEMBER = "m1"
+
+
+class Group:
+    """One group on one fake server; each instance gets its own adapter (its process)
+    and records the stream sequences its handler ran."""
+
+    def __init__(self, settings: MemberSettings = SETTINGS) -> None:
+        self.settings = settings
+        self.server = PinnedServer()
+        config = ElasticGroupConfig(
+            max_members=4, partitioning_filters=(PartitioningFilter("orders.*", (1,)),),
+            members=("m1",))
+        self.server.records[(ELASTIC_BUCKET, group_key("ORDERS", "g"))] = config.to_json()
+        self.members: list[Member] = []
+        self.ran: list[tuple[str, int]] = []
+        #: Instances whose handler never returns (a holder that dies inside a handler).
+        self.stuck: set[str] = set()
+
+    async def start(self) -> Member:
+        reasons: list[str] = []
+        member: Member | None = None
+
+        async def handler(msg: Any) -> None:
+            assert member is not None
+            self.ran.append((member.instance_id, msg.stream_sequence))
+            if member.instance_id in self.stuck:
+                await asyncio.Event().wait()
+
+        member = Member(PinnedJetStream(self.server), "ORDERS", "g", "m1",
+                        handler, self.settings, on_standby=reasons.append)
+        member.reasons = reasons  # type: ignore[attr-defined]
+        await member.start()
+        self.members.append(member)
+        return member
+
+    async def offer(self, count: int) -> None:
+        """``count`` messages for m1, once the member consumer exists."""
+        await eventually(lambda: self.server.state(WQ, MEMBER) is not None, 5,
+                         what="the member consumer")
+        self.server.offer(WQ, MEMBER, count)
+
+    def pin(self) -> str | None:
+        return self.server.pinned_id(WQ, MEMBER)
+
+    def by(self, member: Member) -> list[int]:
+        return [seq for inst, seq in self.ran if inst == member.instance_id]
+
+
+@pytest.fixture
+async def group() -> AsyncIterator[Group]:
+    g = Group()
+    yield g
+    for m in g.members:
+        await asyncio.wait_for(m.stop(), 10)
+
+
+def _pin_of(member: Member) -> str | None:
+    gen = member._gen
+    return None if gen is None or gen.pin_lease is None else gen.pin_lease.pin_id
+
+
+async def test_nobody_is_active_until_a_message_pins_one(group: Group) -> None:
+    """Both instances share the member consumer and wait; the first message pins the
+    client whose request waited longest, which becomes active and runs it; the other
+    stays standby and sends no id (it is not pinned)."""
+    a = await group.start()
+    b = await group.start()
+    await eventually(lambda: group.server.state(WQ, MEMBER) is not None, 5,
+                     what="the member consumer")
+    await asyncio.sleep(2 * TTL)  # a quiet period: no message, nobody pinned
+    assert a.state is b.state is MemberState.STANDBY and group.pin() is None
+    await group.offer(3)
+    await eventually(lambda: a.active or b.active, 5, what="one instance pinned")
+    winner, loser = (a, b) if a.active else (b, a)
+    await eventually(lambda: len(group.ran) == 3, 5, what="3 messages run")
+    assert _pin_of(winner) == group.pin() and group.by(winner) == [1, 2, 3]
+    await asyncio.sleep(2 * TTL)  # the pin holds while its holder renews it
+    assert winner.active and loser.state is MemberState.STANDBY
+    assert group.server.state(WQ, MEMBER).pins_given == [group.pin()]  # type: ignore[union-attr]
+
+
+async def test_a_standby_takes_over_and_takes_back_what_a_dead_holder_left(
+        group: Group) -> None:
+    """The pinned instance dies inside a handler (it stops pulling, its connection is
+    gone). The server unpins it after the TTL; the next message pins the standby, which
+    starts nothing while the member consumer holds the dead holder's message, then, one
+    TTL after it was pinned, resets the consumer and runs that message first, then the
+    rest in stream order."""
+    a = await group.start()
+    await group.offer(1)
+    await eventually(lambda: a.active and group.by(a) == [1], 5, what="a pinned, ran #1")
+    b = await group.start()
+    group.stuck.add(a.instance_id)
+    await group.offer(1)
+    await eventually(lambda: group.by(a) == [1, 2], 5, what="a stuck in #2")
+    assert isinstance(a.js, PinnedJetStream)
+    a.js.crash()
+    old_pin = group.pin()
+    await group.offer(2)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await eventually(lambda: b.active, 5, what="b pinned")
+    pinned_after = loop.time() - began
+    assert pinned_after >= TTL * 0.9, "the dead holder keeps the pin for the TTL"
+    await eventually(lambda: group.by(b) == [2, 3, 4], 5, what="b to run #2, #3, #4")
+    assert group.pin() not in (None, old_pin)
+    assert loop.time() - began >= 2 * TTL * 0.9, "b waits a TTL before taking #2 back"
+    state = group.server.state(WQ, MEMBER)
+    assert state is not None and state.resets == 1, "taken back by one consumer reset"
+
+
+async def test_an_instance_unpinned_by_someone_else_steps_down(group: Group) -> None:
+    """An admin unpins the holder (UNPIN API): its next renewal sees the pin moved (or
+    gone), it steps down with pin-lost and runs nothing more; the next message pins an
+    instance again, under a new pin id."""
+    a = await group.start()
+    b = await group.start()
+    await group.offer(1)
+    await eventually(lambda: a.active or b.active, 5, what="one instance pinned")
+    holder = a if a.active else b
+    old_pin = group.pin()
+    assert isinstance(holder.js, PinnedJetStream)
+    await holder.js.unpin(WQ, MEMBER, PRIORITY_GROUP)
+    await eventually(lambda: getattr(holder, "reasons", []), 5, what="the holder to step down")
+    assert holder.reasons == ["pin-lost"]  # type: ignore[attr-defined]
+    ran = len(group.by(holder))
+    await group.offer(2)
+    await eventually(lambda: len(group.ran) == 3, 5, what="#2 and #3 run")
+    new_pin = group.pin()
+    assert new_pin not in (None, old_pin)
+    owner = next(m for m in (a, b) if _pin_of(m) == new_pin)
+    assert owner.active and [s for i, s in group.ran[1:]] == [2, 3]
+    if owner is holder:
+        assert len(group.by(holder)) == ran + 2  # it won again, as a new holder

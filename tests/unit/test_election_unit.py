@@ -1,0 +1,173 @@
+"""The sync election as a state machine, against the in-memory adapter of tests/support/fakes.py
+(no server; about a second in all): who wins, who stands by, when a standby takes over,
+and what each leaves on the server. The same rules against real servers and processes:
+tests/integration/test_member.py, tests/integration/test_sync_liveness.py and the fault suite."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from cgroupd.config import (
+    ELASTIC_BUCKET,
+    ElasticGroupConfig,
+    PartitioningFilter,
+    group_key,
+    work_queue_stream,
+)
+from cgroupd.errors import InstanceIdInUse
+from cgroupd.member import INSTANCE_KEY, Member, MemberState
+from cgroupd.settings import MemberSettings
+from tests.support.fakes import FakeJetStream, FakeServer
+from tests.support.polling import eventually
+
+SETTINGS = MemberSettings(retry_interval=0.05, lease=0.4, takeover_margin=0.1,
+                          presence_interval=0.02, pull_expires=0.2, heartbeat=0.05,
+                          inactive_threshold=5, rejoin_delay=0.05, drain_timeout=1.0)
+WQ = work_queue_stream("ORDERS", "g")
+
+
+async def handler(msg: Any) -> None:
+    return None
+
+
+class Group:
+    """One group on one fake server; each instance gets its own adapter (its process)."""
+
+    def __init__(self) -> None:
+        self.server = FakeServer()
+        config = ElasticGroupConfig(
+            max_members=4, partitioning_filters=(PartitioningFilter("orders.*", (1,)),),
+            members=("m1",))
+        self.server.records[(ELASTIC_BUCKET, group_key("ORDERS", "g"))] = config.to_json()
+        self.members: list[Member] = []
+
+    async def start(self, instance_id: str | None = None,
+                    member_class: type[Member] = Member) -> Member:
+        m = member_class(FakeJetStream(self.server), "ORDERS", "g", "m1", handler,  # type: ignore[arg-type]
+                         SETTINGS, instance_id=instance_id)
+        await m.start()
+        self.members.append(m)
+        return m
+
+    def holder(self) -> str | None:
+        sync = self.server.consumers.get((WQ, "m1"))
+        return None if sync is None else sync.config["metadata"].get(INSTANCE_KEY)
+
+
+@pytest.fixture
+async def group() -> AsyncIterator[Group]:
+    g = Group()
+    yield g
+    for m in g.members:
+        await asyncio.wait_for(m.stop(), 10)
+
+
+class Muted(Member):
+    """An instance alive but silent: its presence answers get lost."""
+
+    muted = False
+
+    def _presence_text(self) -> str | None:
+        return None if self.muted else super()._presence_text()
+
+
+async def test_first_instance_wins_and_names_itself(group: Group) -> None:
+    """The winner holds the sync consumer (its id in the metadata) and its own data
+    consumer for the member's partitions."""
+    a = await group.start()
+    await eventually(lambda: a.active, 5, what="a active")
+    assert group.holder() == a.instance_id and a.partitions == (0, 1, 2, 3)
+    assert group.server.names(WQ) == {"m1", f"m1-{a.instance_id}"}
+
+
+async def test_a_standby_leaves_an_answering_owner_alone(group: Group) -> None:
+    """While the active instance answers its presence probes, a standby never replaces
+    it, however long it waits (here three leases)."""
+    a = await group.start()
+    await eventually(lambda: a.active, 5, what="a active")
+    b = await group.start()
+    await asyncio.sleep(3 * SETTINGS.lease)
+    assert a.active and b.state is MemberState.STANDBY and b.stats["takeovers"] == 0
+    assert group.holder() == a.instance_id
+
+
+async def test_stop_hands_over_to_the_standby(group: Group) -> None:
+    a = await group.start()
+    await eventually(lambda: a.active, 5, what="a active")
+    b = await group.start()
+    await a.stop()
+    await eventually(lambda: b.active, 5, what="b active")
+    assert group.holder() == b.instance_id and b.stats["takeovers"] == 0
+    assert group.server.names(WQ) == {"m1", f"m1-{b.instance_id}"}
+
+
+async def test_a_gone_owner_is_replaced_at_once_with_its_consumers(group: Group) -> None:
+    """The server says "no responders" for the owner (its process died): the standby
+    deletes its claim and its data consumer and wins, without waiting for the lease."""
+    a = await group.start()
+    await eventually(lambda: a.active, 5, what="a active")
+    b = await group.start()
+    await eventually(lambda: b.state is MemberState.STANDBY, 5, what="b to watch a")
+    assert isinstance(a.js, FakeJetStream)
+    a.js.crash()
+    await eventually(lambda: b.active, SETTINGS.lease, what="b to take over before a lease")
+    assert b.stats["takeovers"] == 1 and group.holder() == b.instance_id
+    assert f"m1-{a.instance_id}" not in group.server.names(WQ)
+
+
+async def test_a_silent_owner_is_replaced_only_after_lease_and_margin(group: Group) -> None:
+    """An owner that stops answering (alive, but cut off) keeps the member for its lease
+    plus the takeover margin, then loses it; it learns so and steps down."""
+    a = await group.start(member_class=Muted)
+    assert isinstance(a, Muted)
+    await eventually(lambda: a.active, 5, what="a active")
+    b = await group.start()
+    await eventually(lambda: b.state is MemberState.STANDBY, 5, what="b to watch a")
+    loop = asyncio.get_running_loop()
+    a.muted = True
+    muted_at = loop.time()
+    await eventually(lambda: b.active, 5, what="b to take over")
+    assert loop.time() - muted_at >= SETTINGS.lease
+    await eventually(lambda: a.state is MemberState.STANDBY, 5, what="a to step down")
+    assert group.holder() == b.instance_id and a.stats["step_downs"] == 1
+
+
+async def test_a_second_process_with_the_same_instance_id_is_refused(group: Group) -> None:
+    a = await group.start(instance_id="same")
+    await eventually(lambda: a.active, 5, what="a active")
+    with pytest.raises(InstanceIdInUse):
+        await group.start(instance_id="same")
+
+
+async def test_a_consumer_gone_with_its_group_reads_as_group_deleted(group: Group) -> None:
+    """Deleting a group removes its record, then its consumers; the active instance may
+    find its data consumer gone before its watch delivers the record's deletion (CI saw
+    on_standby("data-consumer-lost")). Either way it stops, and says the group was deleted."""
+    reasons: list[str] = []
+    a = Member(FakeJetStream(group.server), "ORDERS", "g", "m1", handler,  # type: ignore[arg-type]
+               SETTINGS, on_standby=reasons.append)
+    await a.start()
+    group.members.append(a)
+    await eventually(lambda: a.active, 5, what="a active")
+    # The record goes without waking the watch: only a read of the record can tell.
+    del group.server.records[(ELASTIC_BUCKET, group_key("ORDERS", "g"))]
+    del group.server.consumers[(WQ, f"m1-{a.instance_id}")]
+    assert await asyncio.wait_for(a.wait_stopped(), 5) == "group deleted"
+    assert reasons == ["group-deleted"] and a.state is MemberState.STOPPED
+
+
+async def test_a_consumer_lost_while_the_group_exists_stays_a_loss(group: Group) -> None:
+    """The read of the record only renames a loss when the record is really gone."""
+    reasons: list[str] = []
+    a = Member(FakeJetStream(group.server), "ORDERS", "g", "m1", handler,  # type: ignore[arg-type]
+               SETTINGS, on_standby=reasons.append)
+    await a.start()
+    group.members.append(a)
+    await eventually(lambda: a.active, 5, what="a active")
+    del group.server.consumers[(WQ, f"m1-{a.instance_id}")]
+    await eventually(lambda: reasons, 5, what="a to step down")
+    assert reasons[0] == "data-consumer-lost" and not a.stop_reason

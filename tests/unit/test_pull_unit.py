@@ -1,0 +1,176 @@
+"""The Puller's handling of what the server sends on its inbox (statuses 100, 404, 408,
+409, 423, 503; delivery gaps; pin ids), on a fake connection and a fake clock: no server,
+milliseconds per test. The same paths against a real server:
+tests/integration/test_sync_liveness.py, tests/unit/test_pinning.py and the fault suite."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from cgroupd.pull import PENDING_MSGS, PIN_ID, PullEnd, Puller, PullOptions
+from tests.support.fakes import FakeClock, FakeNats, delivery, status
+
+
+class Harness:
+    def __init__(self, options: PullOptions) -> None:
+        self.nc = FakeNats()
+        self.clock = FakeClock()
+        self.got: list[Any] = []
+        self.puller = Puller(self.nc, "S", "c", options,  # type: ignore[arg-type]
+                             self.got.append, clock=self.clock)
+
+    @property
+    def inbox(self) -> str:
+        return next(iter(self.nc.subs))
+
+    async def send(self, msg: Any) -> None:
+        await self.nc.deliver(self.inbox, msg)
+
+
+@pytest.fixture
+async def pull() -> AsyncIterator[Harness]:
+    h = Harness(PullOptions(batch=4, expires=2.0, heartbeat=0.5))
+    await h.puller.start()
+    await asyncio.sleep(0)  # the first pull request goes out
+    yield h
+    await h.puller.stop()
+
+
+@pytest.fixture
+async def checked() -> AsyncIterator[Harness]:
+    h = Harness(PullOptions(batch=4, expires=2.0, heartbeat=0.5, check_gaps=True))
+    await h.puller.start()
+    await asyncio.sleep(0)
+    yield h
+    await h.puller.stop()
+
+
+async def test_first_pull_asks_for_a_batch(pull: Harness) -> None:
+    assert pull.nc.pulls()[0]["batch"] == 4 and pull.puller.outstanding == 4
+
+
+async def test_heartbeat_is_liveness_only(pull: Harness) -> None:
+    """100: the server is there; nothing delivered, nothing ends."""
+    pull.clock.advance(5)
+    await pull.send(status("100", "Idle Heartbeat"))
+    assert pull.puller.last_seen == pull.clock.now
+    assert not pull.puller.ended.done() and pull.got == []
+
+
+@pytest.mark.parametrize("code", ["404", "408"])
+async def test_expired_request_gives_back_what_it_did_not_bring(pull: Harness,
+                                                                code: str) -> None:
+    """404/408 with Nats-Pending-Messages: that many will not come; ask again."""
+    await pull.send(status(code, "Request Timeout", **{PENDING_MSGS: "3"}))
+    assert pull.puller.outstanding == 1 and not pull.puller.ended.done()
+
+
+async def test_409_consumer_deleted_ends_the_puller(pull: Harness) -> None:
+    await pull.send(status("409", "Consumer Deleted"))
+    assert pull.puller.ended.result()[0] is PullEnd.CONSUMER_GONE
+
+
+async def test_409_exceeded_max_request_batch_is_a_failure(pull: Harness) -> None:
+    """A request no re-pull can fix (the consumer's limits refuse it) ends the puller."""
+    await pull.send(status("409", "Exceeded MaxRequestBatch of 1"))
+    assert pull.puller.ended.result()[0] is PullEnd.FAILED
+
+
+@pytest.mark.parametrize("description", ["Exceeded MaxWaiting", "Leadership Change",
+                                         "Batch Completed"])
+async def test_passing_409s_ask_again(pull: Harness, description: str) -> None:
+    await pull.send(status("409", description, **{PENDING_MSGS: "4"}))
+    assert not pull.puller.ended.done() and pull.puller.outstanding == 0
+
+
+async def test_423_pin_lost(pull: Harness) -> None:
+    """Another client is pinned: this puller ends and forgets its pin id."""
+    pull.puller.pin_id = "old"
+    await pull.send(status("423", "Nats-Pin-Id mismatch"))
+    assert pull.puller.ended.result()[0] is PullEnd.PIN_LOST
+    assert pull.puller.pin_id is None
+
+
+async def test_503_asks_again_only_after_a_pause(pull: Harness) -> None:
+    """No responders (a consumer electing a leader, or gone): not ours to decide; no new
+    request for one heartbeat (the self-check asks whether the consumer exists)."""
+    await pull.send(status("503"))
+    assert not pull.puller.ended.done() and pull.puller.outstanding == 0
+    sent = len(pull.nc.pulls())
+    await pull.puller.pull_one()
+    assert len(pull.nc.pulls()) == sent
+    pull.clock.advance(0.5)
+    await pull.puller.pull_one()
+    assert len(pull.nc.pulls()) == sent + 1
+
+
+async def test_unknown_status_fails(pull: Harness) -> None:
+    await pull.send(status("400", "Bad Request"))
+    assert pull.puller.ended.result()[0] is PullEnd.FAILED
+
+
+async def test_a_publishers_status_header_is_a_message(pull: Harness) -> None:
+    """Only the server's statuses count: a delivery (it has an ack subject) whose
+    publisher set a Status header is handed on like any other."""
+    msg = delivery(1, Status="409", Description="Consumer Deleted")
+    await pull.send(msg)
+    assert pull.got == [msg] and not pull.puller.ended.done()
+    assert pull.puller.last_delivery == 1
+
+
+async def test_deliveries_in_order_pass_the_gap_check(checked: Harness) -> None:
+    for seq in (1, 2, 3):
+        await checked.send(delivery(seq))
+    assert [m.consumer_seq for m in checked.got] == [1, 2, 3]
+    assert not checked.puller.ended.done()
+
+
+async def test_a_missing_delivery_ends_the_puller_before_anything_later_runs(
+        checked: Harness) -> None:
+    """Delivery 3 never came: 4 is not handed on (it could overtake 3's key) and the
+    consumer must be replaced."""
+    for seq in (1, 2, 4):
+        await checked.send(delivery(seq))
+    assert [m.consumer_seq for m in checked.got] == [1, 2]
+    why, detail = checked.puller.ended.result()
+    assert why is PullEnd.DELIVERY_LOST and "delivery 3 never arrived" in detail
+
+
+async def test_no_gap_check_on_shared_consumers(pull: Harness) -> None:
+    for seq in (1, 5):
+        await pull.send(delivery(seq))
+    assert len(pull.got) == 2 and not pull.puller.ended.done()
+
+
+async def test_pin_id_is_learnt_and_sent_back() -> None:
+    """Pinned mode: the pin id of a delivery goes into every later pull request."""
+    h = Harness(PullOptions(batch=1, expires=2.0, heartbeat=0.5, group="PCG"))
+    await h.puller.start()
+    await asyncio.sleep(0)
+    try:
+        assert "id" not in h.nc.pulls()[0] and h.nc.pulls()[0]["group"] == "PCG"
+        await h.send(delivery(1, **{PIN_ID: "pin-1"}))
+        assert h.puller.pin_id == "pin-1"
+        await h.puller.pull_one()
+        assert h.nc.pulls()[-1]["id"] == "pin-1"
+        assert h.puller.pin_pulled_at == h.clock.now
+    finally:
+        await h.puller.stop()
+
+
+async def test_retiring_naks_what_still_arrives() -> None:
+    """After an unpin, a delivery to one of our waiting requests goes back at once."""
+    h = Harness(PullOptions(batch=1, expires=2.0, heartbeat=0.5, group="PCG"))
+    await h.puller.start()
+    await asyncio.sleep(0)
+    retiring = asyncio.ensure_future(h.puller.retire(5.0))
+    await asyncio.sleep(0.02)
+    inbox = h.inbox
+    msg = delivery(1)
+    await h.nc.deliver(inbox, msg)
+    await retiring
+    assert h.got == [] and (msg.reply, b"-NAK") in [(s, d) for s, d, _ in h.nc.published]
