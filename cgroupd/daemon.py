@@ -218,7 +218,8 @@ class Daemon:
         member = self.member = Member(
             js, o.stream, o.group, o.member, handler.handle, self.settings, static=static,
             instance_id=o.instance_id, on_active=self._on_active,
-            on_standby=self._on_standby, on_rebalance=self._on_rebalance)
+            on_standby=self._on_standby, on_rebalance=self._on_rebalance,
+            on_handover=self._on_handover)
         structlog.contextvars.bind_contextvars(instance=member.instance_id)
         self._info_sub = await js.answer(events.info_subject(o.stream, o.group),
                                          self._instance_info)
@@ -356,8 +357,18 @@ class Daemon:
         if self.metrics.stepped_down(reason):
             self._log.info("rebalance", phase="started")
         self.metrics.clear_lag()
-        released, self._held, self._since = self._held, (), time.time()
-        self._event("stepped_down", reason=reason, partitions=list(released))
+        if self._held:  # released without a hand-over (the release failed)
+            self._event("stepped_down", reason=reason, partitions=list(self._held))
+        self._held, self._since = (), time.time()
+
+    async def _on_handover(self, reason: str) -> None:
+        # Published before the consumers (or the pin) go: a successor's "active" cannot
+        # overtake it (one connection keeps our order, the server the rest).
+        released, self._held = self._held, ()
+        if self._events is not None:
+            await self._events.publish("stepped_down", **self._who(), reason=reason,
+                                       partitions=list(released))
+            self.metrics.event_published("stepped_down")
 
     def _on_rebalance(self, moved: tuple[tuple[int, ...], float]) -> None:
         # In place, without a step-down; the runtime logs "rebalanced" itself.

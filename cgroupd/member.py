@@ -205,7 +205,7 @@ class Member(ConfigWatch, SyncElection, PinnedElection, Rebalance, PinnedRebalan
         why, detail = await gen.ended
         if why in (StepDown.DATA_LOST, StepDown.SYNC_LOST, StepDown.PIN_LOST) \
                 and await self._deleted_meanwhile():
-            why = StepDown.GROUP_DELETED
+            why = gen.reported = StepDown.GROUP_DELETED
         self._transition(MemberState.STEPPING_DOWN, reason=why.value, detail=detail)
         self.stats["step_downs"] += why is not StepDown.STOPPING
         self._stepping_since = self._clock()

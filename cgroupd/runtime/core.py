@@ -75,6 +75,7 @@ class MemberCore:
         on_active: ActiveCallback | None = None,
         on_standby: StandbyCallback | None = None,
         on_rebalance: RebalanceCallback | None = None,
+        on_handover: StandbyCallback | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -91,6 +92,11 @@ class MemberCore:
         self.on_active = on_active
         self.on_standby = on_standby
         self.on_rebalance = on_rebalance
+        #: Called with the step-down reason once this instance starts nothing more and
+        #: its settlements are confirmed, just before its consumers (or the pin) go to a
+        #: successor: what it says then reaches the server before any successor can act.
+        #: Must return quickly (in pinned mode the unpin waits for it).
+        self.on_handover = on_handover
         self._sleep = sleep
         self._clock = clock
         self.state = MemberState.JOINING

@@ -59,6 +59,9 @@ class Generation:
 
     ended: asyncio.Future[tuple[StepDown, str]] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
+    #: The reason reported for the end, when it differs from the first one given
+    #: (a consumer lost with its group's record is reported as the group's deletion).
+    reported: StepDown | None = None
 
     def __post_init__(self) -> None:
         self.target = self.partitions
@@ -66,3 +69,7 @@ class Generation:
     def end(self, why: StepDown, detail: str = "") -> None:
         if not self.ended.done():
             self.ended.set_result((why, detail))
+
+    def reason(self) -> StepDown:
+        """Why the generation ended (it has)."""
+        return self.reported or self.ended.result()[0]

@@ -52,6 +52,7 @@ class Release(MemberCore):
                                       count=gen.dispatcher.unconfirmed)
                     break
                 await self._sleep(0.05)
+        await self._hand_over(gen)
         claims = [p for p in gen.pullers if not p.delivers]
         for puller in gen.pullers:
             if puller.delivers:
@@ -69,6 +70,10 @@ class Release(MemberCore):
                 await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
         for puller in claims:
             await puller.stop()
+
+    async def _hand_over(self, gen: Generation) -> None:
+        if self.on_handover is not None:
+            await self._callback(self.on_handover, gen.reason().value)
 
     async def _delete_own(self, name: str, attempts: int = 3) -> None:
         """Delete one of our consumers, retrying; say so loudly if it cannot be done (the
@@ -97,6 +102,7 @@ class Release(MemberCore):
         s = self.settings
         if gen.dispatcher is not None:
             await gen.dispatcher.drain(s.drain_timeout, hold_late=True)
+        await self._hand_over(gen)
         asked = self._clock()
         unpinned = await self._unpin(gen)
         lease = gen.pin_lease
