@@ -428,6 +428,7 @@ class ExclusivityName(StrEnum):
 class OrderingName(Enum):
     partition = "partition"
     key = "key"
+    stream = "stream"
     none = "none"
 
 
@@ -474,16 +475,17 @@ def join(
         help="Bound on one webhook request.")] = DEFAULT_WEBHOOK_TIMEOUT,
     ordering: Annotated[OrderingName | None, typer.Option(
         "--ordering", envvar="CGROUPD_ORDERING",
-        help="partition: strictly in order per partition; key: in order per key, keys "
-             "concurrently; none: no order. [default: partition]")] = None,
+        help="partition: in order per partition, partitions concurrently; key: in order "
+             "per key, keys concurrently; stream: the whole member in stream order, one "
+             "message at a time; none: no order. [default: partition]")] = None,
     key: Annotated[str | None, typer.Option(
         "--key", envvar="CGROUPD_KEY", metavar="SPEC",
         help="What a key is for --ordering key: auto (the partitioning tokens), subject, "
              "partition, tokens:1,3 or header:NAME. [default: auto]")] = None,
     max_in_flight: Annotated[int | None, typer.Option(
         "--max-in-flight", envvar="CGROUPD_MAX_IN_FLIGHT", metavar="N",
-        help="Messages unacknowledged at once. [default: 1 for partition ordering, "
-             "256 otherwise]")] = None,
+        help="Messages unacknowledged at once (running, or held in order: the server "
+             "sends ahead). [default: 256]")] = None,
     ack_wait: Annotated[float | None, typer.Option(
         "--ack-wait", envvar="CGROUPD_ACK_WAIT", metavar="SEC",
         help="Redeliver a message not acked within this (kept alive while handling). "

@@ -2,13 +2,15 @@
 
 Ordering modes (``MemberSettings.ordering``):
 
-- ``partition`` and ``key``: messages with the same key (the partition number, or the key
-  function's value) run one after another in stream order; different keys run at once, up
-  to ``max_in_flight``. A failing message is retried *in place* with backoff, so no later
-  message of its key can overtake it; its ``delivery_count`` grows with each attempt, so a
-  dead-letter wrapper sees the attempts. Everything held is kept from timing out with
-  ``in_progress``. A server redelivery of a message still held (same stream sequence) is
-  recognised and not run twice.
+- ``partition``, ``key`` and ``stream``: messages with the same key (the partition, the
+  key function's value, or one key for the whole member) run one after another in stream
+  order; different keys run at once, up to ``max_in_flight``. Up to ``max_in_flight``
+  messages are held (the server sends ahead), so ``stream`` runs one handler at a time
+  without a server round trip per message. A failing message is retried *in place* with
+  backoff, so no later message of its key can overtake it; its ``delivery_count`` grows
+  with each attempt, so a dead-letter wrapper sees the attempts. Everything held is kept
+  from timing out with ``in_progress``. A server redelivery of a message still held
+  (same stream sequence) is recognised and not run twice.
 - ``none``: every message runs as soon as a slot is free; a failure is nak'ed with backoff.
 
 A handler that returns acks its message (unless it settled it itself); one that raises is
@@ -81,6 +83,8 @@ async def run_in_thread(fn: Callable[..., Any], *args: Any) -> Any:
 
 #: Unconfirmed settlements that make the confirmer run at once, not after its interval.
 CONFIRM_BATCH = 1024
+#: The stats counter of each outcome.
+_COUNTED = {Outcome.ACK: "acked", Outcome.NAK: "naked", Outcome.TERM: "termed"}
 
 
 def is_async(handler: Any) -> bool:
@@ -132,6 +136,8 @@ def handler_failure(exc: BaseException) -> bool:
 async def settle_result(result: Any) -> None:
     """Await what a handler returned if it is awaitable; refuse a generator, which means
     the handler's body never ran (returning would ack a message nobody handled)."""
+    if result is None:  # the common case, per message: skip the inspection
+        return
     if inspect.isgenerator(result) or inspect.isasyncgen(result):
         raise HandlerReturnedGenerator(
             f"the handler returned {type(result).__name__} instead of running: remove the "
@@ -169,7 +175,8 @@ class Dispatcher:
         self._handler = handler
         self._handler_is_async = is_async(handler)
         self._ordering = ordering
-        self._key_of = key_of
+        self._key_of = {Ordering.PARTITION: _by_partition,
+                        Ordering.STREAM: _whole_member}.get(ordering, key_of)
         self._backoff = backoff
         self._before_start = before_start
         self._on_settled = on_settled
@@ -508,6 +515,7 @@ class Dispatcher:
     async def _run_key(self, key: str) -> None:
         """Run one key's messages in order, each until it is settled."""
         queue = self._keys[key]
+        _calling.set(self)  # this task's context: run_in_thread finds its dispatcher
         try:
             while queue and not self._closing.is_set():
                 message = queue[0]
@@ -530,6 +538,7 @@ class Dispatcher:
                 del self._keys[key]
 
     async def _run_unordered(self, message: Message) -> None:
+        _calling.set(self)
         if not await self._invoke(message) and not self._closing.is_set():
             await self._settle(message.nak(self._backoff(message.delivery_count)))
             self._settled(message)
@@ -545,7 +554,7 @@ class Dispatcher:
                 await self._open.wait()
             if self._held.get(message.stream_sequence) is not message:
                 return True  # discarded while it waited: the consumer delivers it again
-            if not self._closing.is_set():
+            if not self._closing.is_set() and self._reconnects() != self._epoch:
                 await self._ack_fence()
             if self._closing.is_set() or not await self._before_start():
                 self._closing.set()
@@ -560,7 +569,6 @@ class Dispatcher:
                 return True
             self._running[seq] = message
             message.ack_failed = False
-            _calling.set(self)
             try:
                 if self._handler_is_async:
                     result = await self._handler(message)  # type: ignore[misc]
@@ -586,7 +594,10 @@ class Dispatcher:
                                           "not acking, retrying", subject=message.subject,
                                           seq=message.stream_sequence)
                         return False
-                    await self._settle(message.ack())
+                    try:
+                        await message.ack()
+                    except Exception as exc:  # noqa: BLE001 - lost here: redelivered later
+                        self._log.warning("ack could not be sent", error=repr(exc))
             finally:
                 self._running.pop(seq, None)
         if message.outcome in (Outcome.ACK, Outcome.TERM):
@@ -633,18 +644,19 @@ class Dispatcher:
             return
         if message.outcome is None:
             return
-        self._completed[seq] = message.settlement or b"+ACK"
-        self._completed.move_to_end(seq)
-        while len(self._completed) > COMPLETED_MEMORY:
-            self._completed.popitem(last=False)
+        completed = self._completed
+        if seq in completed:
+            completed.move_to_end(seq)
+        completed[seq] = message.settlement or b"+ACK"
+        while len(completed) > COMPLETED_MEMORY:
+            completed.popitem(last=False)
         if not message.confirmed:
             self._unconfirmed.setdefault(message.consumer, {})[seq] = message
             self._wake_confirmer()
 
     def _count(self, outcome: Outcome | None) -> None:
         if outcome is not None:
-            self._stats[{Outcome.ACK: "acked", Outcome.NAK: "naked",
-                         Outcome.TERM: "termed"}[outcome]] += 1
+            self._stats[_COUNTED[outcome]] += 1
 
     async def _settle(self, op: Awaitable[None]) -> None:
         try:
@@ -659,6 +671,16 @@ class Dispatcher:
             for message in list(self._held.values()):
                 if message.outcome is None:
                     await self._settle(message.in_progress())
+
+
+def _by_partition(subject: str, headers: Mapping[str, str], partition: int | None) -> str:
+    """``partition`` ordering: a partition's messages one at a time, partitions at once."""
+    return str(partition)
+
+
+def _whole_member(subject: str, headers: Mapping[str, str], partition: int | None) -> str:
+    """``stream`` ordering: one queue, so one handler at a time, in stream order."""
+    return ""
 
 
 def _insert_in_order(queue: deque[Message], message: Message,
