@@ -5,11 +5,15 @@ One run, one nats-server, the same shape for every row: 4 members, 8 partitions,
 event per message, the record file opened per event, as the peer's driver does; the
 message is acked when the handler returns). Rows:
 
-- ``defaults``: ``cgroupd join`` with no ordering options;
-- ``partition_max_in_flight_8``: ``--ordering partition --max-in-flight 8``;
+- ``defaults``: ``cgroupd join`` with no ordering options (``partition`` ordering, max
+  in flight 256: a partition's messages one at a time in stream order, the server
+  sending ahead);
+- ``partition_max_in_flight_1``: ``--ordering partition --max-in-flight 1``: the old
+  defaults, one server round trip per message;
 - ``key``: ``--ordering key``;
 - ``member_in_stream_order``: the whole member in stream order, one handler at a time
-  (:data:`STREAM_ORDER_ARGS`; today that is also what the defaults do);
+  (:data:`STREAM_ORDER_ARGS`: ``--ordering stream``, max in flight 256: held messages
+  start strictly in stream order);
 - ``peer``: natsio-pcgroups members (its ``elastic_consume``, max ack pending 1) run by
   :mod:`tests.support.peer_driver` processes in the peer's own venv (:mod:`tests.support.peer`);
 - ``raw``: one plain nats-py pull consumer on the origin stream, batch 256, each message
@@ -72,8 +76,9 @@ from tests.support.groups import check
 from tests.support.natsserver import NatsServer, client_options
 from tests.support.peer import PeerProcess, peer_python, why
 
-#: How the strictest mode is spelled today: one message in flight per member.
-STREAM_ORDER_ARGS = ("--ordering", "partition", "--max-in-flight", "1")
+#: The strictest mode: the whole member in stream order, one handler at a time, with
+#: prefetch (the default max in flight).
+STREAM_ORDER_ARGS = ("--ordering", "stream")
 #: The peer's members: max ack pending 1 (its default handler runs one message at a time).
 PEER_MAX_ACK_PENDING = 1
 
@@ -88,8 +93,9 @@ class Row:
 
 ROWS = (
     Row("defaults", "cgroupd", "cgroupd join, no ordering options"),
-    Row("partition_max_in_flight_8", "cgroupd", "cgroupd join --ordering partition "
-        "--max-in-flight 8", ("--ordering", "partition", "--max-in-flight", "8")),
+    Row("partition_max_in_flight_1", "cgroupd", "cgroupd join --ordering partition "
+        "--max-in-flight 1 (the defaults before 2026-11-23)",
+        ("--ordering", "partition", "--max-in-flight", "1")),
     Row("key", "cgroupd", "cgroupd join --ordering key", ("--ordering", "key")),
     Row("member_in_stream_order", "cgroupd", "cgroupd join, the whole member in stream "
         f"order, one handler at a time ({' '.join(STREAM_ORDER_ARGS)})", STREAM_ORDER_ARGS),

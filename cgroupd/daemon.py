@@ -144,6 +144,7 @@ class Daemon:
         self.settings = settings
         self.handler_options = handler
         self.metrics = Metrics(options.stream, options.group, options.member)
+        self.metrics.exported = bool(options.metrics_port)
         self.metrics.count_ignored_input(lambda: self.member.stats if self.member else {})
         self.loop_monitor = LoopMonitor()
         self.nc: Connection | None = None

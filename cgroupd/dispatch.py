@@ -2,13 +2,15 @@
 
 Ordering modes (``MemberSettings.ordering``):
 
-- ``partition`` and ``key``: messages with the same key (the partition number, or the key
-  function's value) run one after another in stream order; different keys run at once, up
-  to ``max_in_flight``. A failing message is retried *in place* with backoff, so no later
-  message of its key can overtake it; its ``delivery_count`` grows with each attempt, so a
-  dead-letter wrapper sees the attempts. Everything held is kept from timing out with
-  ``in_progress``. A server redelivery of a message still held (same stream sequence) is
-  recognised and not run twice.
+- ``partition``, ``key`` and ``stream``: messages with the same key (the partition, the
+  key function's value, or one key for the whole member) run one after another in stream
+  order; different keys run at once, up to ``max_in_flight``. Up to ``max_in_flight``
+  messages are held (the server sends ahead), so ``stream`` runs one handler at a time
+  without a server round trip per message. A failing message is retried *in place* with
+  backoff, so no later message of its key can overtake it; its ``delivery_count`` grows
+  with each attempt, so a dead-letter wrapper sees the attempts. Everything held is kept
+  from timing out with ``in_progress``. A server redelivery of a message still held
+  (same stream sequence) is recognised and not run twice.
 - ``none``: every message runs as soon as a slot is free; a failure is nak'ed with backoff.
 
 A handler that returns acks its message (unless it settled it itself); one that raises is
@@ -23,14 +25,9 @@ alive, until it opens again; meanwhile :meth:`Dispatcher.discard_unstarted` can 
 (the consumer is about to deliver them again, e.g. after a consumer reset). Within a key,
 messages wait in stream order even when a redelivery arrives after later messages.
 
-Acks are published without waiting (a round trip per message would halve throughput), so
-a key's next message may start while the previous ack is only buffered (issue 13 item 9).
-What keeps order is that acks are never lost silently: settled messages are remembered
-until the server confirms their consumer applied them (one confirmed settlement per
-consumer confirms every earlier one: a consumer applies acks in order); after a reconnect,
-before anything new starts, unconfirmed settlements are sent again and confirmed; a
-redelivery of a message this member already completed is settled again, not run again; and
-a release confirms before its consumers are deleted (:meth:`Dispatcher.confirm`).
+Acks are published without waiting; :mod:`cgroupd.settlements` keeps them from being lost
+silently (issue 13 item 9). Calling the handler (sync ones in a tracked thread):
+:mod:`cgroupd.calling`; which queue a message waits in: :mod:`cgroupd.keyqueues`.
 
 Draining (:meth:`Dispatcher.drain`) never returns while a handler may still run: async
 handlers still running at the drain timeout are cancelled, but a sync handler's thread
@@ -41,47 +38,43 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import functools
-from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from cgroupd.calling import call_handler, handler_failure, is_async
+from cgroupd.calling import (
+    Threads,
+    call_handler,
+    call_in_thread,
+    handler_failure,
+    is_async,
+    settle_result,
+)
+from cgroupd.calling import (
+    run_in_thread as run_in_thread,
+)
+from cgroupd.errors import (  # re-exported: handler wrappers import them from here
+    HandlerRaised as HandlerRaised,
+)
+from cgroupd.errors import (
+    HandlerReturnedGenerator as HandlerReturnedGenerator,
+)
+from cgroupd.keyqueues import KeyOf, insert_in_order, queue_key
 from cgroupd.message import AckGuard, Message, Outcome
 from cgroupd.ordering import Ordering as Ordering  # re-exported: callers import it from here
-from cgroupd.tasks import cancel_and_wait
+from cgroupd.settlements import Completed as Completed
+from cgroupd.settlements import Settlements, send_logged
+from cgroupd.tasks import cancel_and_wait, nap
 
 Handler = Callable[[Message], Awaitable[None] | None]
-KeyOf = Callable[[str, Mapping[str, str], int | None], str]
-#: Stream sequences a member completed (acked or termed), with the settlement sent.
-Completed = OrderedDict[int, bytes]
-
-#: Completed sequences remembered, so a redelivery is settled again rather than run again.
-COMPLETED_MEMORY = 8192
-
-#: The dispatcher calling the handler that runs in the current task (see run_in_thread).
-_calling: contextvars.ContextVar[Dispatcher | None] = contextvars.ContextVar(
-    "cgroupd_dispatcher", default=None)
-
-
-async def run_in_thread(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run a blocking function for the handler being called, in a thread its dispatcher
-    keeps track of: a thread cannot be cancelled, so a drain waits for it (and settles its
-    message) before the partitions are released (issue 13 item 7). Handler wrappers that
-    call sync user code use this instead of ``asyncio.to_thread``."""
-    dispatcher = _calling.get()
-    if dispatcher is None:
-        return await asyncio.to_thread(fn, *args)
-    return await dispatcher._run_in_thread(fn, *args)
-
-
-#: Unconfirmed settlements that make the confirmer run at once, not after its interval.
-CONFIRM_BATCH = 1024
-
+#: The stats counter of each outcome.
+_COUNTED = {Outcome.ACK: "acked", Outcome.NAK: "naked", Outcome.TERM: "termed"}
+__all__ = ["Completed", "Dispatcher", "Handler", "HandlerRaised", "HandlerReturnedGenerator",
+           "Ordering", "call_in_thread", "handler_failure", "is_async", "run_in_thread",
+           "settle_result"]
 
 
 class Dispatcher:
@@ -113,7 +106,7 @@ class Dispatcher:
         self._handler = handler
         self._handler_is_async = is_async(handler)
         self._ordering = ordering
-        self._key_of = key_of
+        self._key_of = queue_key(ordering, key_of)
         self._backoff = backoff
         self._before_start = before_start
         self._on_settled = on_settled
@@ -152,29 +145,18 @@ class Dispatcher:
         #: Deliveries arriving once closing: nak them (another instance reads the same
         #: consumer) or ignore them (our own consumer hands them to the next owner).
         self._hand_back = hand_back_on_close
-        self._completed: Completed = completed if completed is not None else OrderedDict()
-        #: Per consumer: settled messages whose settlement the server has not confirmed.
-        self._unconfirmed: dict[str, dict[int, Message]] = {}
-        self._confirm_interval = confirm_interval
-        self._confirm_timeout = confirm_timeout
-        self._confirm_lock = asyncio.Lock()
-        self._confirm_wake = asyncio.Event()
-        self._confirmer: asyncio.Task[None] | None = None
-        self._reconnects = reconnects or (
-            lambda: int((getattr(nc, "stats", None) or {}).get("reconnects", 0)))
-        self._epoch = self._reconnects()
+        self._settlements = Settlements(
+            nc, log, stats, self._closing, completed, confirm_interval=confirm_interval,
+            confirm_timeout=confirm_timeout, reconnects=reconnects)
         #: Sequences nak'ed with a delay, and when the server will offer them again: they
         #: count as unacknowledged on the server while we hold nothing of them.
         self._delayed: dict[int, float] = {}
-        self._threads = 0
-        self._in_thread: set[asyncio.Task[Any]] = set()
-        self._threads_done = asyncio.Event()
-        self._threads_done.set()
+        self._threads = Threads()
 
     def start(self) -> None:
         """Begin keeping held messages alive; paired with :meth:`drain`."""
         self._keepalive = asyncio.create_task(self._keep_alive(), name="cgroupd-keepalive")
-        self._confirmer = asyncio.create_task(self._confirm_loop(), name="cgroupd-confirm")
+        self._settlements.start()
 
     @property
     def holding(self) -> int:
@@ -228,7 +210,7 @@ class Dispatcher:
                        if seq not in self._running and seq not in self._abandoned
                        and m.outcome is None), key=lambda m: m.stream_sequence)
         for m in back:
-            await self._settle(m.nak())
+            await send_logged(m.nak(), self._log)
             self._held.pop(m.stream_sequence, None)
         self._stats["naked"] += len(back)
         return len(back)
@@ -236,7 +218,7 @@ class Dispatcher:
     @property
     def running_threads(self) -> int:
         """Sync handlers whose thread is still running (cancelled or not)."""
-        return self._threads
+        return self._threads.count
 
     def delayed(self) -> int:
         """Messages nak'ed with a delay whose redelivery is still to come: the server counts
@@ -249,12 +231,17 @@ class Dispatcher:
 
     @property
     def unconfirmed(self) -> int:
-        return sum(len(v) for v in self._unconfirmed.values())
+        return self._settlements.unconfirmed
 
     def connection_back(self) -> None:
         """The connection was re-established: settlements may have been lost with the
         old one; have them sent again and confirmed now, not at the next start."""
-        self._confirm_wake.set()
+        self._settlements.connection_back()
+
+    async def confirm(self, resend: bool = False) -> bool:
+        """Have the server confirm every settlement sent so far (see
+        :meth:`Settlements.confirm`); True once it has."""
+        return await self._settlements.confirm(resend)
 
     async def settle(self, partitions: set[int], timeout: float) -> bool:
         """Wait until no message of ``partitions`` is held; False if that takes too long."""
@@ -278,7 +265,7 @@ class Dispatcher:
             # than after the ack wait; on our own, a nak would only bring it back to us at
             # once (and again, in a hot loop): leave it for the next owner.
             if raw.reply and self._hand_back:
-                self._spawn(self._settle(self._nc.publish(raw.reply, b"-NAK")))
+                self._spawn(send_logged(self._nc.publish(raw.reply, b"-NAK"), self._log))
             return
         try:
             message = Message.from_msg(self._nc, raw, self._guard)
@@ -292,13 +279,13 @@ class Dispatcher:
             # A late delivery of a partition given away: its new owner runs it.
             self._stats["not_owned"] = self._stats.get("not_owned", 0) + 1
             if self.ack_not_owned:
-                self._spawn(self._settle(message.ack()))
+                self._spawn(send_logged(message.ack(), self._log))
             return
         if message.partition is not None and seq > self.highest.get(message.partition, 0):
             self.highest[message.partition] = seq
         if self.skip is not None and seq not in self._held and self.skip(message):
             self._stats["skipped"] = self._stats.get("skipped", 0) + 1
-            self._spawn(self._settle(message.ack()))
+            self._spawn(send_logged(message.ack(), self._log))
             return
         if seq in self._held:
             # The server redelivered a message we still hold (ack wait passed while it ran
@@ -306,17 +293,12 @@ class Dispatcher:
             self._stats["duplicates"] += 1
             return
         self._delayed.pop(seq, None)
-        done = self._completed.get(seq)
-        if done is not None:
+        again = self._settlements.resettle(message)
+        if again is not None:
             # We completed it already; its settlement was lost (a reconnect) or is late.
             # Settle it again: running it again, behind later messages of its key, would
             # break order.
-            self._stats["resettled"] = self._stats.get("resettled", 0) + 1
-            message.outcome = Outcome.TERM if done.startswith(b"+TERM") else Outcome.ACK
-            message.settlement = done
-            self._unconfirmed.setdefault(message.consumer, {})[seq] = message
-            self._spawn(self._settle(self._nc.publish(message.reply, done)))
-            self._wake_confirmer()
+            self._spawn(again)
             return
         self._held[seq] = message
         self._stats["delivered"] += 1
@@ -326,7 +308,7 @@ class Dispatcher:
         key = self._key_of(message.subject, message.headers, message.partition)
         queue = self._keys.get(key)
         if queue is not None:
-            _insert_in_order(queue, message, self._running)
+            insert_in_order(queue, message, self._running)
             return
         self._keys[key] = deque([message])
         self._spawn(self._run_key(key))
@@ -348,7 +330,7 @@ class Dispatcher:
         if tasks:
             _, late = await asyncio.wait(tasks, timeout=timeout)
             self._abandoned.update(self._running)
-            threads = {t for t in late if t in self._in_thread}
+            threads = {t for t in late if t in self._threads.tasks}
             cancelled = late - threads
             if cancelled:
                 self._log.warning("handlers still running after the drain timeout were "
@@ -360,89 +342,15 @@ class Dispatcher:
                                   "their partitions are kept until they return",
                                   count=len(threads))
                 _, threads = await asyncio.wait(threads, timeout=warn_every)
-        while self._threads:  # a thread whose awaiting task was cancelled anyway
+        while self._threads.count:  # a thread whose awaiting task was cancelled anyway
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._threads_done.wait(), warn_every)
-        for background in (self._keepalive, self._confirmer):
-            if background is not None:
-                # Cancelled until it ended: a confirmation request (nats-py's wait_for)
-                # can swallow one cancellation, and its loop would go on (cgroupd.tasks).
-                await cancel_and_wait(background)
-                if not background.cancelled() and background.exception() is not None:
-                    self._log.warning("dispatcher task failed",
-                                      error=repr(background.exception()))
-
-    async def confirm(self, resend: bool = False) -> bool:
-        """Have the server confirm every settlement sent so far; True once it has.
-
-        Per consumer, the newest settlement is sent again as a request: its reply means
-        the consumer applied it and every one sent before it. ``resend`` first publishes
-        every unconfirmed settlement again (after a reconnect: some may be lost). A
-        consumer that is gone has nothing left to confirm (its messages went, or go, to
-        the next owner).
-        """
-        async with self._confirm_lock:
-            epoch = self._reconnects()
-            if epoch != self._epoch:
-                resend = True
-            ok = True
-            for consumer, pending in list(self._unconfirmed.items()):
-                batch = list(pending.values())
-                if not batch:
-                    continue
-                if resend:
-                    for message in batch:
-                        await self._settle(self._nc.publish(message.reply, message.settlement))
-                result = await batch[-1].confirm_settlement(self._confirm_timeout)
-                if result is None:
-                    ok = False
-                    continue
-                for message in batch:
-                    if pending.get(message.stream_sequence) is message:
-                        del pending[message.stream_sequence]
-                if not pending:
-                    self._unconfirmed.pop(consumer, None)
-            if ok:
-                self._epoch = epoch
-            return ok
-
-    async def _ack_fence(self) -> None:
-        """Before anything new starts after a reconnect: settlements sent before it may be
-        lost, and the server would redeliver them after later messages of their key."""
-        if self._reconnects() == self._epoch:
-            return
-        if not self._unconfirmed:
-            self._epoch = self._reconnects()
-            return
-        self._stats["ack_fences"] = self._stats.get("ack_fences", 0) + 1
-        while not await self.confirm(resend=True) and not self._closing.is_set():
-            await self._pause(0.05)  # no reply yet (still reconnecting): ask again shortly
-
-    async def _pause(self, seconds: float) -> None:
-        """Sleep, but not past the start of closing. (Not ``wait_for`` on the event: on
-        Python 3.11 it can swallow a cancellation that arrives as the event is set.)"""
-        if self._closing.is_set():
-            return
-        waiter = asyncio.ensure_future(self._closing.wait())
-        try:
-            await asyncio.wait({waiter}, timeout=seconds)
-        finally:
-            waiter.cancel()
-
-    def _wake_confirmer(self) -> None:
-        if not self._confirm_wake.is_set():
-            self._confirm_wake.set()
-
-    async def _confirm_loop(self) -> None:
-        """Confirm settlements in the background (bounded memory, quick releases)."""
-        while True:
-            await self._confirm_wake.wait()
-            if self.unconfirmed < CONFIRM_BATCH:
-                await self._pause(self._confirm_interval)
-            self._confirm_wake.clear()
-            if not await self.confirm():
-                await asyncio.sleep(self._confirm_interval)
-                self._confirm_wake.set()
+                await asyncio.wait_for(self._threads.done.wait(), warn_every)
+        if self._keepalive is not None:
+            await cancel_and_wait(self._keepalive)
+        for background in (self._keepalive, await self._settlements.stop()):
+            if background is not None and not background.cancelled() \
+                    and background.exception() is not None:
+                self._log.warning("dispatcher task failed", error=repr(background.exception()))
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
@@ -452,6 +360,7 @@ class Dispatcher:
     async def _run_key(self, key: str) -> None:
         """Run one key's messages in order, each until it is settled."""
         queue = self._keys[key]
+        self._threads.enter()  # this task's context: run_in_thread finds its threads
         try:
             while queue and not self._closing.is_set():
                 if not self._open.is_set():
@@ -465,7 +374,7 @@ class Dispatcher:
                         return
                     delay = self._backoff(message.delivery_count)
                     self._stats["retries"] += 1
-                    await self._pause(delay)
+                    await nap(delay, self._closing)
                     if self._closing.is_set():
                         return
                     message.delivery_count += 1
@@ -479,8 +388,9 @@ class Dispatcher:
                 del self._keys[key]
 
     async def _run_unordered(self, message: Message) -> None:
+        self._threads.enter()
         if not await self._invoke(message) and not self._closing.is_set():
-            await self._settle(message.nak(self._backoff(message.delivery_count)))
+            await send_logged(message.nak(self._backoff(message.delivery_count)), self._log)
             self._settled(message)
             self._count(message.outcome)
         if self._held.get(message.stream_sequence) is message:
@@ -494,8 +404,8 @@ class Dispatcher:
                 await self._open.wait()
             if self._held.get(message.stream_sequence) is not message:
                 return True  # discarded while it waited: the consumer delivers it again
-            if not self._closing.is_set():
-                await self._ack_fence()
+            if not self._closing.is_set() and self._settlements.stale:
+                await self._settlements.fence()
             if self._closing.is_set() or not await self._before_start():
                 self._closing.set()
                 return False
@@ -504,15 +414,14 @@ class Dispatcher:
                 return True  # discarded while the start was being checked
             if self.skip is not None and self.skip(message):
                 self._stats["skipped"] = self._stats.get("skipped", 0) + 1
-                await self._settle(message.ack())
+                await send_logged(message.ack(), self._log)
                 self._settled(message)
                 return True
             self._running[seq] = message
             message.ack_failed = False
-            _calling.set(self)
             try:
                 await call_handler(self._handler, message, self._handler_is_async,
-                                   self._run_in_thread)
+                                   self._threads.run)
             except BaseException as exc:  # a handler failure never kills us
                 if not handler_failure(exc):
                     raise
@@ -532,7 +441,7 @@ class Dispatcher:
                                           "not acking, retrying", subject=message.subject,
                                           seq=message.stream_sequence)
                         return False
-                    await self._settle(message.ack())
+                    await send_logged(message.ack(), self._log)
             finally:
                 self._running.pop(seq, None)
         if message.outcome in (Outcome.ACK, Outcome.TERM):
@@ -541,35 +450,6 @@ class Dispatcher:
         self._count(message.outcome)
         return True
 
-    async def _run_in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """A sync handler in a thread, counted until the thread returns (cancelling the
-        awaiting task does not stop it); a drain does not cancel the task awaiting it."""
-        loop = asyncio.get_running_loop()
-        self._threads += 1
-        self._threads_done.clear()
-
-        def finished() -> None:
-            self._threads -= 1
-            if not self._threads:
-                self._threads_done.set()
-
-        def run() -> Any:
-            try:
-                return fn(*args)
-            finally:
-                with contextlib.suppress(RuntimeError):  # loop closed: nobody waits
-                    loop.call_soon_threadsafe(finished)
-
-        ctx = contextvars.copy_context()
-        task = asyncio.current_task()
-        if task is not None:
-            self._in_thread.add(task)
-        try:
-            return await loop.run_in_executor(None, functools.partial(ctx.run, run))
-        finally:
-            if task is not None:
-                self._in_thread.discard(task)
-
     def _settled(self, message: Message) -> None:
         """Remember a settled message until the server confirmed its settlement."""
         seq = message.stream_sequence
@@ -577,26 +457,12 @@ class Dispatcher:
             if message.nak_delay:
                 self._delayed[seq] = asyncio.get_running_loop().time() + message.nak_delay
             return
-        if message.outcome is None:
-            return
-        self._completed[seq] = message.settlement or b"+ACK"
-        self._completed.move_to_end(seq)
-        while len(self._completed) > COMPLETED_MEMORY:
-            self._completed.popitem(last=False)
-        if not message.confirmed:
-            self._unconfirmed.setdefault(message.consumer, {})[seq] = message
-            self._wake_confirmer()
+        if message.outcome is not None:
+            self._settlements.remember(message)
 
     def _count(self, outcome: Outcome | None) -> None:
         if outcome is not None:
-            self._stats[{Outcome.ACK: "acked", Outcome.NAK: "naked",
-                         Outcome.TERM: "termed"}[outcome]] += 1
-
-    async def _settle(self, op: Awaitable[None]) -> None:
-        try:
-            await op
-        except Exception as exc:  # noqa: BLE001 - an ack lost here is a redelivery later
-            self._log.warning("ack could not be sent", error=repr(exc))
+            self._stats[_COUNTED[outcome]] += 1
 
     async def _keep_alive(self) -> None:
         """Every held message, running or waiting its turn, is kept from redelivery."""
@@ -604,20 +470,4 @@ class Dispatcher:
             await asyncio.sleep(self._ack_wait / 3)
             for message in list(self._held.values()):
                 if message.outcome is None:
-                    await self._settle(message.in_progress())
-
-
-def _insert_in_order(queue: deque[Message], message: Message,
-                     running: Mapping[int, Message]) -> None:
-    """Queue ``message`` behind its key's messages of lower stream sequence (a message
-    handed back by a previous holder can arrive after later ones); never ahead of one
-    whose handler already runs."""
-    seq = message.stream_sequence
-    if not queue or queue[-1].stream_sequence < seq:
-        queue.append(message)
-        return
-    floor = 1 if queue[0].stream_sequence in running else 0
-    at = len(queue)
-    while at > floor and queue[at - 1].stream_sequence > seq:
-        at -= 1
-    queue.insert(at, message)
+                    await send_logged(message.in_progress(), self._log)

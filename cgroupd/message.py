@@ -33,6 +33,26 @@ from cgroupd.partitions import strip_partition
 ACK_ATTEMPTS = 2
 
 
+def ack_subject_fields(reply: str | None) -> tuple[str, str, int, int]:
+    """Stream, consumer, delivery count and stream sequence from a JetStream ack subject
+    (``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>``, or the
+    longer form with domain and account hash); ValueError if it is not one. (What nats-py's
+    ``Msg.metadata`` gives, without its per-message datetime and dataclasses: this runs
+    for every delivery.)"""
+    tokens = reply.split(".") if reply and reply.startswith("$JS.ACK.") else ()
+    if len(tokens) == 9:
+        at = 2
+    elif len(tokens) >= 11:
+        at = 4
+    else:
+        raise ValueError(f"not a JetStream ack subject: {reply!r}")
+    delivered, sequence = tokens[at + 2], tokens[at + 3]
+    if not (delivered.isascii() and delivered.isdigit()
+            and sequence.isascii() and sequence.isdigit()):
+        raise ValueError(f"not a JetStream ack subject: {reply!r}")
+    return tokens[at], tokens[at + 1], int(delivered), int(sequence)
+
+
 class AckGuard(Protocol):
     """Ownership checks around acks, for consumers shared by several instances (pinned
     mode), where the server applies and confirms acks from any of them."""
@@ -80,20 +100,22 @@ class Message:
 
     @classmethod
     def from_msg(cls, nc: Client, msg: Msg, guard: AckGuard | None = None) -> Message:
-        """Wrap a JetStream delivery (its reply subject carries sequence and count)."""
+        """Wrap a JetStream delivery (its reply subject carries sequence and count);
+        ValueError if it is not one."""
         partition, subject = strip_partition(msg.subject)
-        meta = msg.metadata
+        stream, consumer, delivered, sequence = ack_subject_fields(msg.reply)
+        headers = msg.headers
         return cls(
             subject=subject,
             partition=partition,
             data=msg.data,
-            headers=dict(msg.headers or {}),
-            stream_sequence=meta.sequence.stream,
-            delivery_count=meta.num_delivered,
+            headers=dict(headers) if headers else {},
+            stream_sequence=sequence,
+            delivery_count=delivered,
             _nc=nc,
             _reply=msg.reply,
-            stream=meta.stream,
-            consumer=meta.consumer,
+            stream=stream,
+            consumer=consumer,
             _guard=guard,
         )
 

@@ -88,6 +88,9 @@ class Metrics:
         self._last_message: float | None = None
         self._rebalance_started: float | None = None
         self._holding = 0
+        #: Whether anything reads the per-message series (a metrics server runs): when
+        #: not, message_started/finished keep only what the instance info needs.
+        self.exported = True
         r = self.registry
 
         def gauge(name: str, doc: str) -> Gauge:
@@ -185,18 +188,20 @@ class Metrics:
 
     # -- messages -----------------------------------------------------------------------
     def message_started(self) -> None:
-        self._in_flight_child.inc()
         self._holding += 1
+        if self.exported:
+            self._in_flight_child.inc()
 
     def message_finished(self, outcome: str, seconds: float) -> None:
         counter = self._processed_by.get(outcome)
         if counter is None:
             raise ValueError(f"unknown outcome {outcome!r}")
-        self._in_flight_child.dec()
         self._holding -= 1
-        counter.inc()
-        self._duration_child.observe(seconds)
         self._last_message = self._clock()
+        if self.exported:  # ~5 us a message of Prometheus locks: only when scraped
+            self._in_flight_child.dec()
+            counter.inc()
+            self._duration_child.observe(seconds)
 
     def in_flight(self) -> int:
         """Messages being handled now."""

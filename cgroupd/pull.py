@@ -37,6 +37,8 @@ def delivery_number(reply: str) -> int | None:
     """The consumer delivery sequence in a JetStream ack subject
     (``$JS.ACK.<stream>.<consumer>.<count>.<sseq>.<dseq>.<ts>.<pending>``, or the longer
     form with domain and account hash); None if it is not one."""
+    if not reply.startswith("$JS.ACK."):
+        return None
     tokens = reply.split(".")
     if len(tokens) == 9:
         dseq = tokens[6]
@@ -298,8 +300,8 @@ class Puller:
             number = delivery_number(msg.reply or "")
             if number is not None:
                 self.last_delivery = number
-            if self._opts.check_gaps and not self._retiring and self._lost_delivery(msg):
-                return
+                if self._opts.check_gaps and not self._retiring and self._lost_delivery(number):
+                    return
             if self._retiring:
                 with contextlib.suppress(Exception):
                     await self._nc.publish(msg.reply, b"-NAK")
@@ -321,14 +323,12 @@ class Puller:
         a slow consumer (a burst of 1 MiB messages to 256 slots did)."""
         return max(PULL_MAX_BYTES, 2 * (self._nc.max_payload or 0))
 
-    def _lost_delivery(self, msg: Msg) -> bool:
+    def _lost_delivery(self, delivery: int) -> bool:
         """Deliveries are numbered: a gap means one never reached us (a reconnect, a
         server restart). Its message stays unacknowledged on the server, and handling
-        later ones first could break per-key order, so this consumer must be replaced."""
-        try:
-            delivery = msg.metadata.sequence.consumer
-        except Exception:  # noqa: BLE001 - not a JetStream delivery: the dispatcher says so
-            return False
+        later ones first could break per-key order, so this consumer must be replaced.
+        (A message that is not a JetStream delivery has no number: the dispatcher says
+        so.)"""
         expected = self._last_delivery + 1
         self._last_delivery = delivery
         if delivery != expected:

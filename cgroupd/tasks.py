@@ -19,3 +19,15 @@ async def cancel_and_wait(task: asyncio.Future[Any], retry: float = 0.1) -> None
     while not task.done():
         task.cancel()
         await asyncio.wait({task}, timeout=retry)
+
+
+async def nap(seconds: float, unless: asyncio.Event) -> None:
+    """Sleep ``seconds``, but not past ``unless`` being set. (Not ``wait_for`` on the
+    event: on Python 3.11 it can swallow a cancellation that arrives as the event is set.)"""
+    if unless.is_set():
+        return
+    waiter = asyncio.ensure_future(unless.wait())
+    try:
+        await asyncio.wait({waiter}, timeout=seconds)
+    finally:
+        waiter.cancel()

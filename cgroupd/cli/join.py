@@ -42,6 +42,7 @@ class ExclusivityName(StrEnum):
 class OrderingName(Enum):
     partition = "partition"
     key = "key"
+    stream = "stream"
     none = "none"
 
 
@@ -57,13 +58,6 @@ def _default(name: str) -> str:
     elif isinstance(value, float):
         value = f"{value:g}"
     return f"[default: {value}]"
-
-
-def _in_flight_default() -> str:
-    """max_in_flight's default depends on the ordering (MemberSettings picks it)."""
-    strict = MemberSettings(ordering=Ordering.PARTITION).max_in_flight
-    concurrent = MemberSettings(ordering=Ordering.KEY).max_in_flight
-    return f"[default: {strict} for partition ordering, {concurrent} otherwise]"
 
 
 def _setting(flag: str, envvar: str, help: str, field: str, metavar: str | None = "SEC"
@@ -113,15 +107,16 @@ def join(
         "--webhook-timeout", envvar="CGROUPD_WEBHOOK_TIMEOUT", metavar="SEC",
         help="Bound on one webhook request.")] = DEFAULT_WEBHOOK_TIMEOUT,
     ordering: Annotated[OrderingName | None, _setting(
-        "--ordering", "CGROUPD_ORDERING", "partition: strictly in order per partition; "
-        "key: in order per key, keys concurrently; none: no order.", "ordering", None)
+        "--ordering", "CGROUPD_ORDERING", "partition: in order per partition, partitions "
+        "concurrently; key: in order per key, keys concurrently; stream: the whole member "
+        "in stream order, one message at a time; none: no order.", "ordering", None)
     ] = None,
     key: Annotated[str | None, _setting(
         "--key", "CGROUPD_KEY", "What a key is for --ordering key: auto (the partitioning "
         "tokens), subject, partition, tokens:1,3 or header:NAME.", "key", "SPEC")] = None,
-    max_in_flight: Annotated[int | None, typer.Option(
-        "--max-in-flight", envvar="CGROUPD_MAX_IN_FLIGHT", metavar="N",
-        help=f"Messages unacknowledged at once. {_in_flight_default()}")] = None,
+    max_in_flight: Annotated[int | None, _setting(
+        "--max-in-flight", "CGROUPD_MAX_IN_FLIGHT", "Messages unacknowledged at once "
+        "(running, or held in order: the server sends ahead).", "max_in_flight", "N")] = None,
     ack_wait: Annotated[float | None, _setting(
         "--ack-wait", "CGROUPD_ACK_WAIT", "Redeliver a message not acked within this (kept "
         "alive while handling).", "ack_wait")] = None,

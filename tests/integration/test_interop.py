@@ -331,13 +331,13 @@ async def _pinned_takeover(peer_python: str, nats_server: NatsServer, jetstream:
             proc = JoinProcess(nats_server.url, tmp_path, path.stem, "--stream", "ORDERS",
                                "--group", "g", "--member", "m", "--handler", HANDLER,
                                "--exclusivity", "pinned", "--ack-wait", "2",
-                               record=path, metrics=False)
+                               "--max-in-flight", "1", record=path, metrics=False)
         else:
             proc = await PeerProcess(peer_python, nats_server.url,
                                      tmp_path / f"{path.stem}.log").start()
             # natsio's consumer create is create-or-update: a peer instance that joins
             # rewrites the shared consumer with its template. Give it cgroupd's
-            # (--ordering partition: one message in flight, so a crash never lets a
+            # (--max-in-flight 1: one message in flight, so a crash never lets a
             # later message overtake one waiting for redelivery).
             await proc.call("consume", kind="elastic", stream="ORDERS", group="g",
                             member="m", record=str(path), ack_wait=2, max_ack_pending=1)

@@ -18,7 +18,6 @@ from cgroupd.cli.errors import CliError, UsageError, bad_arguments
 from cgroupd.cli.parsers import join_missing, pair_filters, parse_wildcards
 from cgroupd.errors import ConfigError, GroupNotFound, ServerUnreachable
 from cgroupd.handlers import HandlerLoadError
-from cgroupd.ordering import Ordering
 from cgroupd.settings import MemberSettings
 
 CLI = Path(cgroupd.cli.__file__).parent
@@ -47,15 +46,11 @@ def test_join_help_defaults_are_the_member_settings_defaults() -> None:
                        ("--inactive-threshold SEC", "inactive_threshold"),
                        ("--drain-timeout SEC", "drain_timeout")]:
         assert float(_shown_default(text, row)) == getattr(defaults, field), row
-    assert _shown_default(text, "--ordering <partition|key|none>") == defaults.ordering.value
+    assert _shown_default(text, "--ordering <partition|key|stream|none>") == \
+        defaults.ordering.value
     assert _shown_default(text, "--key SPEC") == defaults.key
     assert _shown_default(text, "--exclusivity <sync|pinned>") == defaults.exclusivity.value
-    strict, concurrent = re.fullmatch(
-        r"(\d+) for partition ordering, (\d+) otherwise",
-        _shown_default(text, "--max-in-flight N")).groups()  # type: ignore[union-attr]
-    assert int(strict) == MemberSettings(ordering=Ordering.PARTITION).max_in_flight
-    for ordering in (Ordering.KEY, Ordering.NONE):
-        assert int(concurrent) == MemberSettings(ordering=ordering).max_in_flight
+    assert int(_shown_default(text, "--max-in-flight N")) == defaults.max_in_flight
 
 
 def test_join_sources_restate_no_member_settings_default() -> None:

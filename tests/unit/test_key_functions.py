@@ -38,7 +38,8 @@ def test_bad_key_specs_are_refused_with_a_message(spec: str) -> None:
 
 
 def test_max_in_flight_defaults_follow_the_ordering() -> None:
-    """Strict by default; the concurrent orderings default to 256 in flight."""
-    assert MemberSettings().max_in_flight == 1
+    """Every ordering defaults to 256 in flight (the server sends ahead; the dispatcher
+    keeps the order)."""
+    assert MemberSettings().max_in_flight == 256
     assert MemberSettings(ordering=Ordering.KEY).max_in_flight == 256
     assert MemberSettings(ordering=Ordering.KEY, max_in_flight=8).max_in_flight == 8

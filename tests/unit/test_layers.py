@@ -20,8 +20,8 @@ LAYERS: dict[str, set[str]] = {
     "adapter": {"adapter", "connect", "events", "jetstream", "jsapi", "lease", "message",
                 "groupstreams", "jserrors", "natsload", "pull", "streamread"},
     # The member runtime (elections, rebalances, the dispatcher) and the admin API.
-    "runtime": {"admin", "admin._groups", "admin._status", "calling", "dispatch", "lag",
-                "member", "replay", "runtime",
+    "runtime": {"admin", "admin._groups", "admin._status", "calling", "dispatch",
+                "keyqueues", "lag", "member", "replay", "runtime", "settlements",
                 "runtime.config_watch", "runtime.core",
                 "runtime.election_pinned", "runtime.election_sync", "runtime.generation",
                 "runtime.pinned_acks", "runtime.rebalance", "runtime.rebalance_pinned",

@@ -44,7 +44,7 @@ def test_defaults_give_strict_order_fast_failover_and_stall_tolerance() -> None:
     second (presence probes), stalls of 2 s survived without a takeover, and a drain that
     outlasts the default webhook timeout."""
     s = MemberSettings()
-    assert s.ordering is Ordering.PARTITION and s.max_in_flight == 1
+    assert s.ordering is Ordering.PARTITION and s.max_in_flight == 256
     assert s.presence_interval <= 0.25 and s.retry_interval <= 1.0
     assert s.lease + s.takeover_margin > 3.0
     assert s.inactive_threshold >= s.lease + s.takeover_margin + s.pull_expires
