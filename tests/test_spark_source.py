@@ -23,7 +23,7 @@ from cgroupd import admin
 from cgroupd.jetstream import JetStream
 from cgroupd.member import INSTANCE_KEY, Member, MemberState
 from cgroupd.message import Message
-from cgroupd.spark.lease import HOLDER_KEY
+from cgroupd.naming import HOLDER_KEY
 from tests.groups import eventually, publish_keyed
 from tests.natsserver import NatsServer
 from tests.spark_support import (

@@ -39,7 +39,7 @@ from cgroupd.spark.offsets import (
     plan_slices,
     resolve_start,
 )
-from cgroupd.spark.options import SourceOptions
+from cgroupd.spark.options import SourceOptions, connect_reader
 from cgroupd.spark.wire import ReaderClient
 
 log = logs.get_logger("cgroupd.spark")
@@ -111,7 +111,7 @@ class DriverSession:
     async def open(self, *, take_lease: bool = True) -> None:
         """Connect, resolve the layout, take the lease; on failure leave nothing behind."""
         o = self.options
-        self.nc = await o.connection.connect_reader(reconnect=True)
+        self.nc = await connect_reader(o.connection, reconnect=True)
         try:
             self.js = JetStream(self.nc)
             stored: StoredGroup | None = None
@@ -130,8 +130,8 @@ class DriverSession:
             if self.layout.workqueue and take_lease:
                 assert stored is not None
                 self.lease = Lease(
-                    self.js, self.layout.stream, claims_for(stored.config,
-                                                            self.layout.partitions),
+                    self.js, self.layout.stream, claims_for(stored.config, self.layout.partitions,
+                                                            stored.group),
                     label=self.layout.label, presence_key=group_key(o.stream, stored.group),
                     inactive_threshold=o.lease_inactive_threshold, wait=o.lease_wait)
                 await self.lease.acquire()
