@@ -163,17 +163,16 @@ def spark_runs(url: str, tmp: Path, count: int) -> dict[str, Any]:
     jvm = gateway.proc.pid if gateway is not None else os.getpid()  # type: ignore[attr-defined]
 
     def cpu_pct(seconds: float) -> tuple[float, float]:
-        """CPU (% of a core) of the JVM and its children, and of the children alone."""
-        pids = _descendants(jvm)
-        workers = [p for p in pids if p != jvm]
-        before_all, before_py = _cpu_seconds(pids), _cpu_seconds(workers)
+        """CPU (% of a core) of the JVM and its children, and of the children alone, over
+        ``seconds``: per process alive at the end (one that exited meanwhile, such as a
+        stopped query's Python worker, is left out rather than counted negative)."""
+        before = {p: _cpu_seconds([p]) for p in _descendants(jvm)}
         began = time.monotonic()
         time.sleep(seconds)
         wall = time.monotonic() - began
-        pids = _descendants(jvm)
-        workers = [p for p in pids if p != jvm]
-        return (round(100 * (_cpu_seconds(pids) - before_all) / wall, 1),
-                round(100 * (_cpu_seconds(workers) - before_py) / wall, 1))
+        used = {p: _cpu_seconds([p]) - before.get(p, 0.0) for p in _descendants(jvm)}
+        return (round(100 * sum(used.values()) / wall, 1),
+                round(100 * sum(v for p, v in used.items() if p != jvm) / wall, 1))
 
     def timeline(q: Any, began: float, ended: float) -> tuple[float, float]:
         """(start() to the first batch, the last batch's end to the query's end)."""
