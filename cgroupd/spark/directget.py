@@ -28,6 +28,7 @@ leader has none, the range is complete.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
@@ -50,6 +51,16 @@ log = logs.get_logger("cgroupd.spark")
 MAX_BYTES = 8 << 20
 #: How long a range may keep ending early at replicas while the leader has more.
 STALE_TIMEOUT = 10.0
+
+#: The server's trailer on a message of a direct-get *batch*, matched where the last
+#: ``\r\nNats-Stream: `` starts: one match instead of splitting and checking six lines
+#: (0.96 against 1.76 µs a message here). Only the server writes these lines and none of
+#: their values holds a CR; anything else falls back to :func:`cgroupd.jsapi.direct_message`,
+#: so a match gives exactly what it would.
+_BATCH_TRAILER = re.compile(
+    rb"\r\nNats-Stream: ([^\r]*)\r\nNats-Subject: ([^\r]*)\r\nNats-Sequence: ([0-9]+)"
+    rb"\r\nNats-Time-Stamp: ([^\r]*)\r\nNats-Num-Pending: [0-9]+\r\n"
+    rb"Nats-Last-Sequence: [^\r]*\r\n\r\n\Z")
 
 #: One message of a direct-get batch: ``(sequence, subject, time stamp, raw header block,
 #: where the server's trailer starts in it, payload)``.
@@ -106,6 +117,12 @@ class DirectGet:
         if call is None or call.done is None or call.done.done():
             return  # a late answer to a request that gave up
         call.received += 1
+        if call.batch and hdr is not None:
+            end = hdr.rfind(b"\r\nNats-Stream: ")
+            m = _BATCH_TRAILER.match(hdr, end) if end >= 0 else None
+            if m is not None and m.group(1) == self._stream_b:
+                call.items.append((int(m.group(3)), m.group(2), m.group(4), hdr, end, payload))
+                return
         found = jsapi.direct_message(hdr, self._stream_b, call.batch)
         if found is not None and hdr is not None:
             end, subj, seq, stamp, _ = found

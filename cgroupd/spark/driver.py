@@ -39,7 +39,7 @@ from cgroupd.spark.offsets import (
     plan_slices,
     resolve_start,
 )
-from cgroupd.spark.options import SourceOptions
+from cgroupd.spark.options import SourceOptions, connect_reader
 from cgroupd.spark.wire import ReaderClient
 
 log = logs.get_logger("cgroupd.spark")
@@ -74,6 +74,20 @@ class LoopThread:
         self._thread.join(timeout=5)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+def lost_ranges(start: Offset, partitions: tuple[int, ...],
+                first_seq: int) -> dict[int, tuple[int, int]]:
+    """Per partition whose unread messages may have been removed, the removed sequences
+    ``(first, last)``: everything below the stream's ``first_seq`` is gone, and a
+    partition has read up to its own offset (or the offset's ``position``, below which
+    every message was read or is not the query's)."""
+    out = {}
+    for p in partitions:
+        done = max(start.partitions.get(p, 0), start.position)
+        if first_seq > done + 1:
+            out[p] = (done + 1, first_seq - 1)
+    return out
 
 
 class StreamState:
@@ -111,7 +125,7 @@ class DriverSession:
     async def open(self, *, take_lease: bool = True) -> None:
         """Connect, resolve the layout, take the lease; on failure leave nothing behind."""
         o = self.options
-        self.nc = await o.connection.connect_reader(reconnect=True)
+        self.nc = await connect_reader(o.connection, reconnect=True)
         try:
             self.js = JetStream(self.nc)
             stored: StoredGroup | None = None
@@ -130,8 +144,8 @@ class DriverSession:
             if self.layout.workqueue and take_lease:
                 assert stored is not None
                 self.lease = Lease(
-                    self.js, self.layout.stream, claims_for(stored.config,
-                                                            self.layout.partitions),
+                    self.js, self.layout.stream, claims_for(stored.config, self.layout.partitions,
+                                                            stored.group),
                     label=self.layout.label, presence_key=group_key(o.stream, stored.group),
                     inactive_threshold=o.lease_inactive_threshold, wait=o.lease_wait)
                 await self.lease.acquire()
@@ -221,17 +235,22 @@ class DriverSession:
             earliest = max(state.first_seq - 1, 0)
             return self._offset(earliest, {p: earliest for p in layout.partitions})
         whole = not layout.workqueue or len(layout.partitions) == layout.count
-        if whole and state.first_seq > start.position + 1:
-            # Whatever fell below the position unread is lost. (In a work queue only when
-            # the query holds every partition: otherwise daemons legitimately consume the
-            # other members' partitions, and the lease keeps them off the query's.)
+        lost = lost_ranges(start, layout.partitions, state.first_seq) if whole else {}
+        if lost:
+            # Whatever fell below a partition's offset unread is lost. (In a work queue only
+            # when the query holds every partition: otherwise daemons legitimately consume
+            # the other members' partitions, and the lease keeps them off the query's.)
+            # Which partitions held the removed messages the server no longer knows: the
+            # partitions named are those whose unread range the removal reached.
+            read = ", ".join(f"partition {p} had read to {lo - 1}"
+                             for p, (lo, _) in sorted(lost.items()))
             what = (f"messages of stream {layout.stream!r} from sequence "
-                    f"{start.position + 1} to {state.first_seq - 1} were removed (limits, "
-                    "age, a purge) before the query read them")
+                    f"{min(lo for lo, _ in lost.values())} to {state.first_seq - 1} were "
+                    f"removed (limits, age, a purge) before the query read them: {read}")
             if fail:
                 raise DataLoss(f"{what}. Set failOnDataLoss=false to go on from sequence "
                                f"{state.first_seq}.")
-            log.warning("data loss", detail=what)
+            log.warning("data loss", detail=what, partitions=sorted(lost))
         return start
 
     async def latest(self, start: Offset) -> Offset:

@@ -39,7 +39,7 @@ from typing import Any
 import nats.errors
 
 from cgroupd import jsapi, logs
-from cgroupd.config import GroupConfig
+from cgroupd.config import GroupConfig, StaticGroupConfig
 from cgroupd.errors import (
     ApiError,
     CgroupdError,
@@ -50,7 +50,7 @@ from cgroupd.errors import (
 )
 from cgroupd.jetstream import JetStream
 from cgroupd.lease import presence_subject
-from cgroupd.member import INSTANCE_KEY, MEMBER_KEY
+from cgroupd.naming import HOLDER_KEY, INSTANCE_KEY, MEMBER_KEY, consumer_config, sync_consumer
 from cgroupd.partitions import SYNC_PREFIX, owners, sync_filters
 from cgroupd.pull import Puller, PullOptions
 from cgroupd.settings import PRIORITY_GROUP
@@ -59,8 +59,7 @@ log = logs.get_logger("cgroupd.spark.lease")
 
 #: Consumer name of the claim on partitions that no member owns.
 UNOWNED_CONSUMER = "cgroupd-spark-unowned"
-#: Metadata key marking a synchronization consumer held by a Spark query.
-HOLDER_KEY = "cgroupd_holder"
+#: :data:`~cgroupd.naming.HOLDER_KEY`'s value on a synchronization consumer a query holds.
 HOLDER_SPARK = "spark"
 #: Ack wait recorded in the consumer config (the sync consumer never delivers).
 _ACK_WAIT = 30.0
@@ -106,17 +105,22 @@ class Claim:
     partitions: tuple[int, ...]
 
 
-def claims_for(config: GroupConfig, partitions: Iterable[int]) -> list[Claim]:
+def claims_for(config: GroupConfig, partitions: Iterable[int],
+               group: str | None = None) -> list[Claim]:
     """The claims that cover ``partitions``: one per owning member, with *all* of that
-    member's partitions (its election consumer always names all of them), and one for
-    the partitions no member owns."""
+    member's partitions (its election consumer always names all of them, under the name
+    :func:`cgroupd.naming.sync_consumer` gives it), and one for the partitions no member
+    owns. ``group``: needed for a static group, whose consumer names carry it."""
+    static = isinstance(config, StaticGroupConfig)
+    if static and group is None:
+        raise ValueError("a static group's claims need its name")
     wanted = set(partitions)
     owner = owners(config)
     by_member: dict[str, list[int]] = {}
     for p, member in sorted(owner.items()):
         by_member.setdefault(member, []).append(p)
-    claims = [Claim(m, m, tuple(ps)) for m, ps in sorted(by_member.items())
-              if wanted & set(ps)]
+    claims = [Claim(sync_consumer(group or "", m, static), m, tuple(ps))
+              for m, ps in sorted(by_member.items()) if wanted & set(ps)]
     unowned = tuple(sorted(p for p in wanted if p not in owner))
     if unowned:
         claims.append(Claim(UNOWNED_CONSUMER, None, unowned))
@@ -223,16 +227,9 @@ class Lease:
         meta = {INSTANCE_KEY: self.lease_id, HOLDER_KEY: HOLDER_SPARK}
         if claim.member is not None:
             meta[MEMBER_KEY] = claim.member
-        return {
-            "ack_policy": "explicit",
-            "deliver_policy": "all",
-            "filter_subjects": sync_filters(claim.partitions),
-            "ack_wait": int(_ACK_WAIT * 1e9),
-            "max_ack_pending": 1,
-            "max_waiting": 512,
-            "inactive_threshold": int(self.inactive_threshold * 1e9),
-            "metadata": meta,
-        }
+        return consumer_config(sync_filters(claim.partitions), ack_wait=_ACK_WAIT,
+                               max_ack_pending=1, metadata=meta,
+                               inactive_threshold=int(self.inactive_threshold * 1e9))
 
     # -- acquiring ------------------------------------------------------------------
     async def acquire(self) -> None:

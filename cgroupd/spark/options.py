@@ -11,27 +11,21 @@ format: ``15m``, ``30s``, ``500ms``; a bare number is milliseconds).
 
 from __future__ import annotations
 
-import asyncio
 import difflib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import nats
-from nats.aio.client import Client
 
 from cgroupd import logs
 from cgroupd.config import name_problems
-from cgroupd.errors import ConfigError, PermissionDenied, ServerUnreachable
+from cgroupd.connect import DEFAULT_CONNECT_TIMEOUT, DEFAULT_SERVER, ConnectionOptions, connect
+from cgroupd.errors import ConfigError
 from cgroupd.spark.layout import Mode
 from cgroupd.spark.wire import ReaderClient
 
 log = logs.get_logger("cgroupd.spark")
 
-DEFAULT_SERVER = "nats://127.0.0.1:4222"
-DEFAULT_CONNECT_TIMEOUT = 5.0
 #: How many messages one direct-get request asks for when reading (at most 8 MiB of them;
 #: 200k messages of 100 B, local[2]: 96k msg/s with 5,000, 138k with 20,000).
 DEFAULT_FETCH_BATCH = 20_000
@@ -47,7 +41,8 @@ DEFAULT_MAX_TRIGGER_DELAY = 15 * 60.0
 #: asks every 10 ms with the default trigger).
 DEFAULT_IDLE_WAIT = 0.5
 
-CONNECTION_OPTIONS = ("servers", "creds", "token", "user", "password", "connectTimeout")
+CONNECTION_OPTIONS = ("servers", "creds", "nkeySeed", "token", "user", "password", "tlsCert",
+                      "tlsKey", "tlsCa", "connectTimeout")
 SOURCE_OPTIONS = (
     *CONNECTION_OPTIONS, "stream", "group", "member", "mode", "subject", "startingOffsets",
     "startingTimestamp", "endingOffsets", "failOnDataLoss", "maxOffsetsPerTrigger",
@@ -94,92 +89,55 @@ def unknown_option_problems(options: Iterable[str], known: Iterable[str],
     return out
 
 
-@dataclass(frozen=True)
-class Connection:
-    """How to reach NATS: ``servers`` (comma-separated) and at most one credential."""
+#: How the connection options are spelt here, and the field of
+#: :class:`~cgroupd.connect.ConnectionOptions` each sets (the CLI's and the daemon's
+#: options, so a query connects exactly as ``cgroupd join`` does: TLS included).
+_CONNECTION_FIELDS = {"creds": "creds", "nkeySeed": "nkey_seed", "tlsCert": "tls_cert",
+                      "tlsKey": "tls_key", "tlsCa": "tls_ca"}
 
-    servers: tuple[str, ...] = (DEFAULT_SERVER,)
-    creds: str | None = None
-    token: str | None = None
-    user: str | None = None
-    password: str | None = None
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
 
-    def problems(self) -> list[str]:
-        out = []
-        if not self.servers:
-            out.append("servers must name at least one NATS server")
-        if sum(x is not None for x in (self.creds, self.token, self.user)) > 1:
-            out.append("choose one of creds, token, user/password")
-        if self.password is not None and self.user is None:
-            out.append("password needs user")
-        if self.creds is not None and not Path(self.creds).is_file():
-            out.append(f"creds file {self.creds!r} does not exist")
-        if self.connect_timeout <= 0:
-            out.append("connectTimeout must be positive")
-        return out
+def parse_connection(opts: Mapping[str, str]) -> tuple[ConnectionOptions, list[str]]:
+    """``servers`` (comma-separated), at most one of ``creds`` | ``nkeySeed`` | ``token`` |
+    ``user`` + ``password``, ``tlsCert`` + ``tlsKey``, ``tlsCa``, ``connectTimeout``."""
+    problems: list[str] = []
+    servers = tuple(s.strip() for s in opts.get("servers", DEFAULT_SERVER).split(",")
+                    if s.strip())
+    if not servers:
+        problems.append("servers must name at least one NATS server")
+    timeout = _float(opts, "connectTimeout", DEFAULT_CONNECT_TIMEOUT, problems)
+    paths: dict[str, Path | None] = {}
+    for option, field in _CONNECTION_FIELDS.items():
+        raw = opts.get(option.lower())
+        paths[field] = Path(raw) if raw else None
+        if raw and not Path(raw).is_file():
+            problems.append(f"{option} file {raw!r} does not exist")
+    # The rules ConnectionOptions enforces, in this format's option names.
+    if sum(bool(opts.get(k)) for k in ("creds", "nkeyseed", "token", "user")) > 1:
+        problems.append("choose one of creds, token, nkeySeed, user/password")
+    if opts.get("password") is not None and opts.get("user") is None:
+        problems.append("password needs user")
+    if bool(opts.get("tlscert")) != bool(opts.get("tlskey")):
+        problems.append("give both tlsCert and tlsKey (mutual TLS), or neither")
+    if problems:
+        return ConnectionOptions(servers=servers or (DEFAULT_SERVER,)), problems
+    try:
+        conn = ConnectionOptions(
+            servers=servers or (DEFAULT_SERVER,), token=opts.get("token"),
+            user=opts.get("user"), password=opts.get("password"),
+            connect_timeout=timeout if timeout > 0 else DEFAULT_CONNECT_TIMEOUT,
+            name="cgroupd-spark", **paths)  # type: ignore[arg-type]
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+        conn = ConnectionOptions(servers=servers or (DEFAULT_SERVER,), name="cgroupd-spark")
+    return conn, problems
 
-    @classmethod
-    def parse(cls, opts: Mapping[str, str]) -> tuple[Connection, list[str]]:
-        problems: list[str] = []
-        servers = tuple(s.strip() for s in opts.get("servers", DEFAULT_SERVER).split(",")
-                        if s.strip())
-        timeout = _float(opts, "connectTimeout", DEFAULT_CONNECT_TIMEOUT, problems)
-        conn = cls(servers=servers, creds=opts.get("creds"), token=opts.get("token"),
-                   user=opts.get("user"), password=opts.get("password"),
-                   connect_timeout=timeout)
-        return conn, problems + conn.problems()
 
-    def kwargs(self, *, reconnect: bool) -> dict[str, Any]:
-        """``nats.connect`` arguments; drivers reconnect forever, tasks fail fast."""
-        kwargs: dict[str, Any] = {
-            "servers": list(self.servers),
-            "name": "cgroupd-spark",
-            "connect_timeout": self.connect_timeout,
-            "allow_reconnect": reconnect,
-            "max_reconnect_attempts": -1 if reconnect else 0,
-            "reconnect_time_wait": 0.5,
-        }
-        if self.creds is not None:
-            kwargs["user_credentials"] = self.creds
-        if self.token is not None:
-            kwargs["token"] = self.token
-        if self.user is not None:
-            kwargs["user"] = self.user
-            kwargs["password"] = self.password or ""
-        return kwargs
-
-    async def connect_reader(self, *, reconnect: bool) -> ReaderClient:
-        """:meth:`connect` with a :class:`~cgroupd.spark.wire.ReaderClient`."""
-        nc = ReaderClient()
-        await self.connect(reconnect=reconnect, client=nc)
-        return nc
-
-    async def connect(self, *, reconnect: bool, client: Client | None = None) -> Client:
-        """A connected client, or ServerUnreachable/PermissionDenied within the timeout.
-
-        nats-py retries a first connect forever when told to reconnect forever; the
-        deadline here bounds it.
-        """
-        nc = client or Client()
-
-        async def on_error(exc: Exception) -> None:  # nats-py logs a traceback otherwise
-            log.warning("nats error", error=str(exc) or type(exc).__name__)
-
-        attempt = nc.connect(error_cb=on_error, **self.kwargs(reconnect=reconnect))
-        try:
-            await asyncio.wait_for(attempt, timeout=self.connect_timeout * 2)
-        except (nats.errors.Error, OSError, TimeoutError) as exc:
-            try:
-                await nc.close()
-            except Exception:  # noqa: BLE001 - already failed; report the first cause
-                pass
-            where = ", ".join(self.servers)
-            if "authorization" in str(exc).lower():
-                raise PermissionDenied(f"{where}: authorization violation") from exc
-            raise ServerUnreachable(f"cannot connect to NATS at {where}: "
-                                    f"{exc or type(exc).__name__}") from exc
-        return nc
+async def connect_reader(conn: ConnectionOptions, *, reconnect: bool) -> ReaderClient:
+    """A connected :class:`~cgroupd.spark.wire.ReaderClient` (see
+    :func:`cgroupd.connect.connect`; drivers reconnect forever, tasks fail fast)."""
+    nc = ReaderClient()
+    await connect(conn, client=nc, reconnect=reconnect)
+    return nc
 
 
 def _int(opts: Mapping[str, str], key: str, default: int | None, problems: list[str],
@@ -248,7 +206,7 @@ def parse_duration(key: str, raw: str, problems: list[str]) -> float | None:
 class SourceOptions:
     """``spark.readStream.format("cgroupd")`` / ``spark.read.format("cgroupd")`` options."""
 
-    connection: Connection
+    connection: ConnectionOptions
     #: The origin stream (the stream the messages are published to).
     stream: str
     #: An elastic or static group on it; None reads the stream itself (one partition).
@@ -283,7 +241,7 @@ class SourceOptions:
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
         opts = _lower(options)
         problems = unknown_option_problems(options, SOURCE_OPTIONS, "source")
-        connection, conn_problems = Connection.parse(opts)
+        connection, conn_problems = parse_connection(opts)
         problems += conn_problems
         if not opts.get("stream"):
             problems.append("option 'stream' is required")
@@ -357,7 +315,7 @@ class SourceOptions:
 class SinkOptions:
     """``df.write.format("cgroupd")`` / ``writeStream`` options."""
 
-    connection: Connection
+    connection: ConnectionOptions
     #: Subject for rows without a ``subject`` column (or with a null one).
     subject: str | None = None
     #: Stream the subjects must land in (checked by the server: ``Nats-Expected-Stream``).
@@ -376,7 +334,7 @@ class SinkOptions:
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
         opts = _lower(options)
         problems = unknown_option_problems(options, SINK_OPTIONS, "sink")
-        connection, conn_problems = Connection.parse(opts)
+        connection, conn_problems = parse_connection(opts)
         problems += conn_problems
         subject = opts.get("subject") or None
         if subject is not None and (any(c.isspace() for c in subject) or "*" in subject

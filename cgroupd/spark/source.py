@@ -58,13 +58,14 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from cgroupd.connect import ConnectionOptions
 from cgroupd.errors import ConfigError, LeaseLost
 from cgroupd.spark.directget import DirectGet, Item, read_range
 from cgroupd.spark.driver import DriverSession, LoopThread
 from cgroupd.spark.layout import Layout, Mode
 from cgroupd.spark.lease import LeaseRef, lease_problem
 from cgroupd.spark.offsets import Offset, ReadRange, parse_requested, resolve_end
-from cgroupd.spark.options import Connection, SinkOptions, SourceOptions
+from cgroupd.spark.options import SinkOptions, SourceOptions, connect_reader
 from cgroupd.spark.rows import RowBuilder
 from cgroupd.spark.wire import ReaderClient
 
@@ -305,7 +306,7 @@ class _ExecutorIO:
 
     def __init__(self) -> None:
         self.thread = LoopThread("cgroupd-spark-reader")
-        self._clients: dict[Connection, ReaderClient] = {}
+        self._clients: dict[ConnectionOptions, ReaderClient] = {}
 
     @classmethod
     def get(cls) -> _ExecutorIO:
@@ -314,7 +315,7 @@ class _ExecutorIO:
                 cls._instance = _ExecutorIO()
             return cls._instance
 
-    async def _client(self, connection: Connection) -> ReaderClient:
+    async def _client(self, connection: ConnectionOptions) -> ReaderClient:
         nc = self._clients.get(connection)
         if nc is not None and nc.is_connected:
             return nc
@@ -323,11 +324,11 @@ class _ExecutorIO:
                 await nc.close()
         # No reconnecting: a task fails fast (Spark retries it) and the next task
         # connects anew, rather than a worker retrying a server that went away forever.
-        nc = await connection.connect_reader(reconnect=False)
+        nc = await connect_reader(connection, reconnect=False)
         self._clients[connection] = nc
         return nc
 
-    def client(self, connection: Connection) -> ReaderClient:
+    def client(self, connection: ConnectionOptions) -> ReaderClient:
         return self.thread.run(self._client(connection))
 
     async def _close_all(self) -> None:

@@ -53,7 +53,6 @@ from typing import Any
 
 import nats.errors
 import pyarrow as pa
-from nats.aio.client import Client
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -70,9 +69,10 @@ from pyspark.sql.types import (
 )
 
 from cgroupd import jsapi, logs
+from cgroupd.connect import ConnectionOptions, connect
 from cgroupd.errors import CgroupdError, ConfigError, ServerUnreachable
 from cgroupd.jserrors import translated
-from cgroupd.spark.options import Connection, SinkOptions, parse_duration
+from cgroupd.spark.options import SinkOptions, parse_duration
 
 log = logs.get_logger("cgroupd.spark.writer")
 
@@ -168,7 +168,7 @@ def row_digest(subject: str, headers: Mapping[str, str], body: bytes) -> str:
 
 async def _publish(options: SinkOptions, batches: Iterator[pa.RecordBatch],
                    prefix: str) -> PublishReport:
-    nc = await options.connection.connect(reconnect=False, client=Client())
+    nc = await connect(options.connection, reconnect=False)
     js = nc.jetstream(timeout=options.publish_timeout)
     report = PublishReport()
     window: list[asyncio.Task[Any]] = []
@@ -233,11 +233,11 @@ def _task() -> TaskContext:
 
 
 # -- the duplicate window ------------------------------------------------------------------
-async def _windows(connection: Connection, stream: str | None,
+async def _windows(connection: ConnectionOptions, stream: str | None,
                    subject: str | None) -> dict[str, float]:
     """Duplicate window (seconds) of the target stream(s): ``stream``, or the streams
     capturing ``subject``."""
-    nc = await connection.connect(reconnect=False)
+    nc = await connect(connection, reconnect=False)
     try:
         names = [stream] if stream else (await jsapi.stream_names(nc, subject)
                                          if subject else [])

@@ -13,6 +13,7 @@ from nats.aio.msg import Msg
 
 from cgroupd import admin
 from cgroupd.config import group_key
+from cgroupd.connect import ConnectionOptions, connect
 from cgroupd.jetstream import JetStream
 from cgroupd.lease import presence_subject
 from cgroupd.member import INSTANCE_KEY, MEMBER_KEY, Member, MemberState
@@ -22,7 +23,7 @@ from cgroupd.spark.directget import DirectGet, nth_sequence, read_range
 from cgroupd.spark.layout import PREFIXED, Layout, Mode
 from cgroupd.spark.lease import Lease, LeaseLost, LeaseUnavailable, claims_for
 from cgroupd.spark.offsets import ReadRange
-from cgroupd.spark.options import DEFAULT_LEASE_INACTIVE, Connection, SourceOptions
+from cgroupd.spark.options import DEFAULT_LEASE_INACTIVE, SourceOptions, connect_reader
 from cgroupd.spark.source import ReadTask, close_executor_connections, read_task
 from tests.support.groups import make_group, publish_keyed
 from tests.support.natsserver import NatsServer
@@ -182,8 +183,8 @@ async def test_direct_get_reads_and_counts_like_a_full_scan(jetstream: JetStream
         return info is not None and info.state.messages == 300
 
     await eventually(sourced, what="the group's stream to hold every message")
-    nc = await Connection(servers=(jetstream.nc.connected_url.geturl(),)).connect_reader(
-        reconnect=False)
+    nc = await connect_reader(ConnectionOptions(servers=(jetstream.nc.connected_url.geturl(),)),
+                              reconnect=False)
     dg = DirectGet(nc, WQ)
     try:
         for p in range(3):
@@ -244,7 +245,7 @@ async def test_lease_survives_a_nats_outage_of_a_few_seconds(
     await make_group(jetstream, partitions=2, members=("m1", "m2"))
     proxy = TcpProxy(nats_server.port)
     await proxy.start()
-    nc = await Connection(servers=(proxy.url,)).connect(reconnect=True)
+    nc = await connect(ConnectionOptions(servers=(proxy.url,)))
     js = JetStream(nc)
     stored = await admin.get_group(js, "ORDERS", "g")
     lease = Lease(js, WQ, claims_for(stored.config, (0, 1)), label="ORDERS/g",

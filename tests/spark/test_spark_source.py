@@ -23,7 +23,7 @@ from cgroupd import admin
 from cgroupd.jetstream import JetStream
 from cgroupd.member import INSTANCE_KEY, Member, MemberState
 from cgroupd.message import Message
-from cgroupd.spark.lease import HOLDER_KEY
+from cgroupd.naming import HOLDER_KEY
 from tests.support.groups import publish_keyed
 from tests.support.natsserver import NatsServer
 from tests.support.polling import eventually, eventually_blocking
