@@ -58,8 +58,10 @@ from tests.support.natsserver import client_options
 MEMBERS = 4
 PARTITIONS = 8
 KEYS = 64
-#: The cases that can be profiled: the issue's (key ordering) and the defaults.
-CASES = {"key": ("--ordering", "key"), "defaults": ()}
+#: The cases that can be profiled: the issue's (key ordering), the defaults, and one
+#: message in flight (a server round trip per message: the defaults before 2026-11-23).
+CASES = {"key": ("--ordering", "key"), "defaults": (),
+         "one_in_flight": ("--max-in-flight", "1")}
 #: The launchers switched on and off by SIGUSR1 / SIGUSR2, per tool.
 LAUNCHERS = {"cprofile": "cprofiled", "trace": "traced"}
 
@@ -344,7 +346,7 @@ if __name__ == "__main__":
     parser.add_argument("--tool", choices=("py-spy", "cprofile", "trace"), default=None,
                         help="default: py-spy when installed, else cprofile; trace: the "
                              "wall time between two messages, step by step (bench.traced; "
-                             "for --case defaults, one handler at a time)")
+                             "for --case one_in_flight, one handler at a time)")
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=20, help="rows per table")
     parser.add_argument("--members", type=int, default=MEMBERS,

@@ -72,7 +72,7 @@ async def test_profile_runs() -> None:
 @pytest.mark.slow
 async def test_profile_trace_runs() -> None:
     """The step trace of a one-at-a-time member: every gap is split, in order."""
-    result = _json(await profile.main(100, "trace", 100, 5, members=2, case="defaults"))
+    result = _json(await profile.main(100, "trace", 100, 5, members=2, case="one_in_flight"))
     split = result["wall_split"]
     assert split["messages"] > 0 and split["handlers_overlapping"] == 0, split
     trips = split["between_messages"]["server round trip: write -> next message read"]

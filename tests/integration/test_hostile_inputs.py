@@ -30,6 +30,7 @@ from typer.testing import CliRunner
 from cgroupd import admin
 from cgroupd.cli import app
 from cgroupd.config import ELASTIC_BUCKET, group_key
+from cgroupd.errors import ConfigError
 from cgroupd.member import MemberState
 from cgroupd.settings import MemberSettings
 from tests.support.cli import (
@@ -121,7 +122,7 @@ def test_member_settings_accept_only_usable_durations(values: dict[str, float]) 
     can use: finite, within a week, convertible to nanoseconds."""
     try:
         s = MemberSettings(**values)  # type: ignore[arg-type]
-    except ValueError as exc:
+    except ConfigError as exc:
         assert str(exc)
         return
     for name in values:

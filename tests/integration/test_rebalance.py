@@ -10,6 +10,7 @@ import pytest
 from cgroupd import admin
 from cgroupd.config import MemberMapping
 from cgroupd.jetstream import JetStream
+from cgroupd.ordering import Ordering
 from cgroupd.partitions import moved_partitions
 from cgroupd.settings import MemberSettings
 from tests.support.groups import Fleet, all_done, check, make_group, publish_keyed
@@ -96,19 +97,23 @@ async def test_rejoin_fallback_still_works_when_incremental_is_off(
     check(fleet.record, sent, fleet.by_member).assert_ok()
 
 
-async def test_max_in_flight_one_keeps_the_member_in_stream_order_after_a_gain(
-        fleet: Fleet, jetstream: JetStream) -> None:
-    """Partition ordering with max in flight 1 promises the whole member in stream order.
-    m1 gains m2's partitions (m2 is dropped) while both have a backlog: from m1's first
-    message of a gained partition on, m1 starts messages in stream order.
+@pytest.mark.parametrize("settings", [
+    MemberSettings(max_in_flight=1),
+    MemberSettings(ordering=Ordering.STREAM),  # 256 held: the server sends ahead
+], ids=["max_in_flight_1", "stream_ordering"])
+async def test_stream_order_holds_for_the_member_after_a_gain(
+        fleet: Fleet, jetstream: JetStream, settings: MemberSettings) -> None:
+    """Max in flight 1, or ``stream`` ordering (prefetch), promises the whole member in
+    stream order. m1 gains m2's partitions (m2 is dropped) while both have a backlog:
+    from m1's first message of a gained partition on, m1 starts messages in stream order.
 
     Attacks issue 13 item 11: each gain added a data consumer with its own max ack
     pending, so the member had several messages out at once, from two consumers that
     interleave their streams."""
     await make_group(jetstream, partitions=4, members=("m1", "m2"))
     fleet.handler_delay = 0.004
-    m1 = await fleet.add("m1")
-    m2 = await fleet.add("m2")
+    m1 = await fleet.add("m1", settings)
+    m2 = await fleet.add("m2", settings)
     await eventually(lambda: m1.active and m2.active)
     publisher = asyncio.create_task(publish_keyed(jetstream, 1200, keys=32, rate=500))
     await eventually(lambda: len(fleet.record.ends()) > 200)

@@ -63,7 +63,7 @@ def test_register_refuses_a_pyspark_older_than_the_extra(monkeypatch: pytest.Mon
     """pyproject's spark extra and cgroupd.spark agree on the oldest pyspark."""
     import pyspark
 
-    text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
     floor = ".".join(map(str, cgroupd.spark.PYSPARK_MIN))
     assert f'"pyspark>={floor},<5"' in text
     monkeypatch.setattr(pyspark, "__version__", "4.2.1")
