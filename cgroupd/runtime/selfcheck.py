@@ -109,7 +109,18 @@ class SelfCheck(MemberCore):
         gen.data_info = {
             key: sum(int((info or {}).get(key, 0)) for info in data)
             for key in ("num_pending", "num_ack_pending")}
-        gen.lease.renew(sent)
+        # A clustered consumer's leader answers even when cut off from its replicas (and
+        # from the meta leader that records a takeover): the answer proves ownership only
+        # as of when it last heard from a quorum. An isolated node's answers thus stop
+        # renewing the lease at once, while the majority side takes the member over.
+        age = max(ConsumerInfo.of(info).quorum_age for info in (sync, *data))
+        was_valid = gen.lease.valid
+        gen.lease.renew(sent - age)
+        if not gen.lease.valid:
+            if was_valid:
+                self._log.warning("self-check answered by a server out of touch with its "
+                                  "cluster; starting nothing", quorum_heard_ago=round(age, 3))
+            return None
         return True
 
     async def _refill(self, gen: Generation) -> None:
