@@ -20,6 +20,9 @@ from cgroupd.settings import Exclusivity
 class SelfCheck(MemberCore):
     """One job of :class:`cgroupd.member.Member` (see the module docstring)."""
 
+    #: The last self-check was answered by a server out of touch with its cluster.
+    _out_of_touch = False
+
     async def _sync_is_ours(self) -> bool:
         try:
             info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
@@ -109,7 +112,20 @@ class SelfCheck(MemberCore):
         gen.data_info = {
             key: sum(int((info or {}).get(key, 0)) for info in data)
             for key in ("num_pending", "num_ack_pending")}
-        gen.lease.renew(sent)
+        # A clustered consumer's leader answers even when cut off from its replicas (and
+        # from the meta leader that records a takeover): the answer proves ownership only
+        # as of when it last heard from a quorum. An isolated node's answers thus stop
+        # renewing the lease at once, while the majority side takes the member over.
+        age = max(ConsumerInfo.of(info).quorum_age for info in (sync, *data))
+        gen.lease.renew(sent - age)
+        if not gen.lease.valid:
+            self.stats["stale_checks"] += 1
+            if not self._out_of_touch:
+                self._log.warning("self-check answered by a server out of touch with its "
+                                  "cluster; starting nothing", quorum_heard_ago=round(age, 3))
+            self._out_of_touch = True
+            return None
+        self._out_of_touch = False
         return True
 
     async def _refill(self, gen: Generation) -> None:

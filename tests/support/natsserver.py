@@ -48,7 +48,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any, Self
 
@@ -196,8 +196,12 @@ class NatsServer:
         cluster_port: int | None = None,
         routes: Sequence[str] = (),
         extra_config: str = "",
+        command_prefix: Sequence[str] = (),
     ) -> None:
         self._host = host
+        # Run the binary under this (e.g. ``ip netns exec NS``, which execs in place, so
+        # the pid we signal is nats-server's own).
+        self._command_prefix = list(command_prefix)
         self._auto_ports = port is None and monitor_port is None and cluster_port is None
         self._port = port if port is not None else find_free_port(host)
         self._monitor_port = monitor_port if monitor_port is not None else find_free_port(host)
@@ -324,7 +328,7 @@ class NatsServer:
             log.write(f"=== harness: starting {binary} -c {self.config_path}\n".encode())
             log.flush()
             self._proc = subprocess.Popen(
-                [binary, "-c", str(self.config_path)],
+                [*self._command_prefix, binary, "-c", str(self.config_path)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -504,6 +508,12 @@ class NatsCluster:
 
     Nodes are ``n0``..``n{size-1}`` with full-mesh routes; index ``i`` in every
     method is the position in ``servers``. Process backend only.
+
+    ``hosts`` gives a node its own listen address and ``prefixes`` a command its
+    nats-server runs under: a node inside a network namespace listens on the namespace's
+    address and runs under ``ip netns exec``, the others on an address it can reach (see
+    ``tests.faults.injectors.VethNamespace``). Ports are picked free on loopback for
+    such a node (a fresh namespace has every port free).
     """
 
     def __init__(
@@ -514,8 +524,15 @@ class NatsCluster:
         name: str = "cgroupd-test",
         workdir: str | os.PathLike[str] | None = None,
         extra_config: str = "",
+        hosts: Mapping[int, str] | None = None,
+        prefixes: Mapping[int, Sequence[str]] | None = None,
     ) -> None:
         self._host = host
+        self._hosts = [dict(hosts or {}).get(i, host) for i in range(size)]
+        prefixes = dict(prefixes or {})
+        # Where a free port is looked for: loopback for a node under a prefix.
+        self._port_hosts = ["127.0.0.1" if i in prefixes else self._hosts[i]
+                            for i in range(size)]
         self._name = name
         self._owns_workdir = workdir is None
         self._workdir = (
@@ -523,14 +540,15 @@ class NatsCluster:
         )
         self._servers = [
             NatsServer(
-                host=host,
-                port=find_free_port(host),
-                monitor_port=find_free_port(host),
-                cluster_port=find_free_port(host),
+                host=self._hosts[i],
+                port=find_free_port(self._port_hosts[i]),
+                monitor_port=find_free_port(self._port_hosts[i]),
+                cluster_port=find_free_port(self._port_hosts[i]),
                 cluster_name=name,
                 server_name=f"n{i}",
                 workdir=self._workdir / f"n{i}",
                 extra_config=extra_config,
+                command_prefix=prefixes.get(i, ()),
             )
             for i in range(size)
         ]
@@ -587,8 +605,7 @@ class NatsCluster:
     def _relaunch_on_fresh_ports(self) -> None:
         """A port was taken between find_free_port and bind: pick new ones, start over."""
         self.stop_all()
-        for s in self._servers:
-            h = self._host
+        for s, h in zip(self._servers, self._port_hosts, strict=True):
             s._set_ports(find_free_port(h), find_free_port(h), find_free_port(h))
         self._wire_routes()
         self.start()
