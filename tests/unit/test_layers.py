@@ -30,7 +30,7 @@ LAYERS: dict[str, set[str]] = {
     "edges": {"__init__", "__main__", "cli", "daemon", "demo", "handlers", "metrics",
               "cli.application", "cli.context", "cli.demo", "cli.errors", "cli.groups",
               "cli.join", "cli.members", "cli.observe", "cli.options", "cli.parsers",
-              "cli.replay", "embedded", "loopmonitor", "probes",
+              "cli.replay", "embedded", "joinoptions", "loopmonitor", "operations", "probes",
               "spark", "spark.directget", "spark.driver", "spark.layout", "spark.lease",
               "spark.offsets", "spark.options", "spark.rows", "spark.source", "spark.wire",
               "spark.writer", "views"},
