@@ -36,9 +36,6 @@ LAYERS: dict[str, set[str]] = {
               "spark.writer", "views"},
 }
 ORDER = ["core", "adapter", "runtime", "edges"]
-#: Runtime modules that still import nats-py (issue 14, left): the dispatcher settles
-#: messages on the nats-py client it is given (cgroupd.message does the wire part).
-NATS_DEBT = {"dispatch"}
 
 
 def _module_name(path: Path) -> str:
@@ -97,9 +94,6 @@ def test_only_the_adapter_imports_nats(name: str) -> None:
     """Core and runtime modules never import nats-py: the runtime reaches JetStream
     through cgroupd.adapter.JetStreamPort, the core does no I/O."""
     nats = sorted(i for i in _imports(MODULES[name]) if i == "nats" or i.startswith("nats."))
-    if name in NATS_DEBT:
-        assert nats, f"{name} no longer imports nats-py: take it off NATS_DEBT"
-        return
     assert nats == [], f"{name} imports {nats}"
 
 
