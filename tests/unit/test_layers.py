@@ -33,7 +33,8 @@ LAYERS: dict[str, set[str]] = {
               "cli.replay", "embedded", "joinoptions", "loopmonitor", "operations", "probes",
               "spark", "spark.directget", "spark.driver", "spark.layout", "spark.lease",
               "spark.offsets", "spark.options", "spark.rows", "spark.source", "spark.wire",
-              "spark.writer", "views"},
+              "spark.writer", "views", "views._events", "views._groups", "views._status",
+              "views._text", "views._watch"},
 }
 ORDER = ["core", "adapter", "runtime", "edges"]
 
