@@ -25,8 +25,8 @@ class Subscription(Protocol):
 class JetStreamPort(Protocol):
     """Consumers, the group record, presence, pulls: everything a member instance does."""
 
-    #: The connection the dispatcher acks on (:mod:`cgroupd.dispatch` still takes a
-    #: nats-py client; nothing else in the runtime touches it).
+    #: The connection messages are settled on: the runtime only hands it to
+    #: :class:`cgroupd.message.Deliveries` (the dispatcher never touches it).
     nc: Any
 
     # -- consumers (errors: ConsumerExists, WorkQueueOverlap, ConsumerNotFound, ...) ------

@@ -18,30 +18,22 @@ handler that does not return, and the event loop was not blocked for longer than
 ``JoinOptions.max_loop_lag`` in the last ``LAG_WINDOW`` seconds; 503 with the problems
 otherwise), ``/readyz`` (200 once joined: standby or active).
 
-Operations (:mod:`cgroupd.events`): the runtime's callbacks become advisories (became
-active, stepped down and why, partitions moved); every ``--status-interval`` the group
-status refreshes the unowned-partitions gauge (and the active instance of the lowest
-consumed partition publishes the "unowned" advisory while any is), and an active
-instance reads the lag of its own partitions; the instance answers discovery requests.
+Operations (advisories, discovery answers, the status and lag loops):
+:mod:`cgroupd.operations`. Who the instance is and what it exposes: :mod:`cgroupd.joinoptions`
+(:class:`JoinOptions`, re-exported here with :func:`drain_problems`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import math
-import os
 import signal
-import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
-import cgroupd
 from cgroupd import admin, events, logs
-from cgroupd.config import STATIC_BUCKET, group_key, name_problems
+from cgroupd.config import STATIC_BUCKET, group_key
 from cgroupd.connect import Connection, ConnectionOptions, connect
 from cgroupd.errors import (
     BucketNotFound,
@@ -51,10 +43,12 @@ from cgroupd.errors import (
 )
 from cgroupd.handlers import HandlerOptions, Publish, build_handler
 from cgroupd.jetstream import JetStream
-from cgroupd.lag import read_lag
-from cgroupd.loopmonitor import MAX_LOOP_LAG, LoopMonitor
+from cgroupd.joinoptions import JoinOptions as JoinOptions
+from cgroupd.joinoptions import drain_problems as drain_problems
+from cgroupd.loopmonitor import LoopMonitor
 from cgroupd.member import Member, MemberState
 from cgroupd.metrics import Metrics
+from cgroupd.operations import Operations
 from cgroupd.partitions import member_partitions
 from cgroupd.settings import MemberSettings
 from cgroupd.tasks import cancel_and_wait
@@ -66,60 +60,10 @@ if TYPE_CHECKING:  # aiohttp is imported only when a webhook or the HTTP server 
 
 log = logs.get_logger("cgroupd.daemon")
 
-#: How often the unowned-partitions gauge is refreshed from the group status.
-STATUS_INTERVAL = 10.0
-#: Bound on reading the group config for the first time.
-START_TIMEOUT = 10.0
 #: Bound on a dead-letter publish (waiting for the stream's PubAck).
 DEAD_LETTER_TIMEOUT = 5.0
 
 _READY_STATES = (MemberState.STANDBY, MemberState.ACTIVE)
-
-
-@dataclass(frozen=True)
-class JoinOptions:
-    """Who this instance is and what it exposes."""
-
-    stream: str
-    group: str
-    member: str
-    #: Require a static group; otherwise the group's kind is read from its record.
-    static: bool = False
-    #: Instance id (default: random); names the data consumer ``<member>-<id>``.
-    instance_id: str | None = None
-    #: Port of the /metrics, /healthz, /readyz server; 0 disables it.
-    metrics_port: int = 0
-    metrics_host: str = "0.0.0.0"
-    status_interval: float = STATUS_INTERVAL
-    start_timeout: float = START_TIMEOUT
-    #: /healthz fails after the event loop was blocked this long (see LAG_WINDOW).
-    max_loop_lag: float = MAX_LOOP_LAG
-
-    def __post_init__(self) -> None:
-        problems = (name_problems("stream", self.stream) + name_problems("group", self.group)
-                    + name_problems("member", self.member))
-        if self.instance_id is not None:
-            problems += name_problems("instance", self.instance_id)
-        if not 0 <= self.metrics_port <= 65535:
-            problems.append(f"metrics port {self.metrics_port} is outside 0..65535")
-        if not all(math.isfinite(x) and x > 0
-                   for x in (self.status_interval, self.start_timeout)):
-            problems.append("status interval and start timeout must be positive")
-        if problems:
-            raise ConfigError(problems)
-
-
-def drain_problems(settings: MemberSettings, handler: HandlerOptions) -> list[str]:
-    """Settings that would let the next owner run a key while this instance's handler may
-    still be running it: a webhook cancelled at the drain timeout may go on on the far
-    side for up to its own timeout (issue 13 item 7)."""
-    hook = handler.webhook
-    if hook is not None and settings.drain_timeout < hook.timeout:
-        return [f"--drain-timeout ({settings.drain_timeout:g}s) must be at least "
-                f"--webhook-timeout ({hook.timeout:g}s): a webhook still running when a "
-                "stopping instance gives up waiting may go on at the far side while the "
-                "next owner already runs the same key"]
-    return []
 
 
 def jetstream_publisher(js: JetStream, timeout: float = DEAD_LETTER_TIMEOUT) -> Publish:
@@ -160,12 +104,9 @@ class Daemon:
         self._session: aiohttp.ClientSession | None = None
         self._log = log.bind(stream=options.stream, group=options.group,
                              member=options.member)
-        self._events: events.Publisher | None = None
-        #: Partitions held while active and since when this instance is in its state.
-        self._held: tuple[int, ...] = ()
-        self._since = time.time()
+        #: Advisories, discovery answers, status and lag loops (once connected).
+        self.operations: Operations | None = None
         self._info_sub: Any = None
-        self._publishing: set[asyncio.Task[None]] = set()
 
     # -- signals --------------------------------------------------------------------
     def _on_signal(self, sig: signal.Signals) -> None:
@@ -215,15 +156,16 @@ class Daemon:
                                 publish=publish, metrics=self.metrics,
                                 context={"stream": o.stream, "group": o.group,
                                          "member": o.member})
-        self._events = events.Publisher(self.nc, o.stream, o.group)
-        member = self.member = Member(
+        ops = self.operations = Operations(o, self.metrics, self._log,
+                                           events.Publisher(self.nc, o.stream, o.group))
+        member = self.member = ops.member = Member(
             js, o.stream, o.group, o.member, handler.handle, self.settings, static=static,
-            instance_id=o.instance_id, on_active=self._on_active,
-            on_standby=self._on_standby, on_rebalance=self._on_rebalance,
-            on_handover=self._on_handover)
+            instance_id=o.instance_id, on_active=ops.on_active,
+            on_standby=ops.on_standby, on_rebalance=ops.on_rebalance,
+            on_handover=ops.on_handover)
         structlog.contextvars.bind_contextvars(instance=member.instance_id)
         self._info_sub = await js.answer(events.info_subject(o.stream, o.group),
-                                         self._instance_info)
+                                         ops.instance_info)
         self._spawn(self.loop_monitor.run(), "cgroupd-loop-monitor")
         if o.metrics_port:
             await self._start_http()
@@ -237,8 +179,8 @@ class Daemon:
         if not partitions:
             self._log.warning("this member owns no partitions (not listed in the group?); "
                               "standing by until the membership changes")
-        self._spawn(self._status_loop(js), "cgroupd-status")
-        self._spawn(self._lag_loop(js), "cgroupd-lag")
+        self._spawn(ops.status_loop(js), "cgroupd-status")
+        self._spawn(ops.lag_loop(js), "cgroupd-lag")
         # Never cancel this future: wait_stopped() awaits the runtime's supervisor task,
         # and cancelling a task that awaits another task cancels that one too.
         stopped = asyncio.ensure_future(member.wait_stopped())
@@ -338,119 +280,16 @@ class Daemon:
                 await self.nc.close()
         structlog.contextvars.unbind_contextvars("instance")
 
+    async def _flush_events(self) -> None:
+        if self.operations is not None:
+            await self.operations.flush()
+
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    # -- callbacks ------------------------------------------------------------------
-    def _on_active(self, partitions: tuple[int, ...]) -> None:
-        took = self.metrics.became_active(partitions)
-        if took is not None:
-            self._log.info("rebalance", phase="done", seconds=round(took, 3),
-                           partitions=list(partitions))
-        self._held, self._since = tuple(partitions), time.time()
-        self._event("active", partitions=list(partitions))
-
-    def _on_standby(self, reason: str) -> None:
-        # A full rejoin (pinned mode, or a change incremental rebalance cannot apply):
-        # measured from this step-down to the next activation.
-        if self.metrics.stepped_down(reason):
-            self._log.info("rebalance", phase="started")
-        self.metrics.clear_lag()
-        if self._held:  # released without a hand-over (the release failed)
-            self._event("stepped_down", reason=reason, partitions=list(self._held))
-        self._held, self._since = (), time.time()
-
-    async def _on_handover(self, reason: str) -> None:
-        # Published before the consumers (or the pin) go: a successor's "active" cannot
-        # overtake it (one connection keeps our order, the server the rest).
-        released, self._held = self._held, ()
-        if self._events is not None:
-            await self._events.publish("stepped_down", **self._who(), reason=reason,
-                                       partitions=list(released))
-            self.metrics.event_published("stepped_down")
-
-    def _on_rebalance(self, moved: tuple[tuple[int, ...], float]) -> None:
-        # In place, without a step-down; the runtime logs "rebalanced" itself.
-        partitions, seconds = moved
-        self.metrics.rebalanced(partitions, seconds)
-        before, self._held = set(self._held), tuple(partitions)
-        self._event("rebalanced", partitions=list(partitions), seconds=round(seconds, 4),
-                    gained=sorted(set(partitions) - before),
-                    lost=sorted(before - set(partitions)))
-
-    # -- events and discovery ------------------------------------------------------
-    def _who(self) -> dict[str, Any]:
-        m = self.member
-        return {"member": self.options.member,
-                "instance": m.instance_id if m is not None else None,
-                "host": events.hostname(), "pid": os.getpid()}
-
-    def _event(self, kind: str, **fields: Any) -> None:
-        """Publish an advisory without holding up the runtime's callback."""
-        publisher = self._events
-        if publisher is None:
-            return
-
-        async def publish() -> None:
-            await publisher.publish(kind, **self._who(), **fields)
-            self.metrics.event_published(kind)
-
-        task = asyncio.create_task(publish(), name=f"cgroupd-event-{kind}")
-        self._publishing.add(task)
-        task.add_done_callback(self._publishing.discard)
-
-    async def _flush_events(self) -> None:
-        """Let advisories already raised (a step-down while stopping) go out."""
-        if self._publishing:
-            await asyncio.wait(set(self._publishing), timeout=1.0)
-
-    def _instance_info(self) -> str | None:
-        """This instance's answer to a discovery request (None before the member exists)."""
-        if self.member is None:
-            return None
-        m = self.member
-        info = events.instance_info(
-            stream=self.options.stream, group=self.options.group, member=self.options.member,
-            instance=m.instance_id, state=m.state.value, since=events.iso(self._since),
-            partitions=list(m.partitions), exclusivity=m.settings.exclusivity.value,
-            in_flight=self.metrics.in_flight(), version=cgroupd.__version__)
-        return json.dumps(info)
-
-    async def _lag_loop(self, js: JetStream) -> None:
-        """While active, export the lag of this instance's partitions: one direct get
-        per partition per interval (a static member's consumer info besides)."""
-        o = self.options
-        member = self.member
-        assert member is not None
-        while True:
-            await asyncio.sleep(o.status_interval)
-            partitions = member.partitions if member.active else ()
-            if not partitions:
-                self.metrics.clear_lag()
-                continue
-            started = time.monotonic()
-            try:
-                stored = await admin.get_group(js, o.stream, o.group)
-                floors: dict[int, int] = {}
-                if stored.static:
-                    info = await js.consumer_info(stored.consume_stream, member.sync_consumer)
-                    floor = int(((info or {}).get("ack_floor") or {}).get("stream_seq", 0))
-                    floors = dict.fromkeys(partitions, floor)
-                lags = await read_lag(js, stored.consume_stream, stored.config, partitions,
-                                      floors)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001
-                self.metrics.lag_failed()
-                self._log.warning("lag read failed", error=str(exc) or repr(exc))
-                continue
-            if member.active and member.partitions == partitions:
-                now = time.time()
-                self.metrics.set_lag({p: (x.messages, x.seconds(now)) for p, x in lags.items()},
-                                     time.monotonic() - started)
-
+    # -- connection ---------------------------------------------------------------
     async def _disconnected(self) -> None:
         self.metrics.set_connected(False)
         # nats-py also calls this for failed first attempts: only a lost connection counts.
@@ -461,42 +300,6 @@ class Daemon:
         self.metrics.set_connected(True)
         url = self.nc.connected_url if self.nc is not None else None
         self._log.info("nats reconnected", server=url.geturl() if url else None)
-
-    async def _status_loop(self, js: JetStream) -> None:
-        """Refresh the unowned-partitions gauge; failures are counted, never fatal."""
-        o = self.options
-        # Not at once: right after joining, partitions are about to be taken.
-        await asyncio.sleep(min(o.status_interval, 2.0))
-        while True:
-            try:
-                status = await admin.group_status(js, o.stream, o.group)
-                self.metrics.set_unowned_partitions(len(status.unowned_partitions))
-                self._unowned_advisory(status)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001
-                self.metrics.status_failed()
-                self._log.warning("group status read failed", error=str(exc) or repr(exc))
-            await asyncio.sleep(o.status_interval)
-
-    def _unowned_advisory(self, status: admin.GroupStatus) -> None:
-        """The ADR's timed "nobody consumes these partitions" advisory: published by the
-        active instance of the lowest partition that has one, or, when none has (the group
-        is idle), by every instance."""
-        if not status.unowned_partitions:
-            return
-        owned = [r for r in status.partitions if r.instance is not None]
-        # By member and state, not instance id: pinned consumers name the pin instead.
-        mine = (self.member is not None and self.member.active
-                and bool(owned) and owned[0].member == self.options.member)
-        if owned and not mine:
-            return
-        unowned = set(status.unowned_partitions)
-        self._event("unowned", unowned_partitions=sorted(unowned),
-                    members_without_instance=status.members_without_instance,
-                    idle=not owned,
-                    pending=sum(r.pending for r in status.partitions
-                                if r.partition in unowned))
 
     # -- HTTP -----------------------------------------------------------------------
     @property

@@ -42,9 +42,6 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from nats.aio.client import Client
-from nats.aio.msg import Msg
-
 from cgroupd.calling import (
     Threads,
     call_handler,
@@ -63,7 +60,7 @@ from cgroupd.errors import (
     HandlerReturnedGenerator as HandlerReturnedGenerator,
 )
 from cgroupd.keyqueues import KeyOf, insert_in_order, queue_key
-from cgroupd.message import AckGuard, Message, Outcome
+from cgroupd.message import Deliveries, Delivery, Message, Outcome
 from cgroupd.ordering import Ordering as Ordering  # re-exported: callers import it from here
 from cgroupd.settlements import Completed as Completed
 from cgroupd.settlements import Settlements, send_logged
@@ -82,7 +79,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        nc: Client,
+        deliveries: Deliveries,
         handler: Handler,
         *,
         ordering: Ordering,
@@ -94,15 +91,13 @@ class Dispatcher:
         on_settled: Callable[[], Awaitable[None]],
         log: Any,
         stats: dict[str, int],
-        guard: AckGuard | None = None,
         hand_back_on_close: bool = True,
         completed: Completed | None = None,
         confirm_interval: float = 0.5,
         confirm_timeout: float = 2.0,
         reconnects: Callable[[], int] | None = None,
     ) -> None:
-        self._nc = nc
-        self._guard = guard
+        self._deliveries = deliveries
         self._handler = handler
         self._handler_is_async = is_async(handler)
         self._ordering = ordering
@@ -146,7 +141,7 @@ class Dispatcher:
         #: consumer) or ignore them (our own consumer hands them to the next owner).
         self._hand_back = hand_back_on_close
         self._settlements = Settlements(
-            nc, log, stats, self._closing, completed, confirm_interval=confirm_interval,
+            deliveries.nc, log, stats, self._closing, completed, confirm_interval=confirm_interval,
             confirm_timeout=confirm_timeout, reconnects=reconnects)
         #: Sequences nak'ed with a delay, and when the server will offer them again: they
         #: count as unacknowledged on the server while we hold nothing of them.
@@ -252,12 +247,12 @@ class Dispatcher:
             await asyncio.sleep(0.005)
         return True
 
-    def submit(self, raw: Msg) -> None:
+    def submit(self, raw: Delivery) -> None:
         """Take a delivery from the data consumer (called from the puller's callback)."""
         if self._closing.is_set() and self._hold_late:
             # Closing on a shared consumer: keep it, hand_back() returns it in order.
             with contextlib.suppress(Exception):
-                late = Message.from_msg(self._nc, raw, self._guard)
+                late = self._deliveries.message(raw)
                 self._held.setdefault(late.stream_sequence, late)
             return
         if self._closing.is_set():
@@ -265,10 +260,10 @@ class Dispatcher:
             # than after the ack wait; on our own, a nak would only bring it back to us at
             # once (and again, in a hot loop): leave it for the next owner.
             if raw.reply and self._hand_back:
-                self._spawn(send_logged(self._nc.publish(raw.reply, b"-NAK"), self._log))
+                self._spawn(send_logged(self._deliveries.nak(raw), self._log))
             return
         try:
-            message = Message.from_msg(self._nc, raw, self._guard)
+            message = self._deliveries.message(raw)
         except Exception as exc:  # noqa: BLE001 - not a JetStream delivery: nothing to ack
             self._log.warning("ignored a message that is not a JetStream delivery",
                               subject=raw.subject, error=repr(exc))

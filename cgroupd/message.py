@@ -16,7 +16,7 @@ next owner processed it, which nobody can tell apart: :class:`AckOutcomeUnknown`
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import NoReturn, Protocol
@@ -65,6 +65,16 @@ class AckGuard(Protocol):
         """Raise AckOutcomeUnknown when a confirmation cannot be trusted."""
 
 
+class Delivery(Protocol):
+    """A delivery as a pull hands it over (nats-py's ``Msg``): what the runtime may read of
+    it before :meth:`Deliveries.message` wraps it."""
+
+    subject: str
+    reply: str
+    data: bytes
+    headers: dict[str, str] | None
+
+
 class Outcome(Enum):
     """What happened to a message; the first acknowledgement wins."""
 
@@ -102,22 +112,7 @@ class Message:
     def from_msg(cls, nc: Client, msg: Msg, guard: AckGuard | None = None) -> Message:
         """Wrap a JetStream delivery (its reply subject carries sequence and count);
         ValueError if it is not one."""
-        partition, subject = strip_partition(msg.subject)
-        stream, consumer, delivered, sequence = ack_subject_fields(msg.reply)
-        headers = msg.headers
-        return cls(
-            subject=subject,
-            partition=partition,
-            data=msg.data,
-            headers=dict(headers) if headers else {},
-            stream_sequence=sequence,
-            delivery_count=delivered,
-            _nc=nc,
-            _reply=msg.reply,
-            stream=stream,
-            consumer=consumer,
-            _guard=guard,
-        )
+        return Deliveries(nc, guard).message(msg)
 
     @property
     def acknowledged(self) -> bool:
@@ -246,3 +241,42 @@ class Message:
     async def in_progress(self) -> None:
         """Still working: reset the server's ack timer (may be sent many times)."""
         await self._send(b"+WPI", None)
+
+
+class Deliveries:
+    """The wire side of one generation's messages: wraps each delivery as a
+    :class:`Message` that settles on ``nc`` (checked by ``guard``), and hands back a
+    delivery it will not wrap. The dispatcher gets this instead of a nats-py client."""
+
+    __slots__ = ("guard", "nc")
+
+    def __init__(self, nc: Client, guard: AckGuard | None = None) -> None:
+        #: The connection settlements are published on (a
+        #: :class:`cgroupd.settlements.Publisher`).
+        self.nc = nc
+        self.guard = guard
+
+    def message(self, delivery: Delivery) -> Message:
+        """Wrap a JetStream delivery (its reply subject carries sequence and count);
+        ValueError if it is not one. Runs for every delivery."""
+        partition, subject = strip_partition(delivery.subject)
+        stream, consumer, delivered, sequence = ack_subject_fields(delivery.reply)
+        headers = delivery.headers
+        return Message(
+            subject=subject,
+            partition=partition,
+            data=delivery.data,
+            headers=dict(headers) if headers else {},
+            stream_sequence=sequence,
+            delivery_count=delivered,
+            _nc=self.nc,
+            _reply=delivery.reply,
+            stream=stream,
+            consumer=consumer,
+            _guard=self.guard,
+        )
+
+    def nak(self, delivery: Delivery) -> Awaitable[None]:
+        """Ask for redelivery of a delivery without wrapping it (its reply subject must be
+        set): hands it back to a consumer shared with other instances at once."""
+        return self.nc.publish(delivery.reply, b"-NAK")

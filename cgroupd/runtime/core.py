@@ -32,6 +32,7 @@ from cgroupd.lease import (
     OwnerWatch,
     Prober,
 )
+from cgroupd.message import Deliveries
 from cgroupd.naming import (
     MEMBER_KEY,
     consumer_config,
@@ -178,12 +179,12 @@ class MemberCore:
         s = self.settings
         gen = Generation(partitions, lease=Lease(s.lease, self._clock))
         pinned = s.exclusivity is Exclusivity.PINNED
+        deliveries = Deliveries(self.js.nc, PinnedAcks(self, gen) if pinned else None)
         gen.dispatcher = Dispatcher(
-            self.js.nc, self.handler, ordering=s.ordering, max_in_flight=s.max_in_flight,
+            deliveries, self.handler, ordering=s.ordering, max_in_flight=s.max_in_flight,
             ack_wait=s.ack_wait, backoff=s.backoff,
             key_of=key_function(s.key, self.config), before_start=lambda: self._fence(gen),
             on_settled=lambda: self._refill(gen), log=self._log, stats=self.stats,
-            guard=PinnedAcks(self, gen) if pinned else None,
             hand_back_on_close=pinned, completed=self._completed)
         gen.dispatcher.accept = set(partitions)
         if pinned and self.static:

@@ -249,10 +249,9 @@ async def test_unowned_advisory_publisher_is_chosen_by_member_not_pin() -> None:
 
     from cgroupd.admin import GroupStatus, PartitionStatus
     from cgroupd.config import ElasticGroupConfig, PartitioningFilter
-    from cgroupd.connect import ConnectionOptions
-    from cgroupd.daemon import Daemon, JoinOptions
-    from cgroupd.handlers import HandlerOptions
-    from cgroupd.settings import MemberSettings
+    from cgroupd.joinoptions import JoinOptions
+    from cgroupd.metrics import Metrics
+    from cgroupd.operations import Operations
 
     config = ElasticGroupConfig(max_members=4, members=("m1", "m2"), partitioning_filters=(
         PartitioningFilter("orders.*", (1,)),))
@@ -265,12 +264,12 @@ async def test_unowned_advisory_publisher_is_chosen_by_member_not_pin() -> None:
                                                      if r.instance is None and r.member}))
 
     def published(member: str, active: bool, st: GroupStatus) -> list[str]:
-        daemon = Daemon(ConnectionOptions(), JoinOptions("ORDERS", "g", member),
-                        MemberSettings(), HandlerOptions(function=lambda m: None))
-        daemon.member = SimpleNamespace(active=active, instance_id="own-id")  # type: ignore
+        ops = Operations(JoinOptions("ORDERS", "g", member), Metrics("ORDERS", "g", member),
+                         log=None, publisher=None)
+        ops.member = SimpleNamespace(active=active, instance_id="own-id")  # type: ignore
         kinds: list[str] = []
-        daemon._event = lambda kind, **_: kinds.append(kind)  # type: ignore[method-assign]
-        daemon._unowned_advisory(st)
+        ops.event = lambda kind, **_: kinds.append(kind)  # type: ignore[method-assign]
+        ops.unowned_advisory(st)
         return kinds
 
     half = status("pin-1", "pin-1", None, None)  # m1 pinned (pin id), m2 gone

@@ -14,7 +14,7 @@ from nats.aio.msg import Msg
 
 from cgroupd.dispatch import Dispatcher, Ordering
 from cgroupd.errors import AckNotConfirmed
-from cgroupd.message import Message
+from cgroupd.message import Deliveries, Message
 from cgroupd.partitions import key_function
 from tests.support.polling import eventually
 
@@ -62,7 +62,8 @@ def dispatcher(nc: FakeConnection, handler: Any, ordering: Ordering = Ordering.K
     async def settled() -> None:
         return None
 
-    d = Dispatcher(nc, handler, ordering=ordering, max_in_flight=max_in_flight,  # type: ignore[arg-type]
+    d = Dispatcher(Deliveries(nc), handler,  # type: ignore[arg-type]
+                   ordering=ordering, max_in_flight=max_in_flight,
                    ack_wait=30.0, backoff=lambda n: 0.001, key_of=key_function("tokens:2", None),
                    before_start=allowed, on_settled=settled,
                    log=_Log(), stats=stats, **kw)

@@ -1,0 +1,64 @@
+"""What ``cgroupd join`` is told beyond the member's settings: who this instance is, what it
+exposes, and the checks that refuse a combination before anything connects."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from cgroupd.config import name_problems
+from cgroupd.errors import ConfigError
+from cgroupd.handlers import HandlerOptions
+from cgroupd.loopmonitor import MAX_LOOP_LAG
+from cgroupd.settings import MemberSettings
+
+#: How often the unowned-partitions gauge is refreshed from the group status.
+STATUS_INTERVAL = 10.0
+#: Bound on reading the group config for the first time.
+START_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class JoinOptions:
+    """Who this instance is and what it exposes."""
+
+    stream: str
+    group: str
+    member: str
+    #: Require a static group; otherwise the group's kind is read from its record.
+    static: bool = False
+    #: Instance id (default: random); names the data consumer ``<member>-<id>``.
+    instance_id: str | None = None
+    #: Port of the /metrics, /healthz, /readyz server; 0 disables it.
+    metrics_port: int = 0
+    metrics_host: str = "0.0.0.0"
+    status_interval: float = STATUS_INTERVAL
+    start_timeout: float = START_TIMEOUT
+    #: /healthz fails after the event loop was blocked this long (see LAG_WINDOW).
+    max_loop_lag: float = MAX_LOOP_LAG
+
+    def __post_init__(self) -> None:
+        problems = (name_problems("stream", self.stream) + name_problems("group", self.group)
+                    + name_problems("member", self.member))
+        if self.instance_id is not None:
+            problems += name_problems("instance", self.instance_id)
+        if not 0 <= self.metrics_port <= 65535:
+            problems.append(f"metrics port {self.metrics_port} is outside 0..65535")
+        if not all(math.isfinite(x) and x > 0
+                   for x in (self.status_interval, self.start_timeout)):
+            problems.append("status interval and start timeout must be positive")
+        if problems:
+            raise ConfigError(problems)
+
+
+def drain_problems(settings: MemberSettings, handler: HandlerOptions) -> list[str]:
+    """Settings that would let the next owner run a key while this instance's handler may
+    still be running it: a webhook cancelled at the drain timeout may go on on the far
+    side for up to its own timeout (issue 13 item 7)."""
+    hook = handler.webhook
+    if hook is not None and settings.drain_timeout < hook.timeout:
+        return [f"--drain-timeout ({settings.drain_timeout:g}s) must be at least "
+                f"--webhook-timeout ({hook.timeout:g}s): a webhook still running when a "
+                "stopping instance gives up waiting may go on at the far side while the "
+                "next owner already runs the same key"]
+    return []

@@ -1,0 +1,109 @@
+"""A group as ``cgroupd group create|info|ls`` and the membership commands show it (its
+configuration and who owns which partitions), and a replay plan as ``cgroupd replay`` shows
+it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cgroupd.config import ElasticGroupConfig, GroupConfig, StaticGroupConfig
+from cgroupd.partitions import assignment
+from cgroupd.views._text import ranges, table
+
+
+def group_kind(config: GroupConfig) -> str:
+    """``static`` or ``elastic``."""
+    return "static" if isinstance(config, StaticGroupConfig) else "elastic"
+
+
+def group_data(stream: str, group: str, config: GroupConfig,
+               revision: int | None = None) -> dict[str, Any]:
+    """``cgroupd group create|info|ls --json`` and the membership commands: a group's
+    configuration and who owns which partitions."""
+    data: dict[str, Any] = {
+        "stream": stream, "group": group, "type": group_kind(config),
+        "partitions": config.max_members, "members": list(config.members),
+        "mappings": [{"member": m.member, "partitions": list(m.partitions)}
+                     for m in config.member_mappings],
+        "assignment": {m: list(ps) for m, ps in assignment(config).items()},
+    }
+    if isinstance(config, ElasticGroupConfig):
+        data["filters"] = [{"filter": pf.filter, "wildcards": list(pf.partitioning_wildcards)}
+                           for pf in config.partitioning_filters]
+        data["max_buffered_msgs"] = config.max_buffered_msgs
+        data["max_buffered_bytes"] = config.max_buffered_bytes
+        data["consume_stream"] = f"{stream}-{group}"
+    else:
+        data["filters"] = [{"filter": f, "wildcards": []} for f in config.filters]
+        data["consume_stream"] = stream
+    if revision is not None:
+        data["revision"] = revision
+    return data
+
+
+def assignment_text(config: GroupConfig) -> str:
+    """Which member owns which partitions, as a table."""
+    owned = assignment(config)
+    if not owned:
+        return "no members: no partition is consumed"
+    return table(["MEMBER", "PARTITIONS"], [(m, ranges(ps)) for m, ps in sorted(owned.items())])
+
+
+def group_text(stream: str, group: str, config: GroupConfig,
+               revision: int | None = None) -> str:
+    """``cgroupd group info``: the configuration, then the assignment."""
+    if isinstance(config, ElasticGroupConfig):
+        filters = ", ".join(
+            pf.filter + (f" (wildcards {','.join(map(str, pf.partitioning_wildcards))})"
+                         if pf.partitioning_wildcards else " (whole subject)")
+            for pf in config.partitioning_filters)
+        consume = f"{stream}-{group} (work queue)"
+    else:
+        filters = ", ".join(config.filters) or "-"
+        consume = f"{stream} (subjects start with the partition)"
+    if config.member_mappings:
+        membership = "mapped: " + "  ".join(f"{m.member}={ranges(m.partitions)}"
+                                            for m in config.member_mappings)
+    else:
+        membership = ", ".join(config.members) or "-"
+    rows = [("group", f"{stream}/{group} ({group_kind(config)})"),
+            ("partitions", str(config.max_members)),
+            ("filters", filters),
+            ("consumes", consume),
+            ("members", membership)]
+    if isinstance(config, ElasticGroupConfig) and (config.max_buffered_msgs
+                                                   or config.max_buffered_bytes):
+        rows.append(("buffer", f"{config.max_buffered_msgs or 'unlimited'} msgs, "
+                               f"{config.max_buffered_bytes or 'unlimited'} bytes"))
+    if revision is not None:
+        rows.append(("revision", str(revision)))
+    width = max(len(k) for k, _ in rows)
+    head = "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+    return f"{head}\n\n{assignment_text(config)}"
+
+
+def replay_text(plan: dict[str, Any]) -> str:
+    """A replay plan (dry run) or its result, one row per partition."""
+    executed = plan["executed"]
+    head = (f"{'replayed' if executed else 'DRY RUN: would replay'} {plan['stream']}/"
+            f"{plan['group']} ({plan['type']}) from {plan['target']}"
+            + (f" (sequence {plan['sequence']})" if plan["sequence"] is not None else ""))
+    elastic = plan["type"] == "elastic"
+    headers = ["PARTITION", "MEMBER", "FROM SEQ", "AGAIN",
+               "WAITING (KEPT IN ORDER)" if elastic else "SKIPPED"]
+    rows = table(headers, [
+        (p["partition"], p["member"] or "-",
+         p["from_sequence"] if p["from_sequence"] is not None else "-", p["reprocess"],
+         p["dropped_pending"] if elastic else p["skip"]) for p in plan["partitions"]])
+    total = sum(p["reprocess"] for p in plan["partitions"])
+    skipped = sum(p["skip"] for p in plan["partitions"])
+    verb = "are" if executed else "would be"
+    tail = [f"{total} messages {verb} processed again"
+            + (f", {skipped} skipped" if skipped else "")]
+    tail += plan.get("notes", [])
+    if plan["blockers"]:
+        tail += ["", "REFUSED now:" if not executed else "blocked:"]
+        tail += [f"  - {b}" for b in plan["blockers"]]
+    if not executed:
+        tail.append("nothing changed; run again with --execute to replay")
+    return "\n".join([head, "", rows, "", *tail])
