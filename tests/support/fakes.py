@@ -125,7 +125,7 @@ class FakeServer:
     consumers: dict[tuple[str, str], FakeConsumer] = field(default_factory=dict)
     records: dict[tuple[str, str], bytes] = field(default_factory=dict)
     presence: dict[str, Callable[[], str | None]] = field(default_factory=dict)
-    deletions: list[tuple[str, Callable[[], Awaitable[None] | None]]] = field(
+    deletions: list[tuple[str, Callable[[str], Awaitable[None] | None]]] = field(
         default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -171,7 +171,7 @@ class FakeJetStream:
         if gone:
             for prefix, callback in list(self.server.deletions):
                 if stream == prefix:
-                    result = callback()
+                    result = callback(name)
                     if result is not None:
                         await result
         return gone
@@ -222,7 +222,7 @@ class FakeJetStream:
         return _Unsubscribe(lambda: None)
 
     async def watch_deletions(self, stream: str,
-                              callback: Callable[[], Awaitable[None] | None]) -> Any:
+                              callback: Callable[[str], Awaitable[None] | None]) -> Any:
         entry = (stream, callback)
         self.server.deletions.append(entry)
         return _Unsubscribe(lambda: self.server.deletions.remove(entry))
