@@ -38,6 +38,9 @@ RECLAIM_EVERY = 0.25
 class Rebalance(MemberCore):
     """One job of :class:`cgroupd.member.Member` (see the module docstring)."""
 
+    #: When the current move finished each of its steps (logged with "rebalanced").
+    _move_steps: dict[str, float] = {}  # noqa: RUF012 - replaced per move, never mutated shared
+
     def _incremental(self, gen: Generation, new: tuple[int, ...]) -> bool:
         """Can this change be applied by moving only the partitions that change?"""
         if self.settings.exclusivity is Exclusivity.PINNED:
@@ -63,6 +66,7 @@ class Rebalance(MemberCore):
                 continue
             gen.reconcile = False
             started = self._clock()
+            self._move_steps = {}
             move = self._move_pinned if pinned else self._move_partitions
             try:
                 done = await move(gen, target)
@@ -91,8 +95,10 @@ class Rebalance(MemberCore):
                 gen.end(StepDown.CONFIG_CHANGED, "this member owns no partition any more")
                 continue
             elapsed = self._clock() - started
+            # When each step ended, from the start: where a slow move spent its time.
+            steps = {k: round(t - started, 3) for k, t in self._move_steps.items()}
             self._log.info("rebalanced", partitions=list(gen.partitions),
-                           seconds=round(elapsed, 3))
+                           seconds=round(elapsed, 3), steps=steps)
             if self.on_rebalance is not None:
                 await self._callback(self.on_rebalance, (gen.partitions, elapsed))
 
@@ -135,11 +141,13 @@ class Rebalance(MemberCore):
             gen.dispatcher.accept = set(kept)
             await self._update_filters(self.sync_consumer, sync_filters(kept))
             gen.partitions = kept
+            self._move_steps["released"] = self._clock()
         gained = tuple(p for p in target if p not in gen.partitions)
         if gained:
             claimed = await self._claim(gen, target, gained)
             if claimed is not True:
                 return claimed is None  # None: superseded, the loop goes again
+            self._move_steps["claimed"] = self._clock()
             # Claimed: the previous owners are done with them, but an abandoned data
             # consumer may still hold them; only then pause for the swap (a move that
             # kept nothing has no consumer to swap: its create finds out).
@@ -155,6 +163,7 @@ class Rebalance(MemberCore):
             elif not await self._replace_data_consumer(gen, target):
                 return False
             gen.partitions = target
+            self._move_steps["consuming"] = self._clock()
         return True
 
     async def _claim(self, gen: Generation, target: tuple[int, ...],
@@ -213,15 +222,19 @@ class Rebalance(MemberCore):
             if not await dispatcher.idle(s.drain_timeout):
                 return False
             dispatcher.discard_unstarted()
+            self._move_steps["idle"] = self._clock()
             if not await self._acks_confirmed(gen):
                 return False
+            self._move_steps["acks_confirmed"] = self._clock()
             dispatcher.accept = set()
             for name in old:
                 del gen.data[name]  # first: a self-check must not miss it as "lost"
                 await self.js.delete_consumer(self._consume_stream, name)
             dispatcher.last_settled = None
+            self._move_steps["deleted"] = self._clock()
             await self._update_filters(self.sync_consumer, [idle_filter(self.member)])
             gen.partitions = ()
+            self._move_steps["released"] = self._clock()
             return True
         finally:
             dispatcher.resume()
