@@ -109,10 +109,11 @@ class FakeConsumer:
     name: str
     config: dict[str, Any]
     num_ack_pending: int = 0
+    num_pending: int = 0
 
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "stream_name": self.stream, "config": self.config,
-                "num_pending": 0, "num_ack_pending": self.num_ack_pending,
+                "num_pending": self.num_pending, "num_ack_pending": self.num_ack_pending,
                 "num_waiting": 1, "delivered": {"consumer_seq": 0, "stream_seq": 0},
                 "ack_floor": {"stream_seq": 0}}
 
