@@ -64,7 +64,7 @@ class JetStreamPort(Protocol):
                      callback: Callable[[], Awaitable[None] | None]) -> Subscription: ...
 
     async def watch_deletions(self, stream: str,
-                              callback: Callable[[], Awaitable[None] | None]
+                              callback: Callable[[str], Awaitable[None] | None]
                               ) -> Subscription: ...
 
     async def answer(self, subject: str,

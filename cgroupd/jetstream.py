@@ -347,10 +347,19 @@ class JetStream:
             return await self.nc.subscribe(subject, cb=on_message)
 
     async def watch_deletions(self, stream: str,
-                              callback: Callable[[], Awaitable[None] | None]) -> Subscription:
-        """Call ``callback`` whenever the server advises that a consumer of ``stream`` was
-        deleted."""
-        return await self.notify(f"$JS.EVENT.ADVISORY.CONSUMER.DELETED.{stream}.*", callback)
+                              callback: Callable[[str], Awaitable[None] | None]
+                              ) -> Subscription:
+        """Call ``callback`` with the consumer's name whenever the server advises that a
+        consumer of ``stream`` was deleted."""
+
+        async def on_message(msg: Msg) -> None:
+            result = callback(msg.subject.rsplit(".", 1)[-1])
+            if result is not None:
+                await result
+
+        subject = f"$JS.EVENT.ADVISORY.CONSUMER.DELETED.{stream}.*"
+        with self._translated(f"subscribing to {subject}"):
+            return await self.nc.subscribe(subject, cb=on_message)
 
     async def answer(self, subject: str, text: Callable[[], str | None]) -> Subscription:
         """Answer every request on ``subject`` with ``text()`` (None: no answer). On a

@@ -153,7 +153,11 @@ class ConfigWatch(MemberCore):
                     await sub.unsubscribe()
         self._advisories = self._presence_sub = None
 
-    async def _on_consumer_deleted(self) -> None:
-        """A consumer of our stream went away: a standby may win right now."""
-        if self.state is MemberState.STANDBY:
+    async def _on_consumer_deleted(self, name: str) -> None:
+        """A consumer of our stream went away: a standby may win right now if it was our
+        member's claim, or, for a while after a membership change, anyone's (previous
+        owners of our partitions let go). Other deletions concern other members: with
+        many members each one woke every standby (issue 15)."""
+        if self.state is MemberState.STANDBY and (
+                name == self.sync_consumer or self._clock() < self._changed_at + 5.0):
             self._wake.set()

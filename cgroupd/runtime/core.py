@@ -295,7 +295,7 @@ class MemberCore:
     async def _close_watch(self) -> None:
         raise NotImplementedError
 
-    async def _on_consumer_deleted(self) -> None:
+    async def _on_consumer_deleted(self, name: str) -> None:
         raise NotImplementedError
 
     async def _acquire_sync(self, partitions: tuple[int, ...]) -> Generation | None:
@@ -314,7 +314,9 @@ class MemberCore:
         raise NotImplementedError
 
     async def _add_data_consumer(self, gen: Generation, name: str,
-                                 partitions: tuple[int, ...]) -> None:
+                                 partitions: tuple[int, ...],
+                                 reclaim: Callable[[], Awaitable[object]] | None = None
+                                 ) -> None:
         raise NotImplementedError
 
     async def _acquire_pinned(self, partitions: tuple[int, ...]) -> Generation | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+from collections.abc import Awaitable, Callable
 
 from cgroupd.consumerinfo import ConsumerInfo
 from cgroupd.errors import (
@@ -50,6 +51,9 @@ class SyncElection(MemberCore):
     #: the last one did.
     _attempt_due: bool = True
     _attempted_at: float = -math.inf
+    #: When the watched claim was created (a claim taken again by the same instance is
+    #: another claim: its owner is no longer idle).
+    _watched_created: str | None = None
 
     def _attempt_pointless(self) -> bool:
         """A standby stood by its whole timeout while the active instance kept answering:
@@ -152,8 +156,10 @@ class SyncElection(MemberCore):
                 await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
             self._watch = None
             return
-        if self._watch is None or self._watch.instance != owner:
+        if self._watch is None or self._watch.instance != owner \
+                or self._watched_created != info.get("created"):
             self._watch = OwnerWatch(owner, heard=self._clock())
+            self._watched_created = info.get("created")
 
     async def _stand_by(self, timeout: float) -> None:
         """Wait up to ``timeout`` (a wake ends it early) while watching the active
@@ -208,8 +214,12 @@ class SyncElection(MemberCore):
         except CgroupdError as exc:
             self._log.info("could not read the sync consumer's holder", error=str(exc))
             return False
-        if info is None or ConsumerInfo(info).meta(INSTANCE_KEY) != watch.instance:
-            self._watch = None  # released meanwhile, or someone else holds it now
+        if info is None or ConsumerInfo(info).meta(INSTANCE_KEY) != watch.instance \
+                or info.get("created") != self._watched_created:
+            # Released meanwhile, or someone else holds it now: or the watched instance
+            # itself took it again (a step-down for a membership change, then a new
+            # claim: it was idle in between), which is not the claim we saw left over.
+            self._watch = None
             return True
         why = "gone" if watch.gone else "idle" if watch.idle else "silent"
         silent = self._clock() - watch.heard
@@ -230,11 +240,15 @@ class SyncElection(MemberCore):
         return True
 
     async def _add_data_consumer(self, gen: Generation, name: str,
-                                 partitions: tuple[int, ...]) -> None:
+                                 partitions: tuple[int, ...],
+                                 reclaim: Callable[[], Awaitable[object]] | None = None
+                                 ) -> None:
         """Create a data consumer for ``partitions`` and pull from it.
 
         Creation fails with 10100 while the previous owner's data consumer still holds
         some of them: retry until it lets go (reclaiming it if abandoned), up to a bound.
+        ``reclaim`` replaces the reclaim of this member's abandoned consumers (an
+        in-place move takes partitions from other members).
         """
         s = self.settings
         config = self._consumer_config(
@@ -248,7 +262,9 @@ class SyncElection(MemberCore):
                 await self.js.create_consumer(self._consume_stream, name, config)
                 break
             except WorkQueueOverlap:
-                if s.reclaim_abandoned and await self._reclaim_abandoned(gen):
+                if reclaim is not None:
+                    await reclaim()
+                elif s.reclaim_abandoned and await self._reclaim_abandoned(gen):
                     continue
                 if self._clock() > deadline or gen.ended.done() or self._stopping:
                     raise

@@ -3,9 +3,11 @@ partitions that change; sync exclusivity moves them between data consumers."""
 
 from __future__ import annotations
 
+from cgroupd import jsapi
 from cgroupd.consumerinfo import ConsumerInfo
 from cgroupd.errors import (
     CgroupdError,
+    ConsumerNotFound,
     WorkQueueOverlap,
 )
 from cgroupd.lease import (
@@ -18,6 +20,7 @@ from cgroupd.naming import (
     data_consumer,
 )
 from cgroupd.partitions import (
+    idle_filter,
     partition_filters,
     sync_filters,
 )
@@ -26,9 +29,17 @@ from cgroupd.runtime.generation import Generation
 from cgroupd.runtime.state import StepDown
 from cgroupd.settings import Exclusivity
 
+#: Seconds between two attempts to claim partitions another member is releasing.
+CLAIM_POLL = 0.05
+#: Seconds between two looks for a gone previous owner's claim while claiming.
+RECLAIM_EVERY = 0.25
+
 
 class Rebalance(MemberCore):
     """One job of :class:`cgroupd.member.Member` (see the module docstring)."""
+
+    #: When the current move finished each of its steps (logged with "rebalanced").
+    _move_steps: dict[str, float] = {}  # noqa: RUF012 - replaced per move, never mutated shared
 
     def _incremental(self, gen: Generation, new: tuple[int, ...]) -> bool:
         """Can this change be applied by moving only the partitions that change?"""
@@ -36,8 +47,10 @@ class Rebalance(MemberCore):
             # The member consumer is shared and never deleted (issue 13 item 3): the
             # pinned instance moves partitions in place, even to none.
             return True
-        return (self.settings.incremental_rebalance
-                and bool(new) and bool(set(new) & set(gen.partitions)))
+        # Also when no partition is kept (adding as many members as there are moves every
+        # partition to another block): releasing and claiming in place skips the step-down,
+        # the transition hold and the new election (issue 15: 16 -> 32 members).
+        return self.settings.incremental_rebalance and bool(new)
 
     async def _rebalance_loop(self, gen: Generation) -> None:
         """Apply membership changes in place: release lost partitions once their messages
@@ -53,6 +66,7 @@ class Rebalance(MemberCore):
                 continue
             gen.reconcile = False
             started = self._clock()
+            self._move_steps = {}
             move = self._move_pinned if pinned else self._move_partitions
             try:
                 done = await move(gen, target)
@@ -81,8 +95,10 @@ class Rebalance(MemberCore):
                 gen.end(StepDown.CONFIG_CHANGED, "this member owns no partition any more")
                 continue
             elapsed = self._clock() - started
+            # When each step ended, from the start: where a slow move spent its time.
+            steps = {k: round(t - started, 3) for k, t in self._move_steps.items()}
             self._log.info("rebalanced", partitions=list(gen.partitions),
-                           seconds=round(elapsed, 3))
+                           seconds=round(elapsed, 3), steps=steps)
             if self.on_rebalance is not None:
                 await self._callback(self.on_rebalance, (gen.partitions, elapsed))
 
@@ -101,9 +117,10 @@ class Rebalance(MemberCore):
         assert gen.dispatcher is not None
         kept = tuple(p for p in gen.partitions if p in target)
         lost = set(gen.partitions) - set(target)
-        if not kept:
-            return False
-        if lost:
+        if not kept and gen.partitions:
+            if not await self._release_all(gen):
+                return False
+        elif lost:
             for name, parts in list(gen.data.items()):
                 left = tuple(p for p in parts if p not in lost)
                 if left == parts:
@@ -124,34 +141,113 @@ class Rebalance(MemberCore):
             gen.dispatcher.accept = set(kept)
             await self._update_filters(self.sync_consumer, sync_filters(kept))
             gen.partitions = kept
+            self._move_steps["released"] = self._clock()
         gained = tuple(p for p in target if p not in gen.partitions)
         if gained:
-            deadline = self._clock() + s.drain_timeout + 2 * s.retry_interval
-            while True:
-                if gen.ended.done() or gen.target != target:
-                    return gen.target != target  # superseded: the loop goes again
-                try:
-                    await self._update_filters(self.sync_consumer, sync_filters(target))
-                    break
-                except WorkQueueOverlap:
-                    if self._clock() > deadline:
-                        raise
-                # Still claimed: by a previous owner finishing (wait), or by a dead one
-                # whose claim nobody will release (reclaimed at once).
-                await self._reclaim_released(gen, set(gained))
-                await self._sleep(0.05)
+            claimed = await self._claim(gen, target, gained)
+            if claimed is not True:
+                return claimed is None  # None: superseded, the loop goes again
+            self._move_steps["claimed"] = self._clock()
             # Claimed: the previous owners are done with them, but an abandoned data
-            # consumer may still hold them; only then pause for the swap.
-            while not await self._reclaim_released(gen, set(gained)):
+            # consumer may still hold them; only then pause for the swap (a move that
+            # kept nothing has no consumer to swap: its create finds out).
+            deadline = self._clock() + s.drain_timeout + 2 * s.retry_interval
+            while gen.data and not await self._reclaim_released(gen, set(gained)):
                 if gen.ended.done() or gen.target != target:
                     return gen.target != target
                 if self._clock() > deadline:
                     return False
                 await self._sleep(0.05)
-            if not await self._replace_data_consumer(gen, target):
+            if not gen.data:
+                await self._claim_data_consumer(gen, target)
+            elif not await self._replace_data_consumer(gen, target):
                 return False
             gen.partitions = target
+            self._move_steps["consuming"] = self._clock()
         return True
+
+    async def _claim(self, gen: Generation, target: tuple[int, ...],
+                     gained: tuple[int, ...]) -> bool | None:
+        """Widen our claim (the sync consumer) to ``target``, waiting while previous
+        owners finish with ``gained``; None when superseded by another change.
+
+        A refused update costs the server one request (the config is read once): the
+        previous owners let go within a few tenths of a second of each other, and
+        every one of them waits for nothing but its own handlers, so polling finds each
+        partition soon after it is released. A claim whose holder is gone (a killed
+        member) is reclaimed, checked every ``RECLAIM_EVERY``: listing the stream's
+        consumers is dear with many members."""
+        s = self.settings
+        deadline = self._clock() + s.drain_timeout + 2 * s.retry_interval
+        info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
+        if info is None:
+            raise ConsumerNotFound(404, jsapi.ERR_CONSUMER_NOT_FOUND,
+                                   f"consumer {self.sync_consumer} disappeared")
+        config = dict(info["config"])
+        config.pop("filter_subject", None)
+        config["filter_subjects"] = sync_filters(target)
+        next_reclaim = self._clock() + RECLAIM_EVERY
+        while True:
+            if gen.ended.done() or gen.target != target:
+                return None if gen.target != target else False
+            try:
+                await self.js.create_consumer(self._consume_stream, self.sync_consumer,
+                                              config, action="update")
+                return True
+            except WorkQueueOverlap:
+                if self._clock() > deadline:
+                    raise
+            if self._clock() >= next_reclaim:
+                # Still claimed: by a previous owner finishing (wait), or by a dead one
+                # whose claim nobody will release (reclaimed).
+                await self._reclaim_released(gen, set(gained))
+                next_reclaim = self._clock() + RECLAIM_EVERY
+            await self._sleep(CLAIM_POLL)
+
+    async def _release_all(self, gen: Generation) -> bool:
+        """Let every partition go while staying the member's active instance (none is
+        kept): at a quiet point (nothing running, our acks applied) drop the data
+        consumer(s), then narrow the claim to a filter that overlaps nothing, so that
+        the next owners can take them while we wait for ours. Held, unstarted messages
+        go back with the consumer, in stream order, to the next owner."""
+        s = self.settings
+        assert gen.dispatcher is not None
+        dispatcher = gen.dispatcher
+        dispatcher.pause()
+        try:
+            old = list(gen.data)
+            for puller in [p for p in gen.pullers if p.consumer in old]:
+                await puller.stop()  # nothing of the old consumer arrives any more
+            gen.pullers = [p for p in gen.pullers if p.consumer not in old]
+            if not await dispatcher.idle(s.drain_timeout):
+                return False
+            dispatcher.discard_unstarted()
+            self._move_steps["idle"] = self._clock()
+            if not await self._acks_confirmed(gen):
+                return False
+            self._move_steps["acks_confirmed"] = self._clock()
+            dispatcher.accept = set()
+            for name in old:
+                del gen.data[name]  # first: a self-check must not miss it as "lost"
+                await self.js.delete_consumer(self._consume_stream, name)
+            dispatcher.last_settled = None
+            self._move_steps["deleted"] = self._clock()
+            await self._update_filters(self.sync_consumer, [idle_filter(self.member)])
+            gen.partitions = ()
+            self._move_steps["released"] = self._clock()
+            return True
+        finally:
+            dispatcher.resume()
+
+    async def _claim_data_consumer(self, gen: Generation, target: tuple[int, ...]) -> None:
+        """After :meth:`_release_all`: the claim holds ``target``; a data consumer of a
+        previous owner that is gone may still hold some (reclaimed), a live one is about
+        to let go (its claim went after its data consumer): create ours, retrying."""
+        gen.rebalances += 1
+        gen.dispatcher.accept = set(target)  # type: ignore[union-attr]
+        await self._add_data_consumer(
+            gen, data_consumer(self.member, self.instance_id, gen.rebalances), target,
+            reclaim=lambda: self._reclaim_released(gen, set(target)))
 
     async def _replace_data_consumer(self, gen: Generation, target: tuple[int, ...]) -> bool:
         """At a quiet point (nothing running, our acks applied), swap the data consumer(s)

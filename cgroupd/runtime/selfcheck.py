@@ -66,10 +66,12 @@ class SelfCheck(MemberCore):
             waiting = int(info.get("num_pending", 0)) > 0
             quiet = gen.received == received and holding == 0
             # Starved: messages wait for us and nothing is unacknowledged, yet nothing
-            # comes; or, with nothing arriving and nothing held, the server still counts
-            # deliveries unacknowledged (lost in a reconnect): they would sit out their
-            # ack wait.
-            if (waiting and unacked == 0 and holding == 0) or (quiet and unacked > delayed):
+            # came since the last check (under steady traffic a check often finds one
+            # message published and not yet delivered, and none unacknowledged: that is
+            # no stall); or, with nothing arriving and nothing held, the server still
+            # counts deliveries unacknowledged (lost in a reconnect): they would sit out
+            # their ack wait.
+            if (waiting and unacked == 0 and quiet) or (quiet and unacked > delayed):
                 starved += 1
             else:
                 starved = 0

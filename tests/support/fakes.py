@@ -109,10 +109,11 @@ class FakeConsumer:
     name: str
     config: dict[str, Any]
     num_ack_pending: int = 0
+    num_pending: int = 0
 
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "stream_name": self.stream, "config": self.config,
-                "num_pending": 0, "num_ack_pending": self.num_ack_pending,
+                "num_pending": self.num_pending, "num_ack_pending": self.num_ack_pending,
                 "num_waiting": 1, "delivered": {"consumer_seq": 0, "stream_seq": 0},
                 "ack_floor": {"stream_seq": 0}}
 
@@ -125,7 +126,7 @@ class FakeServer:
     consumers: dict[tuple[str, str], FakeConsumer] = field(default_factory=dict)
     records: dict[tuple[str, str], bytes] = field(default_factory=dict)
     presence: dict[str, Callable[[], str | None]] = field(default_factory=dict)
-    deletions: list[tuple[str, Callable[[], Awaitable[None] | None]]] = field(
+    deletions: list[tuple[str, Callable[[str], Awaitable[None] | None]]] = field(
         default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -171,7 +172,7 @@ class FakeJetStream:
         if gone:
             for prefix, callback in list(self.server.deletions):
                 if stream == prefix:
-                    result = callback()
+                    result = callback(name)
                     if result is not None:
                         await result
         return gone
@@ -222,7 +223,7 @@ class FakeJetStream:
         return _Unsubscribe(lambda: None)
 
     async def watch_deletions(self, stream: str,
-                              callback: Callable[[], Awaitable[None] | None]) -> Any:
+                              callback: Callable[[str], Awaitable[None] | None]) -> Any:
         entry = (stream, callback)
         self.server.deletions.append(entry)
         return _Unsubscribe(lambda: self.server.deletions.remove(entry))
