@@ -238,7 +238,8 @@ class Daemon:
             self._log.warning("this member owns no partitions (not listed in the group?); "
                               "standing by until the membership changes")
         self._spawn(self._status_loop(js), "cgroupd-status")
-        self._spawn(self._lag_loop(js), "cgroupd-lag")
+        if self.metrics.exported:  # the lag gauges are all it feeds
+            self._spawn(self._lag_loop(js), "cgroupd-lag")
         # Never cancel this future: wait_stopped() awaits the runtime's supervisor task,
         # and cancelling a task that awaits another task cancels that one too.
         stopped = asyncio.ensure_future(member.wait_stopped())
@@ -468,7 +469,19 @@ class Daemon:
         # Not at once: right after joining, partitions are about to be taken.
         await asyncio.sleep(min(o.status_interval, 2.0))
         while True:
+            if not self.metrics.exported and self.member is not None \
+                    and self.member.owner_answers:
+                # A status read costs the server a request per partition, and with no
+                # gauge to feed, the advisory below is not ours to publish (the member
+                # has an active instance, not this one): skip it (issue 15 §3).
+                await asyncio.sleep(o.status_interval)
+                continue
             try:
+                if not self.metrics.exported and await self._all_owned(js):
+                    # Nothing unowned: no gauge and no advisory need the per-partition
+                    # lag read of a full status (a request per partition).
+                    await asyncio.sleep(o.status_interval)
+                    continue
                 status = await admin.group_status(js, o.stream, o.group)
                 self.metrics.set_unowned_partitions(len(status.unowned_partitions))
                 self._unowned_advisory(status)
@@ -478,6 +491,14 @@ class Daemon:
                 self.metrics.status_failed()
                 self._log.warning("group status read failed", error=str(exc) or repr(exc))
             await asyncio.sleep(o.status_interval)
+
+    async def _all_owned(self, js: JetStream) -> bool:
+        config = self.member.config if self.member is not None else None
+        if config is None:
+            return False
+        owned = admin.owned_partitions(await admin.group_consumers(js, self.options.stream,
+                                                                    self.options.group))
+        return owned >= set(range(config.max_members))
 
     def _unowned_advisory(self, status: admin.GroupStatus) -> None:
         """The ADR's timed "nobody consumes these partitions" advisory: published by the
