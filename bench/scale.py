@@ -48,6 +48,7 @@ from bench.common import (
     server,
     wait_for,
 )
+from bench.footprint import ServerTraffic, sniff
 from cgroupd import admin
 from cgroupd.config import ElasticGroupConfig, PartitioningFilter
 from cgroupd.jetstream import JetStream
@@ -76,6 +77,8 @@ class Shape:
     settings: str = ""
     #: Add members under traffic after the idle measurement.
     add: bool = True
+    #: Seconds of counting what the server routes, by kind, after the idle window.
+    sniff: float = 10.0
 
 
 def spread(values: list[float], digits: int = 2) -> dict[str, float | None]:
@@ -104,10 +107,13 @@ async def idle_cost(srv: NatsServer, pids: list[int], seconds: float,
     and JetStream API rates (what its CPU is spent on)."""
     server_pid = _pid(srv)
     counted = await asyncio.to_thread(server_counters, srv)
+    roles = {p: "active" if active is None or p in active else "standby" for p in pids}
+    traffic = await asyncio.to_thread(ServerTraffic(srv, roles).start)
     meter = CpuMeter([server_pid, *pids]).start()
     await asyncio.sleep(seconds)  # the measurement window
     cpu = meter.stop()
     after = await asyncio.to_thread(server_counters, srv)
+    by_connection = await asyncio.to_thread(traffic.stop)
     percent = {pid: 100 * used / meter.wall for pid, used in cpu.items()}
     rss = {pid: rss_mb(pid) for pid in pids}
     out: dict[str, Any] = {
@@ -116,7 +122,8 @@ async def idle_cost(srv: NatsServer, pids: list[int], seconds: float,
         "members_cpu_percent_total": round(sum(percent[pid] for pid in pids), 2),
         "member_cpu_percent_each": spread([percent[pid] for pid in pids]),
         "rss_mb_each": spread(list(rss.values()), 1),
-        "server_per_s": {k: round((after[k] - counted[k]) / meter.wall, 1) for k in after}}
+        "server_per_s": {k: round((after[k] - counted[k]) / meter.wall, 1) for k in after},
+        "server_traffic": by_connection}
     if active is not None:
         for label, chosen in (("active", [p for p in pids if p in active]),
                               ("standby", [p for p in pids if p not in active])):
@@ -161,6 +168,9 @@ async def cgroupd_scale(shape: Shape, tmp: Path) -> dict[str, Any]:
                 await asyncio.sleep(shape.settle)  # let start-up work die down
                 pids = [p.pid for _, p in procs.procs]
                 result["idle"] = await idle_cost(srv, pids, shape.idle, active())
+                if shape.sniff:  # after the measurement: the sniffer costs the server
+                    result["idle"]["server_traffic"]["sniffed_per_s"] = await sniff(
+                        srv.url, shape.sniff)
                 if shape.add:
                     result["add_members"] = await add_members(shape, js, procs, records,
                                                               launcher)
@@ -344,6 +354,9 @@ if __name__ == "__main__":
     parser.add_argument("--no-add", action="store_true",
                         help="only the idle measurement (no members added under traffic)")
     parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--sniff", type=float, default=Shape.sniff, metavar="SECONDS",
+                        help="count what the server routes, by kind, after the idle "
+                             "window (bench.footprint.sniff; 0: skip)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep the records and logs here (an empty directory)")
     a = parser.parse_args()
@@ -352,5 +365,5 @@ if __name__ == "__main__":
     emit(asyncio.run(main(Shape(
         partitions=a.partitions, members=a.members, instances=a.instances, added=a.added,
         keys=a.keys, rate=a.rate, idle=a.idle, settle=a.settle, window=a.window,
-        settings=a.settings, add=not a.no_add),
+        settings=a.settings, add=not a.no_add, sniff=a.sniff),
         not a.no_peer, a.workdir)))

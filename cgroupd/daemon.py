@@ -180,7 +180,8 @@ class Daemon:
             self._log.warning("this member owns no partitions (not listed in the group?); "
                               "standing by until the membership changes")
         self._spawn(ops.status_loop(js), "cgroupd-status")
-        self._spawn(ops.lag_loop(js), "cgroupd-lag")
+        if self.metrics.exported:  # the lag gauges are all it feeds
+            self._spawn(ops.lag_loop(js), "cgroupd-lag")
         # Never cancel this future: wait_stopped() awaits the runtime's supervisor task,
         # and cancelling a task that awaits another task cancels that one too.
         stopped = asyncio.ensure_future(member.wait_stopped())

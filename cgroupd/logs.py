@@ -12,15 +12,34 @@ loggers (nats-py, aiohttp) go through the same renderer so a JSON stream stays p
 The member runtime already logs its state changes ("state", "became active", "stepped
 down", handler failures); the daemon adds "joined", "rebalance" and the lifecycle events,
 and never repeats the runtime's.
+
+structlog imports rich (with pygments, ~4 MB resident: a tenth of an idle instance) at
+import time, only to draw console tracebacks. This module loads structlog without it; the
+console renderer (a terminal) imports rich when it first draws a traceback. A process
+that imported structlog or rich before cgroupd keeps what it loaded.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from typing import Any, TextIO
 
-import structlog
+
+def _load_structlog_without_rich() -> None:
+    if "structlog" in sys.modules or "rich" in sys.modules:
+        return
+    sys.modules["rich"] = None  # type: ignore[assignment]  # its import raises ImportError
+    try:
+        import structlog  # noqa: F401 - loaded now, without rich
+    finally:
+        if "rich" in sys.modules and sys.modules["rich"] is None:
+            del sys.modules["rich"]
+
+
+_load_structlog_without_rich()
+
+import structlog  # noqa: E402 - after the lean load above
 
 LEVELS = ("debug", "info", "warning", "error", "critical")
 
@@ -91,6 +110,25 @@ _STDLIB_CHAIN: list[Any] = [
 ]
 
 
+class _ConsoleTraceback:
+    """structlog's rich traceback for the console renderer, importing rich on first use
+    (the plain traceback where rich is not installed)."""
+
+    def __init__(self, colors: bool) -> None:
+        self.colors = colors
+
+    def __call__(self, sio: TextIO, exc_info: Any) -> None:
+        try:
+            from rich.console import Console
+            from rich.traceback import Traceback
+        except ImportError:
+            structlog.dev.plain_traceback(sio, exc_info)
+            return
+        sio.write("\n")
+        Console(file=sio, color_system="truecolor" if self.colors else None).print(
+            Traceback.from_exception(*exc_info, show_locals=True))
+
+
 class _Stderr:
     """Whatever ``sys.stderr`` is at write time (test runners swap it)."""
 
@@ -126,7 +164,9 @@ def configure(level: str = "info", json: bool | None = None) -> None:
         shared.append(structlog.processors.dict_tracebacks)
         renderer = structlog.processors.JSONRenderer()
     else:
-        renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        colors = sys.stderr.isatty()
+        renderer = structlog.dev.ConsoleRenderer(
+            colors=colors, exception_formatter=_ConsoleTraceback(colors))
     structlog.configure(
         processors=[*shared, structlog.processors.StackInfoRenderer(), renderer],
         wrapper_class=structlog.make_filtering_bound_logger(number),

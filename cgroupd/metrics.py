@@ -13,23 +13,21 @@ partition is measured by its one active instance, so a fleet makes one request p
 partition per interval; ``max by (stream, group)`` over the partition series is the
 group's lag, see deploy/monitoring/), and at scrape time from the runtime's counts of
 bad input it ignored (``cgroupd_ignored_input_total``).
+
+prometheus_client is imported only when a series is needed (``exported``, the default,
+or a scrape): an instance without a metrics server (``--metrics-port 0``) never loads it
+(~1.5 MB resident, with the HTTP modules it pulls in; issue 15's RSS target).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-)
-from prometheus_client.core import CounterMetricFamily, Metric
-from prometheus_client.registry import Collector
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import Metric
 
 PREFIX = "cgroupd_"
 LABELS = ("stream", "group", "member")
@@ -55,14 +53,17 @@ _HANDLER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 _REBALANCE_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 
 
-class _IgnoredInput(Collector):
-    """``cgroupd_ignored_input_total`` read at scrape time from the runtime's counts."""
+class _IgnoredInput:
+    """``cgroupd_ignored_input_total`` read at scrape time from the runtime's counts (a
+    collector by shape: prometheus_client's registry only calls ``collect``)."""
 
     def __init__(self, labels: Mapping[str, str]) -> None:
         self._labels = list(labels.values())
         self.counts: Callable[[], Mapping[str, int]] = dict
 
     def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily
+
         family = CounterMetricFamily(
             PREFIX + "ignored_input", "Bad input ignored (and logged) by the member "
             "runtime, by kind: invalid_group_record, replaced_group_record, "
@@ -73,135 +74,178 @@ class _IgnoredInput(Collector):
         yield family
 
 
-class Metrics:
-    """The metrics of one member instance; methods are the events that move them."""
+class _Series:
+    """Every Prometheus series of one instance (built on first use: imports
+    prometheus_client)."""
 
-    content_type = CONTENT_TYPE_LATEST
+    def __init__(self, labels: dict[str, str], registry: CollectorRegistry | None,
+                 since_last_message: Callable[[], float], ignored: _IgnoredInput) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.labels = labels
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(PREFIX + name, doc, LABELS, registry=r)
+
+        self.active = gauge("member_active", "1 while this instance is its member's "
+                            "active instance, else 0.")
+        self.owned = gauge("partitions_owned", "Partitions this instance consumes now.")
+        self.in_flight = gauge("messages_in_flight", "Messages being handled now.")
+        self.connected = gauge("nats_connected", "1 while connected to NATS, else 0.")
+        self.unowned = gauge("group_unowned_partitions", "Partitions of the group that no "
+                             "active instance consumes (refreshed periodically).")
+        self.idle = gauge("seconds_since_last_message", "Seconds since this instance "
+                          "finished a message (since start if none yet).")
+        self.processed = Counter(PREFIX + "messages_processed", "Handler runs, by outcome "
+                                 "(nak: failed, will be retried).", (*LABELS, "outcome"),
+                                 registry=r)
+        self.duration = Histogram(PREFIX + "handler_duration_seconds", "Time spent "
+                                  "handling one message.", LABELS, registry=r,
+                                  buckets=_HANDLER_BUCKETS)
+        self.step_downs = Counter(PREFIX + "step_downs", "Times this instance stopped "
+                                  "being active, by reason.", (*LABELS, "reason"),
+                                  registry=r)
+        self.rebalances = Counter(PREFIX + "rebalances", "Membership changes that moved "
+                                  "this instance's partitions.", LABELS, registry=r)
+        self.rebalance_seconds = Histogram(PREFIX + "rebalance_duration_seconds",
+                                           "How long moving partitions took: an in-place "
+                                           "move, or a config-changed step-down until "
+                                           "active again.", LABELS, registry=r,
+                                           buckets=_REBALANCE_BUCKETS)
+        self.status_errors = Counter(PREFIX + "status_errors", "Failed group status reads "
+                                     "(for the unowned-partitions gauge).", LABELS,
+                                     registry=r)
+        # Children created up front so every series shows from the first scrape.
+        for child in (self.active, self.owned, self.in_flight, self.connected,
+                      self.unowned):
+            child.labels(**labels).set(0)
+        # Per-message series are bound once: ``labels()`` costs more than the update.
+        self.processed_by = {outcome: self.processed.labels(**labels, outcome=outcome)
+                             for outcome in OUTCOMES}
+        self.duration_child = self.duration.labels(**labels)
+        self.in_flight_child = self.in_flight.labels(**labels)
+        self.rebalances.labels(**labels)
+        self.rebalance_seconds.labels(**labels)
+        self.status_errors.labels(**labels)
+        # Lag of the partitions this instance consumes (kafka-lag-exporter's names).
+        self.lag_messages = Gauge(PREFIX + "partition_lag_messages", "Unprocessed "
+                                  "messages of a partition this instance consumes.",
+                                  (*LABELS, "partition"), registry=r)
+        self.lag_seconds = Gauge(PREFIX + "partition_lag_seconds", "Age of the oldest "
+                                 "unprocessed message of a partition this instance "
+                                 "consumes (0 when none waits).", (*LABELS, "partition"),
+                                 registry=r)
+        self.lag_partitions: set[str] = set()
+        self.lag_read = gauge("lag_read_duration_seconds", "How long the last lag read "
+                              "of this instance's partitions took.")
+        self.lag_errors = Counter(PREFIX + "lag_read_errors", "Failed lag reads.", LABELS,
+                                  registry=r)
+        self.lag_errors.labels(**labels)
+        self.events = Counter(PREFIX + "events_published", "Group events (advisories) "
+                              "this instance published, by kind.", (*LABELS, "kind"),
+                              registry=r)
+        self.idle.labels(**labels).set_function(since_last_message)
+        r.register(ignored)  # a collector by shape
+
+
+class Metrics:
+    """The metrics of one member instance; methods are the events that move them.
+
+    ``exported`` (True unless the owner says nothing reads them: the daemon without a
+    metrics server) decides whether the Prometheus series are kept; what the instance
+    itself reports (in flight, time since the last message, a rebalance's duration) is
+    kept either way.
+    """
 
     def __init__(self, stream: str, group: str, member: str,
                  clock: Callable[[], float] = time.monotonic,
                  registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry(auto_describe=True)
+        self._registry = registry
         self._clock = clock
         self._labels = {"stream": stream, "group": group, "member": member}
         self._started = clock()
         self._last_message: float | None = None
         self._rebalance_started: float | None = None
         self._holding = 0
-        #: Whether anything reads the per-message series (a metrics server runs): when
-        #: not, message_started/finished keep only what the instance info needs.
-        self.exported = True
-        r = self.registry
-
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(PREFIX + name, doc, LABELS, registry=r)
-
-        self._active = gauge("member_active", "1 while this instance is its member's "
-                             "active instance, else 0.")
-        self._owned = gauge("partitions_owned", "Partitions this instance consumes now.")
-        self._in_flight = gauge("messages_in_flight", "Messages being handled now.")
-        self._connected = gauge("nats_connected", "1 while connected to NATS, else 0.")
-        self._unowned = gauge("group_unowned_partitions", "Partitions of the group that no "
-                              "active instance consumes (refreshed periodically).")
-        self._idle = gauge("seconds_since_last_message", "Seconds since this instance "
-                           "finished a message (since start if none yet).")
-        self._processed = Counter(PREFIX + "messages_processed", "Handler runs, by outcome "
-                                  "(nak: failed, will be retried).", (*LABELS, "outcome"),
-                                  registry=r)
-        self._duration = Histogram(PREFIX + "handler_duration_seconds", "Time spent "
-                                   "handling one message.", LABELS, registry=r,
-                                   buckets=_HANDLER_BUCKETS)
-        self._step_downs = Counter(PREFIX + "step_downs", "Times this instance stopped "
-                                   "being active, by reason.", (*LABELS, "reason"),
-                                   registry=r)
-        self._rebalances = Counter(PREFIX + "rebalances", "Membership changes that moved "
-                                   "this instance's partitions.", LABELS, registry=r)
-        self._rebalance_seconds = Histogram(PREFIX + "rebalance_duration_seconds",
-                                            "How long moving partitions took: an in-place "
-                                            "move, or a config-changed step-down until "
-                                            "active again.", LABELS, registry=r,
-                                            buckets=_REBALANCE_BUCKETS)
-        self._status_errors = Counter(PREFIX + "status_errors", "Failed group status reads "
-                                      "(for the unowned-partitions gauge).", LABELS,
-                                      registry=r)
-        # Children created up front so every series shows from the first scrape.
-        for child in (self._active, self._owned, self._in_flight, self._connected,
-                      self._unowned):
-            child.labels(**self._labels).set(0)
-        # Per-message series are bound once: ``labels()`` costs more than the update.
-        self._processed_by = {outcome: self._processed.labels(**self._labels, outcome=outcome)
-                              for outcome in OUTCOMES}
-        self._duration_child = self._duration.labels(**self._labels)
-        self._in_flight_child = self._in_flight.labels(**self._labels)
-        self._rebalances.labels(**self._labels)
-        self._rebalance_seconds.labels(**self._labels)
-        self._status_errors.labels(**self._labels)
-        # Lag of the partitions this instance consumes (kafka-lag-exporter's names).
-        self._lag_messages = Gauge(PREFIX + "partition_lag_messages", "Unprocessed "
-                                   "messages of a partition this instance consumes.",
-                                   (*LABELS, "partition"), registry=r)
-        self._lag_seconds = Gauge(PREFIX + "partition_lag_seconds", "Age of the oldest "
-                                  "unprocessed message of a partition this instance "
-                                  "consumes (0 when none waits).", (*LABELS, "partition"),
-                                  registry=r)
-        self._lag_partitions: set[str] = set()
-        self._lag_read = gauge("lag_read_duration_seconds", "How long the last lag read "
-                               "of this instance's partitions took.")
-        self._lag_errors = Counter(PREFIX + "lag_read_errors", "Failed lag reads.", LABELS,
-                                   registry=r)
-        self._lag_errors.labels(**self._labels)
-        self._events = Counter(PREFIX + "events_published", "Group events (advisories) "
-                               "this instance published, by kind.", (*LABELS, "kind"),
-                               registry=r)
-        self._idle.labels(**self._labels).set_function(self.seconds_since_last_message)
         self._ignored = _IgnoredInput(self._labels)
-        r.register(self._ignored)
+        self._built: _Series | None = None
+        #: Whether anything reads the series (a metrics server runs): when not, nothing
+        #: but what the instance info needs is kept, and prometheus_client is not loaded.
+        self.exported = True
 
-    # -- membership ---------------------------------------------------------------------
+    def _series(self) -> _Series:
+        if self._built is None:
+            self._built = _Series(self._labels, self._registry,
+                                  self.seconds_since_last_message, self._ignored)
+        return self._built
+
+    @property
+    def _s(self) -> _Series | None:
+        """The series to update, when they are exported."""
+        return self._series() if self.exported else None
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        return self._series().registry
+
+    @property
+    def content_type(self) -> str:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return str(CONTENT_TYPE_LATEST)
+
+# -- membership ---------------------------------------------------------------------
     def became_active(self, partitions: Sequence[int]) -> float | None:
         """This instance is active; returns the rebalance duration if one just ended."""
-        self._active.labels(**self._labels).set(1)
-        self._owned.labels(**self._labels).set(len(partitions))
+        if (s := self._s) is not None:
+            s.active.labels(**self._labels).set(1)
+            s.owned.labels(**self._labels).set(len(partitions))
         if self._rebalance_started is None:
             return None
         took = self._clock() - self._rebalance_started
         self._rebalance_started = None
-        self._rebalance_seconds.labels(**self._labels).observe(took)
+        if s is not None:
+            s.rebalance_seconds.labels(**self._labels).observe(took)
         return took
 
     def stepped_down(self, reason: str) -> bool:
         """This instance stopped being active; True when that starts a rebalance."""
-        self._active.labels(**self._labels).set(0)
-        self._owned.labels(**self._labels).set(0)
-        self._step_downs.labels(**self._labels, reason=reason).inc()
+        if (s := self._s) is not None:
+            s.active.labels(**self._labels).set(0)
+            s.owned.labels(**self._labels).set(0)
+            s.step_downs.labels(**self._labels, reason=reason).inc()
         if reason != REBALANCE_REASON:
             return False
-        self._rebalances.labels(**self._labels).inc()
+        if s is not None:
+            s.rebalances.labels(**self._labels).inc()
         self._rebalance_started = self._clock()
         return True
 
     def rebalanced(self, partitions: Sequence[int], seconds: float) -> None:
         """An in-place (incremental) rebalance moved partitions without a step-down."""
-        self._owned.labels(**self._labels).set(len(partitions))
-        self._rebalances.labels(**self._labels).inc()
-        self._rebalance_seconds.labels(**self._labels).observe(seconds)
+        if (s := self._s) is not None:
+            s.owned.labels(**self._labels).set(len(partitions))
+            s.rebalances.labels(**self._labels).inc()
+            s.rebalance_seconds.labels(**self._labels).observe(seconds)
 
     # -- messages -----------------------------------------------------------------------
     def message_started(self) -> None:
         self._holding += 1
         if self.exported:
-            self._in_flight_child.inc()
+            self._series().in_flight_child.inc()
 
     def message_finished(self, outcome: str, seconds: float) -> None:
-        counter = self._processed_by.get(outcome)
-        if counter is None:
+        if outcome not in OUTCOMES:
             raise ValueError(f"unknown outcome {outcome!r}")
         self._holding -= 1
         self._last_message = self._clock()
         if self.exported:  # ~5 us a message of Prometheus locks: only when scraped
-            self._in_flight_child.dec()
-            counter.inc()
-            self._duration_child.observe(seconds)
+            s = self._series()
+            s.in_flight_child.dec()
+            s.processed_by[outcome].inc()
+            s.duration_child.observe(seconds)
 
     def in_flight(self) -> int:
         """Messages being handled now."""
@@ -213,38 +257,44 @@ class Metrics:
 
     # -- connection and group -----------------------------------------------------------
     def set_connected(self, connected: bool) -> None:
-        self._connected.labels(**self._labels).set(1 if connected else 0)
+        if (s := self._s) is not None:
+            s.connected.labels(**self._labels).set(1 if connected else 0)
 
     def set_unowned_partitions(self, count: int) -> None:
-        self._unowned.labels(**self._labels).set(count)
+        if (s := self._s) is not None:
+            s.unowned.labels(**self._labels).set(count)
 
     def status_failed(self) -> None:
         # The gauge keeps its last known value; the error counter says it is stale.
-        self._status_errors.labels(**self._labels).inc()
+        if (s := self._s) is not None:
+            s.status_errors.labels(**self._labels).inc()
 
     # -- lag ----------------------------------------------------------------------------
     def set_lag(self, lags: Mapping[int, tuple[int, float]], took: float) -> None:
         """The lag (messages, seconds) of exactly the partitions this instance consumes
         now; series of partitions it no longer consumes are removed, so a moved
         partition is reported by its new owner alone."""
+        if (s := self._s) is None:
+            return
         current = {str(p) for p in lags}
-        for gone in self._lag_partitions - current:
-            for gauge in (self._lag_messages, self._lag_seconds):
+        for gone in s.lag_partitions - current:
+            for gauge in (s.lag_messages, s.lag_seconds):
                 try:
                     gauge.remove(*self._labels.values(), gone)
                 except KeyError:
                     pass
         for p, (messages, seconds) in lags.items():
-            self._lag_messages.labels(**self._labels, partition=str(p)).set(messages)
-            self._lag_seconds.labels(**self._labels, partition=str(p)).set(seconds)
-        self._lag_partitions = current
-        self._lag_read.labels(**self._labels).set(took)
+            s.lag_messages.labels(**self._labels, partition=str(p)).set(messages)
+            s.lag_seconds.labels(**self._labels, partition=str(p)).set(seconds)
+        s.lag_partitions = current
+        s.lag_read.labels(**self._labels).set(took)
 
     def clear_lag(self) -> None:
         self.set_lag({}, 0.0)
 
     def lag_failed(self) -> None:
-        self._lag_errors.labels(**self._labels).inc()
+        if (s := self._s) is not None:
+            s.lag_errors.labels(**self._labels).inc()
 
     def count_ignored_input(self, counts: Callable[[], Mapping[str, int]]) -> None:
         """Export the member runtime's counts of ignored bad input (its ``stats``), read
@@ -252,8 +302,11 @@ class Metrics:
         self._ignored.counts = counts
 
     def event_published(self, kind: str) -> None:
-        self._events.labels(**self._labels, kind=kind).inc()
+        if (s := self._s) is not None:
+            s.events.labels(**self._labels, kind=kind).inc()
 
     def render(self) -> bytes:
         """The text exposition format of every metric in this registry."""
+        from prometheus_client import generate_latest
+
         return generate_latest(self.registry)

@@ -161,7 +161,19 @@ class Operations:
         # Not at once: right after joining, partitions are about to be taken.
         await asyncio.sleep(min(o.status_interval, 2.0))
         while True:
+            if not self.metrics.exported and self.member is not None \
+                    and self.member.owner_answers:
+                # A status read costs the server a request per partition, and with no
+                # gauge to feed, the advisory below is not ours to publish (the member
+                # has an active instance, not this one): skip it (issue 15 §3).
+                await asyncio.sleep(o.status_interval)
+                continue
             try:
+                if not self.metrics.exported and await self._all_owned(js):
+                    # Nothing unowned: no gauge and no advisory need the per-partition
+                    # lag read of a full status (a request per partition).
+                    await asyncio.sleep(o.status_interval)
+                    continue
                 status = await admin.group_status(js, o.stream, o.group)
                 self.metrics.set_unowned_partitions(len(status.unowned_partitions))
                 self.unowned_advisory(status)
@@ -171,6 +183,14 @@ class Operations:
                 self.metrics.status_failed()
                 self._log.warning("group status read failed", error=str(exc) or repr(exc))
             await asyncio.sleep(o.status_interval)
+
+    async def _all_owned(self, js: JetStream) -> bool:
+        config = self.member.config if self.member is not None else None
+        if config is None:
+            return False
+        owned = admin.owned_partitions(await admin.group_consumers(js, self.options.stream,
+                                                                    self.options.group))
+        return owned >= set(range(config.max_members))
 
     def unowned_advisory(self, status: admin.GroupStatus) -> None:
         """The ADR's timed "nobody consumes these partitions" advisory: published by the

@@ -24,6 +24,7 @@ from cgroupd.admin._status import (
     PartitionStatus,
     group_consumers,
     group_status,
+    owned_partitions,
     partition_pending,
     step_down,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "group_consumers",
     "group_status",
     "list_groups",
+    "owned_partitions",
     "partition_pending",
     "set_mappings",
     "step_down",

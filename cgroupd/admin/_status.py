@@ -110,6 +110,11 @@ async def partition_pending(js: JetStream, stream: str, group: str) -> dict[int,
     return {p: lag.messages for p, lag in lags.items()}
 
 
+def owned_partitions(consumers: list[ConsumerView]) -> set[int]:
+    """Partitions an active instance consumes, from the consumers alone (no lag read)."""
+    return set(_holders(consumers)[0])
+
+
 def _holders(consumers: list[ConsumerView]
              ) -> tuple[dict[int, ConsumerView], dict[int, ConsumerView]]:
     """Per partition: the consumer of its active instance, and the consumer whose

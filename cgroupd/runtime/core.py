@@ -142,6 +142,14 @@ class MemberCore:
         return self.state is MemberState.ACTIVE
 
     @property
+    def owner_answers(self) -> bool:
+        """A standby whose member's active instance answered its presence probes within
+        a lease (so the member has an active instance, and it is not this one)."""
+        watch = self._watch
+        return (self.state is MemberState.STANDBY and watch is not None and not watch.gone
+                and not watch.idle and watch.silent_for(self._clock()) < self.settings.lease)
+
+    @property
     def sync_consumer(self) -> str:
         """Name of the member's election consumer (pinned mode: its only consumer)."""
         return sync_consumer(self.group, self.member, self.static)

@@ -87,6 +87,10 @@ class Release(MemberCore):
                     self._log.error("could not delete our data consumer", consumer=name,
                                     error=str(exc))
                     return
+                # Each retry delays the successor by its sleep (a SIGTERM handover took
+                # 0.109 s instead of ~0.01 s once, silently): say why.
+                self._log.info("retrying our data consumer's deletion", consumer=name,
+                               attempt=attempt + 1, error=str(exc))
             await self._sleep(0.1 * (attempt + 1))
 
     async def _release_pinned(self, gen: Generation) -> None:

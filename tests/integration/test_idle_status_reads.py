@@ -1,0 +1,86 @@
+"""An idle group's status reads (issue 15 §3): without a metrics server, no instance
+reads the lag of every partition while every partition has an active instance (16
+members x 2 instances did 102 direct gets a second: most of the server's idle traffic),
+and the timed ``unowned`` advisory still comes once a partition loses its owner.
+
+Real ``cgroupd join`` processes at defaults (no ``--metrics-port``); a subscriber on the
+work-queue stream's direct-get subject counts the lag reads."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from cgroupd import admin, events
+from cgroupd.config import work_queue_stream
+from cgroupd.jetstream import JetStream
+from tests.support.cli import (
+    JoinProcess,
+    restore_logging,  # noqa: F401 - autouse fixture
+)
+from tests.support.groups import make_group
+from tests.support.natsserver import NatsServer
+from tests.support.polling import eventually
+
+pytestmark = pytest.mark.slow
+
+HANDLER = "tests.support.handlers.record_handler:handle"
+INTERVAL = 0.3
+
+
+async def test_no_lag_reads_while_everything_is_owned_and_the_advisory_still_comes(
+        nats_server: NatsServer, jetstream: JetStream, nc: Client, tmp_path: Path,
+        closing: list[Any]) -> None:
+    await make_group(jetstream, partitions=4, members=("m1", "m2"))
+    lag_reads: list[str] = []
+    advisories: list[dict[str, Any]] = []
+
+    async def lag_read(msg: Msg) -> None:
+        lag_reads.append(msg.subject)
+
+    async def advisory(msg: Msg) -> None:
+        advisories.append(json.loads(msg.data))
+
+    await nc.subscribe(f"$JS.API.DIRECT.GET.{work_queue_stream('ORDERS', 'g')}.>",
+                       cb=lag_read)
+    await nc.subscribe(f"$JS.API.DIRECT.GET.{work_queue_stream('ORDERS', 'g')}",
+                       cb=lag_read)
+    await nc.subscribe(events.event_subject("ORDERS", "g", "unowned"), cb=advisory)
+    await nc.flush()
+
+    def join(name: str, member: str) -> JoinProcess:
+        proc = JoinProcess(nats_server.url, tmp_path, name, "--stream", "ORDERS", "--group",
+                           "g", "--member", member, "--handler", HANDLER,
+                           "--status-interval", str(INTERVAL), "--instance-id", name,
+                           record=tmp_path / "handled.jsonl", metrics=False)
+        closing.append(proc)
+        return proc
+
+    a, b, c = join("a", "m1"), join("b", "m1"), join("c", "m2")
+
+    async def all_owned() -> bool:
+        status = await admin.group_status(jetstream, "ORDERS", "g")
+        return not status.unowned_partitions
+
+    await eventually(all_owned, 30, what="every partition owned")
+    lag_reads.clear()  # our own status read above, and start-up
+    await asyncio.sleep(10 * INTERVAL)  # ten status intervals of every instance
+    assert lag_reads == [], f"{len(lag_reads)} lag reads while everything was owned"
+    assert advisories == []
+
+    c.proc.send_signal(signal.SIGKILL)
+    timed = await eventually(lambda: [e for e in advisories
+                                      if e.get("unowned_partitions") == [2, 3]], 20,
+                             what="a timed unowned advisory for m2's partitions")
+    # From m1's active instance (a or b, whichever won), never from its standby.
+    assert len({e["instance"] for e in timed}) == 1
+    assert lag_reads, "the advisory's pending count reads the unowned partitions' lag"
+    for proc in (a, b):
+        assert proc.proc.poll() is None
