@@ -210,27 +210,13 @@ class Rebalance(MemberCore):
         consumer(s), then narrow the claim to a filter that overlaps nothing, so that
         the next owners can take them while we wait for ours. Held, unstarted messages
         go back with the consumer, in stream order, to the next owner."""
-        s = self.settings
         assert gen.dispatcher is not None
         dispatcher = gen.dispatcher
         dispatcher.pause()
         try:
-            old = list(gen.data)
-            for puller in [p for p in gen.pullers if p.consumer in old]:
-                await puller.stop()  # nothing of the old consumer arrives any more
-            gen.pullers = [p for p in gen.pullers if p.consumer not in old]
-            if not await dispatcher.idle(s.drain_timeout):
+            if not await self._drop_data_consumers(gen):
                 return False
-            dispatcher.discard_unstarted()
-            self._move_steps["idle"] = self._clock()
-            if not await self._acks_confirmed(gen):
-                return False
-            self._move_steps["acks_confirmed"] = self._clock()
             dispatcher.accept = set()
-            for name in old:
-                del gen.data[name]  # first: a self-check must not miss it as "lost"
-                await self.js.delete_consumer(self._consume_stream, name)
-            dispatcher.last_settled = None
             self._move_steps["deleted"] = self._clock()
             await self._update_filters(self.sync_consumer, [idle_filter(self.member)])
             gen.partitions = ()
@@ -238,6 +224,30 @@ class Rebalance(MemberCore):
             return True
         finally:
             dispatcher.resume()
+
+    async def _drop_data_consumers(self, gen: Generation) -> bool:
+        """With the dispatcher paused: stop pulling from our data consumer(s), wait for a
+        quiet point (nothing running, our acks applied), then delete them. Held,
+        unstarted messages go back with them, in stream order. False: no quiet point
+        came within the drain timeout, or our acks could not be confirmed."""
+        assert gen.dispatcher is not None
+        dispatcher = gen.dispatcher
+        old = list(gen.data)
+        for puller in [p for p in gen.pullers if p.consumer in old]:
+            await puller.stop()  # nothing of the old consumer arrives any more
+        gen.pullers = [p for p in gen.pullers if p.consumer not in old]
+        if not await dispatcher.idle(self.settings.drain_timeout):
+            return False
+        dispatcher.discard_unstarted()
+        self._move_steps["idle"] = self._clock()
+        if not await self._acks_confirmed(gen):
+            return False
+        self._move_steps["acks_confirmed"] = self._clock()
+        for name in old:
+            del gen.data[name]  # first: a self-check must not miss it as "lost"
+            await self.js.delete_consumer(self._consume_stream, name)
+        dispatcher.last_settled = None
+        return True
 
     async def _claim_data_consumer(self, gen: Generation, target: tuple[int, ...]) -> None:
         """After :meth:`_release_all`: the claim holds ``target``; a data consumer of a
@@ -253,24 +263,12 @@ class Rebalance(MemberCore):
         """At a quiet point (nothing running, our acks applied), swap the data consumer(s)
         for one fresh consumer of ``target``: it delivers what is left of every partition
         in stream order. What we held but had not started goes back with the old one."""
-        s = self.settings
         assert gen.dispatcher is not None
         dispatcher = gen.dispatcher
         dispatcher.pause()
         try:
-            old = list(gen.data)
-            for puller in [p for p in gen.pullers if p.consumer in old]:
-                await puller.stop()  # nothing of the old consumer arrives any more
-            gen.pullers = [p for p in gen.pullers if p.consumer not in old]
-            if not await dispatcher.idle(s.drain_timeout):
+            if not await self._drop_data_consumers(gen):
                 return False
-            dispatcher.discard_unstarted()
-            if not await self._acks_confirmed(gen):
-                return False
-            for name in old:
-                del gen.data[name]  # first: a self-check must not miss it as "lost"
-                await self.js.delete_consumer(self._consume_stream, name)
-            dispatcher.last_settled = None
             dispatcher.accept = set(target)
             gen.rebalances += 1
             await self._add_data_consumer(
