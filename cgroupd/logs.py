@@ -25,19 +25,9 @@ import logging
 import sys
 from typing import Any, TextIO
 
+from cgroupd.lazyimport import import_without
 
-def _load_structlog_without_rich() -> None:
-    if "structlog" in sys.modules or "rich" in sys.modules:
-        return
-    sys.modules["rich"] = None  # type: ignore[assignment]  # its import raises ImportError
-    try:
-        import structlog  # noqa: F401 - loaded now, without rich
-    finally:
-        if "rich" in sys.modules and sys.modules["rich"] is None:
-            del sys.modules["rich"]
-
-
-_load_structlog_without_rich()
+import_without("structlog", "rich")
 
 import structlog  # noqa: E402 - after the lean load above
 

@@ -11,18 +11,8 @@ before cgroupd keeps what it loaded.
 from __future__ import annotations
 
 import importlib
-import sys
 
-
-def _load_transport_without_aiohttp() -> None:
-    if "nats.aio.transport" in sys.modules or "aiohttp" in sys.modules:
-        return
-    sys.modules["aiohttp"] = None  # type: ignore[assignment]  # its import raises ImportError
-    try:
-        import nats.aio.transport  # noqa: F401 - loaded now, without aiohttp
-    finally:
-        if "aiohttp" in sys.modules and sys.modules["aiohttp"] is None:
-            del sys.modules["aiohttp"]
+from cgroupd.lazyimport import import_without
 
 
 def enable_websockets() -> None:
@@ -33,4 +23,4 @@ def enable_websockets() -> None:
         nats.aio.transport.aiohttp = importlib.import_module("aiohttp")  # type: ignore[attr-defined]
 
 
-_load_transport_without_aiohttp()
+import_without("nats.aio.transport", "aiohttp")
