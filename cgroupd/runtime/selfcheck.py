@@ -22,6 +22,8 @@ class SelfCheck(MemberCore):
 
     #: The last self-check was answered by a server out of touch with its cluster.
     _out_of_touch = False
+    #: Self-checks in a row that got no answer: one warning per outage, not one per try.
+    _unanswered = 0
 
     async def _sync_is_ours(self) -> bool:
         try:
@@ -98,8 +100,14 @@ class SelfCheck(MemberCore):
             data = [await self.js.consumer_info(self._consume_stream, name)
                     for name in names]
         except CgroupdError as exc:
-            self._log.warning("self-check could not reach the server", error=str(exc))
+            if not self._unanswered:
+                self._log.warning("self-check could not reach the server", error=str(exc))
+            self._unanswered += 1
             return None
+        if self._unanswered:
+            self._log.info("self-check reached the server again",
+                           unanswered_checks=self._unanswered)
+            self._unanswered = 0
         meta = ConsumerInfo.of(sync).metadata
         if sync is None or meta.get(INSTANCE_KEY) != self.instance_id \
                 or meta.get(TOKEN_KEY) != self._token:
@@ -154,12 +162,16 @@ class SelfCheck(MemberCore):
         """Sync exclusivity: start only under a running lease. Once it has run out (cut
         off, stalled, disconnected), wait until a self-check confirms we still own the
         member (True) or shows we do not (False: the generation has ended)."""
+        pause = min(0.1, self.settings.retry_interval)
         while not gen.ended.done():
             if gen.lease.valid and self.js.connected:
                 return True
             self.stats["lease_checks"] += 1
             if await self._check(gen) is None:
-                await self._sleep(min(0.1, self.settings.retry_interval))
+                # A server that fails fast (503 while its cluster heals) is asked again
+                # with a growing pause, up to half a second: not twenty times a second.
+                await self._sleep(pause)
+                pause = min(pause * 2, 0.5, self.settings.retry_interval)
         return False
 
     def _connection_lost(self) -> None:
