@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import re
 from pathlib import Path
 
 import cgroupd
@@ -62,3 +63,20 @@ def test_every_error_class_is_in_the_tree() -> None:
     for v in vars(errors).values():
         if isinstance(v, type) and issubclass(v, BaseException):
             assert issubclass(v, errors.CgroupdError), v
+
+
+def test_deployments_name_the_package_version() -> None:
+    """The helm chart's appVersion and every image tag in deploy/ and the Dockerfile's
+    examples are the version being released: a bump that misses one deploys old code."""
+    root = Path(__file__).resolve().parents[2]
+    version = cgroupd.__version__
+    chart = (root / "helm/cgroupd/Chart.yaml").read_text()
+    assert re.search(rf'^appVersion: "{re.escape(version)}"$', chart, re.M), chart
+    places = [root / "Dockerfile", *sorted((root / "deploy").rglob("*.yaml"))]
+    tags = [(path.relative_to(root), tag) for path in places
+            for tag in re.findall(r"cgroupd:(\d[\w.+-]*)|- name: cgroupd\n(?:\s+newName: .*\n)?"
+                                  r"\s+newTag: \"([^\"]+)\"", path.read_text())]
+    assert len(tags) >= 5, tags
+    stale = [(str(path), tag) for path, (image, overlay) in tags
+             if (tag := image or overlay) != version]
+    assert not stale, f"image tags not at {version}: {stale}"
