@@ -27,6 +27,9 @@ import random
 import secrets
 import subprocess
 import time
+from collections.abc import Iterator
+
+import pytest
 
 from tests.support.natsserver import NatsCluster, NatsServer
 from tests.support.polling import eventually
@@ -154,6 +157,22 @@ class VethNamespace:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def namespace_for_test() -> Iterator[VethNamespace]:
+    """A veth-wired namespace for one test, removed afterwards. A machine that cannot make
+    one fails the test with why (never a skip: these tests guard exclusivity)."""
+    ns = VethNamespace()
+    try:
+        ns.create()
+    except NetnsUnavailable as exc:
+        ns.close()
+        pytest.fail(f"this test needs network namespaces and veth pairs (root): {exc}")
+    try:
+        yield ns
+    finally:
+        ns.close()
 
 
 #: Names of the namespaces and host links this process made, so the leak check sees only

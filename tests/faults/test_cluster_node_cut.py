@@ -32,7 +32,7 @@ from nats.aio.client import Client
 
 from cgroupd.naming import data_consumer, sync_consumer
 from cgroupd.settings import MemberSettings
-from tests.faults.injectors import NetnsUnavailable, VethNamespace
+from tests.faults.injectors import VethNamespace, namespace_for_test
 from tests.faults.scenario import Scenario
 from tests.support.natsserver import NatsCluster, running_cluster
 from tests.support.polling import eventually
@@ -46,19 +46,10 @@ ISOLATED = 2  # the node in the namespace
 
 @contextmanager
 def cluster_with_node_in_namespace(tmp_path: Path) -> Iterator[tuple[VethNamespace, NatsCluster]]:
-    ns = VethNamespace()
-    try:
-        ns.create()
-    except NetnsUnavailable as exc:
-        ns.close()
-        pytest.fail(f"this test needs network namespaces and veth pairs (root): {exc}")
-    try:
-        with running_cluster(host=ns.host_addr, hosts={ISOLATED: ns.ns_addr},
-                             prefixes={ISOLATED: ns.prefix()},
-                             workdir=tmp_path / "nats-cluster") as cl:
-            yield ns, cl
-    finally:
-        ns.close()
+    with namespace_for_test() as ns, running_cluster(
+            host=ns.host_addr, hosts={ISOLATED: ns.ns_addr}, prefixes={ISOLATED: ns.prefix()},
+            workdir=tmp_path / "nats-cluster") as cl:
+        yield ns, cl
 
 
 async def _api(nc: Client, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:

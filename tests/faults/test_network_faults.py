@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from cgroupd.settings import MemberSettings
-from tests.faults.injectors import NetnsUnavailable, VethNamespace
+from tests.faults.injectors import VethNamespace, namespace_for_test
 from tests.faults.scenario import Scenario
 from tests.support.natsserver import NatsServer, running_server
 
@@ -37,19 +37,10 @@ SETTINGS = MemberSettings()
 
 @contextmanager
 def namespace_and_server(tmp_path: Path) -> Iterator[tuple[VethNamespace, NatsServer]]:
-    ns = VethNamespace()
-    try:
-        ns.create()
-    except NetnsUnavailable as exc:
-        ns.close()
-        pytest.fail(f"this test needs network namespaces and veth pairs (root): {exc}")
-    try:
-        with running_server(backend="process", host=ns.host_addr,
-                            workdir=tmp_path / "nats") as srv:
-            assert isinstance(srv, NatsServer)
-            yield ns, srv
-    finally:
-        ns.close()
+    with namespace_for_test() as ns, running_server(backend="process", host=ns.host_addr,
+                                                    workdir=tmp_path / "nats") as srv:
+        assert isinstance(srv, NatsServer)
+        yield ns, srv
 
 
 async def test_member_network_partition_then_heal(tmp_path: Path) -> None:
