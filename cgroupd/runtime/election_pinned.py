@@ -152,7 +152,16 @@ class PinnedElection(MemberCore):
         if info is None or holder != pin:
             lease.lose()
             return False
-        lease.renewed(pin, sent)
+        # As in sync mode's self-check: a clustered consumer's leader cut off from its
+        # replicas still names us pinned while the majority side pins someone else. Its
+        # answer proves the pin only as of when it last heard from a quorum.
+        age = ConsumerInfo.of(info).quorum_age
+        lease.renewed(pin, sent - age)
+        if not lease.valid:
+            self.stats["stale_checks"] += 1
+            self._log.warning("pin confirmed by a server out of touch with its cluster; "
+                              "starting nothing", quorum_heard_ago=round(age, 3))
+            return False
         if ConsumerInfo(info).meta(RESET_KEY):
             gen.reconcile = True  # a standby retargeted it before we held the pin
             gen.retarget.set()
