@@ -1,0 +1,109 @@
+"""The pinned holder's in-place move resets the member consumer at a quiet point (issue
+13, the reorder seen once in ``test_member_toggled_50_times_at_2000_per_second[pinned]``).
+These attack a move whose reset does not go through, on the in-memory adapter with
+priority groups (tests/support/fakes_pinned.py): whatever the holder held and had not
+started must still run, before anything later of its key. A message dropped from the
+dispatcher while the consumer goes on delivering comes back only after its ack wait (30 s)
+or at the next reset, behind later messages of its key."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from cgroupd.member import Member
+from cgroupd.naming import RESET_KEY
+from cgroupd.partitions import member_consumer_filters
+from tests.support.fakes_pinned import PinState
+from tests.support.polling import eventually
+from tests.unit.test_election_pinned_reset_unit import NO_ANSWER, NO_RESPONDERS, RESET_SETTINGS
+from tests.unit.test_election_pinned_unit import MEMBER, WQ, Group
+
+
+@pytest.fixture
+async def group() -> AsyncIterator[Group]:
+    g = Group(RESET_SETTINGS)
+    yield g
+    for m in g.members:
+        await asyncio.wait_for(m.stop(), 10)
+
+
+def _state(group: Group) -> PinState:
+    state = group.server.state(WQ, MEMBER)
+    assert state is not None
+    return state
+
+
+async def _holding_three(group: Group) -> Member:
+    """a is pinned and ran #1; it runs #2 (held open by the test) and holds #3, #4."""
+    a = await group.start()
+    await group.offer(1)
+    await eventually(lambda: a.active and group.by(a) == [1], 5, what="a pinned, ran #1")
+    group.gates[2] = asyncio.Event()
+    await group.offer(3)
+    await eventually(lambda: a._gen is not None and a._gen.dispatcher is not None
+                     and a._gen.dispatcher.holding == 3, 5, what="a holding #2, #3, #4")
+    return a
+
+
+async def _retargeted(group: Group, a: Member) -> None:
+    """What a standby does when it finds the member consumer with other filters while
+    nobody is pinned (``_retarget_unpinned``): it marks it for a reset at a quiet point.
+    The holder sees the mark at its next renewal and moves in place (``_move_pinned``)."""
+    info = await a.js.consumer_info(WQ, MEMBER)
+    assert info is not None
+    real, _ = member_consumer_filters(info["config"].get("filter_subjects") or [])
+    assert real, "the member consumer delivers a's partitions"
+    await a._update_config(MEMBER, a._member_filters(real, set()), {RESET_KEY: "1"})
+
+
+@pytest.mark.parametrize("failure", [NO_ANSWER, NO_RESPONDERS], ids=["no-answer", "no-responders"])
+async def test_a_move_whose_reset_fails_once_drops_nothing_it_held(
+        group: Group, failure: Exception) -> None:
+    """The move's reset fails once and is not applied (no answer; no responders while a
+    server restarts). On main 4038153 the holder had already dropped #3 and #4 (held, not
+    started), then resumed pulling: the consumer, never reset, went on past them, so #5
+    ran while #3 and #4 waited for their ack wait. Now nothing is dropped before a reset
+    went through, and the failed reset is retried while nothing starts: #1..#5 run once
+    each, in stream order, on a, which stays active."""
+    a = await _holding_three(group)
+    group.server.reset_failures.append((failure, False))
+    await _retargeted(group, a)
+    gen = a._gen
+    assert gen is not None and gen.dispatcher is not None
+    await eventually(lambda: gen.dispatcher is not None and gen.dispatcher.paused, 5,
+                     what="a pausing for the reset")
+    group.gates[2].set()
+    await eventually(lambda: _state(group).failed_resets == 1, 5, what="the failed reset")
+    await group.offer(1)
+    await eventually(lambda: len(group.by(a)) >= 5, 5,
+                     what=f"a to run #3, #4 and #5 (ran {group.by(a)})")
+    await asyncio.sleep(0.3)  # a duplicate would run by now
+    assert group.by(a) == [1, 2, 3, 4, 5]
+    assert a.active and a._gen is gen, "a passing reset failure costs no step-down"
+    state = _state(group)
+    assert state.resets == 1 and not state.pending and not state.ready
+
+
+async def test_a_move_whose_reset_never_goes_through_steps_down_without_starting(
+        group: Group) -> None:
+    """The reset keeps failing past the drain timeout: the holder ends its generation
+    (paused: nothing starts with the filters changed and the consumer not reset), and
+    whoever is pinned next takes everything back in stream order: #1..#5 once each."""
+    a = await _holding_three(group)
+    group.server.reset_failures.extend([(NO_ANSWER, False)] * 4)
+    await _retargeted(group, a)
+    gen = a._gen
+    assert gen is not None and gen.dispatcher is not None
+    await eventually(lambda: gen.dispatcher is not None and gen.dispatcher.paused, 5,
+                     what="a pausing for the reset")
+    group.gates[2].set()
+    await eventually(lambda: gen.ended.done(), 10, what="a to give up on the reset")
+    assert group.by(a) == [1, 2], "nothing starts while the consumer is not reset"
+    await group.offer(1)
+    await eventually(lambda: len(group.ran) >= 5, 15,
+                     what=f"#3, #4, #5 to run (ran {group.ran})")
+    await asyncio.sleep(0.3)
+    assert [seq for _, seq in group.ran] == [1, 2, 3, 4, 5]
