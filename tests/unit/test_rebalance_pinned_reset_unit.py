@@ -16,6 +16,7 @@ import pytest
 from cgroupd.member import Member
 from cgroupd.naming import RESET_KEY
 from cgroupd.partitions import member_consumer_filters
+from tests.support.fakes import FakeConsumer
 from tests.support.fakes_pinned import PinState
 from tests.support.polling import eventually
 from tests.unit.test_election_pinned_reset_unit import NO_ANSWER, NO_RESPONDERS, RESET_SETTINGS
@@ -107,3 +108,36 @@ async def test_a_move_whose_reset_never_goes_through_steps_down_without_starting
                      what=f"#3, #4, #5 to run (ran {group.ran})")
     await asyncio.sleep(0.3)
     assert [seq for _, seq in group.ran] == [1, 2, 3, 4, 5]
+
+
+async def test_a_move_refused_by_another_members_claim_drops_nothing_it_held(
+        group: Group) -> None:
+    """The move's filter update is refused (10100: another member's consumer still holds
+    one of the partitions, as happens when moves overtake each other every 0.2 s). This is
+    what the toggle test hit on main 4038153: the holder had already dropped #3 and #4
+    (held, not started) and resumed, and the consumer, never reset, went on with #5;
+    #3 and #4 came back only with the next reset or their ack wait, after #5. Now the
+    refusal leaves everything held where it was: #3, #4, #5 run in order, and the retry
+    (once the other claim is gone) resets the consumer without running anything twice."""
+    a = await _holding_three(group)
+    await _retargeted(group, a)
+    gen = a._gen
+    assert gen is not None and gen.dispatcher is not None
+    await eventually(lambda: gen.dispatcher is not None and gen.dispatcher.paused, 5,
+                     what="a pausing for the reset")
+    info = await a.js.consumer_info(WQ, MEMBER)
+    assert info is not None
+    taken = info["config"]["filter_subjects"][-1]
+    # Another member's claim on one of a's partitions, as the server would have let it
+    # in while a had let that partition go half-way.
+    group.server.consumers[(WQ, "m2")] = FakeConsumer(WQ, "m2", {"filter_subjects": [taken]})
+    group.gates[2].set()
+    await group.offer(1)
+    await eventually(lambda: 5 in group.by(a), 5, what=f"#5 to run (ran {group.by(a)})")
+    del group.server.consumers[(WQ, "m2")]
+    await eventually(lambda: len(group.by(a)) >= 5 and _state(group).resets >= 1, 5,
+                     what=f"a to run #3, #4 and reset (ran {group.by(a)})")
+    await asyncio.sleep(0.3)  # a duplicate would run by now
+    assert group.by(a) == [1, 2, 3, 4, 5]
+    state = _state(group)
+    assert not state.pending and not state.ready, "everything acknowledged"
