@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from cgroupd.consumerinfo import ConsumerInfo
-from cgroupd.errors import CgroupdError, WorkQueueOverlap
+from cgroupd.errors import ApiError, CgroupdError, WorkQueueOverlap
 from cgroupd.naming import (
     MEMBER_KEY,
     RELEASED_KEY,
@@ -166,13 +166,23 @@ class PinnedRebalance(MemberCore):
                     gen.processed[p] = done
                 meta[SKIP_KEY] = gen.skip.to_json()
                 seq = gen.skip.lowest_needed(partitions)
-            await self._update_config(self.sync_consumer,
-                                      self._member_filters(partitions, set()), meta)
+            applied = True
+            try:
+                await self._update_config(self.sync_consumer,
+                                          self._member_filters(partitions, set()), meta)
+            except ApiError:
+                raise  # refused: nothing changed, and what we hold runs on where it is
+            except CgroupdError as exc:
+                # No answer: applied or not. Either way a reset makes the consumer deliver
+                # what is left under its filters, in order; then start over from them.
+                self._log.info("member consumer update unanswered; resetting anyway",
+                               error=str(exc))
+                applied = False
             dispatcher.accept = partitions
             if not await self._reset_until_done(gen, puller, seq):
                 was_open = False  # ended: nothing starts before the release
                 return False
-            return True
+            return applied
         finally:
             puller.hush(False)
             if was_open:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
+from cgroupd.errors import ServerUnreachable
 from cgroupd.member import Member
 from cgroupd.naming import RESET_KEY
 from cgroupd.partitions import member_consumer_filters
@@ -141,3 +143,37 @@ async def test_a_move_refused_by_another_members_claim_drops_nothing_it_held(
     assert group.by(a) == [1, 2, 3, 4, 5]
     state = _state(group)
     assert not state.pending and not state.ready, "everything acknowledged"
+
+
+async def test_a_move_whose_update_goes_unanswered_resets_anyway(group: Group) -> None:
+    """The move's filter update is applied but its answer is lost (no answer in time): the
+    consumer may deliver other partitions now, from where it stands. The holder resets it
+    anyway (paused) and starts over from the consumer as it is: #3 and #4, held when the
+    update went out, run after the reset, before #5, once each."""
+    a = await _holding_three(group)
+    await _retargeted(group, a)
+    gen = a._gen
+    assert gen is not None and gen.dispatcher is not None
+    await eventually(lambda: gen.dispatcher is not None and gen.dispatcher.paused, 5,
+                     what="a pausing for the reset")
+    update = a.js.create_consumer
+    lost_answers = [ServerUnreachable("updating consumer m1: the server did not answer in "
+                                      "time")]
+
+    async def answer_lost(stream: str, name: str, config: dict[str, Any],
+                          action: str = "create") -> dict[str, Any]:
+        info = await update(stream, name, config, action)
+        if action == "update" and lost_answers:
+            raise lost_answers.pop()
+        return info
+
+    a.js.create_consumer = answer_lost  # type: ignore[method-assign]
+    group.gates[2].set()
+    await eventually(lambda: not lost_answers and _state(group).resets >= 1, 5,
+                     what="the unanswered update, then the reset")
+    await group.offer(1)
+    await eventually(lambda: len(group.by(a)) >= 5, 5,
+                     what=f"a to run #3, #4 and #5 (ran {group.by(a)})")
+    await asyncio.sleep(0.3)  # a duplicate would run by now
+    assert group.by(a) == [1, 2, 3, 4, 5]
+    assert a.active and a._gen is gen
