@@ -14,6 +14,12 @@ from typing import Any
 
 import pytest
 
+from cgroupd.config import (
+    ELASTIC_BUCKET,
+    ElasticGroupConfig,
+    PartitioningFilter,
+    group_key,
+)
 from cgroupd.errors import ServerUnreachable
 from cgroupd.member import Member
 from cgroupd.naming import RESET_KEY
@@ -177,3 +183,54 @@ async def test_a_move_whose_update_goes_unanswered_resets_anyway(group: Group) -
     await asyncio.sleep(0.3)  # a duplicate would run by now
     assert group.by(a) == [1, 2, 3, 4, 5]
     assert a.active and a._gen is gen
+
+
+def _set_members(group: Group, *members: str) -> None:
+    config = ElasticGroupConfig(
+        max_members=4, partitioning_filters=(PartitioningFilter("orders.*", (1,)),),
+        members=members)
+    group.server.records[(ELASTIC_BUCKET, group_key("ORDERS", "g"))] = config.to_json()
+    group.server.changed.set()
+
+
+async def _filters(a: Member) -> tuple[set[int], set[int]]:
+    info = await a.js.consumer_info(WQ, MEMBER)
+    assert info is not None
+    return member_consumer_filters(info["config"].get("filter_subjects") or [])
+
+
+async def test_a_move_superseded_half_way_does_not_stay_half_way(group: Group) -> None:
+    """m1 (partitions 0, 1 of 4; m2 has no instance) gains 2 and 3 when m2 is dropped: it
+    claims them (hold filters), then waits for a quiet point, which does not come (#2 runs
+    past the drain timeout) while m2 is added back: the move fails, superseded by a target
+    equal to what m1 had before. On main 4038153 the loop then saw nothing to do and the
+    member consumer kept its hold on 2 and 3 for good (no m2 instance could ever claim
+    them: the toggle test's m1 waited for a partition m2 held that way, then stepped
+    down). Now the next attempt starts from the consumer as it is and lets them go."""
+    _set_members(group, "m1", "m2")
+    a = await group.start()
+    await group.offer(1)
+    await eventually(lambda: a.active and group.by(a) == [1], 5, what="a pinned, ran #1")
+    assert await _filters(a) == ({0, 1}, set())
+    group.gates[2] = asyncio.Event()
+    await group.offer(1)
+    await eventually(lambda: group.by(a) == [1, 2], 5, what="a running #2")
+    _set_members(group, "m1")
+
+    async def claimed() -> bool:
+        return await _filters(a) == ({0, 1}, {2, 3})
+
+    await eventually(claimed, 5, what="a to claim 2 and 3")
+    _set_members(group, "m1", "m2")
+    await asyncio.sleep(RESET_SETTINGS.drain_timeout + 0.3)  # no quiet point in time
+    group.gates[2].set()
+
+    async def released() -> bool:
+        return await _filters(a) == ({0, 1}, set())
+
+    await eventually(released, 5, what="a to let 2 and 3 go")
+    assert a.active and a.partitions == (0, 1)
+    await group.offer(2)
+    await eventually(lambda: len(group.by(a)) >= 4, 5, what=f"#3, #4 (ran {group.by(a)})")
+    await asyncio.sleep(0.3)
+    assert group.by(a) == [1, 2, 3, 4]
