@@ -74,6 +74,9 @@ class Rebalance(MemberCore):
                 self._log.warning("rebalance step failed", error=str(exc))
                 done = False
             if not done:
+                # Say so: a move that stopped half-way leaves no other trace in the log.
+                self._log.info("rebalance attempt stopped", target=list(target),
+                               superseded=gen.target != target)
                 if gen.target != target:
                     # Superseded: the loop goes again. A pinned move may have stopped
                     # half-way (lost partitions held, gained ones claimed): the next one
