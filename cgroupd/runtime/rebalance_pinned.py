@@ -4,6 +4,7 @@ consumer to the config in place (issue 13 items 3 and 4)."""
 from __future__ import annotations
 
 import json
+import random
 
 from cgroupd.consumerinfo import ConsumerInfo
 from cgroupd.errors import ApiError, CgroupdError, WorkQueueOverlap
@@ -237,7 +238,19 @@ class PinnedRebalance(MemberCore):
                 try:
                     await self._update_config(self.sync_consumer,
                                               self._member_filters(kept, gained))
-                    return starts
+                    if not await self._claim_contested(gained):
+                        return starts
+                    # nats-server checks a work queue's filter overlap without excluding
+                    # a concurrent update: two claims made at the same moment can both be
+                    # accepted (probe: tests/integration/test_workqueue_claim_race.py).
+                    # Whoever sees the other lets go and tries again a moment later; at
+                    # least one of two racing claims sees the other.
+                    self._log.info("claim contested; letting go and trying again",
+                                   partitions=sorted(gained))
+                    await self._update_config(self.sync_consumer,
+                                              self._member_filters(kept, set()))
+                    await self._sleep(random.uniform(0.02, 0.15))
+                    continue
                 except WorkQueueOverlap:
                     pass
             if self._clock() > deadline:
@@ -246,6 +259,20 @@ class PinnedRebalance(MemberCore):
                 return None
             await self._sleep(0.05)
         return None
+
+    async def _claim_contested(self, gained: set[int]) -> bool:
+        """After our claim on ``gained`` was accepted: does another consumer deliver or
+        hold any of them too? (A static stream's partitions never conflict.)"""
+        if self.static:
+            return False
+        for raw in await self.js.list_consumers(self._consume_stream):
+            info = ConsumerInfo(raw)
+            if info.name == self.sync_consumer:
+                continue
+            real, held = member_consumer_filters(info.filters)
+            if (real | held) & gained:
+                return True
+        return False
 
     async def _previous_owners(self, gained: set[int]) -> tuple[dict[int, int], set[str]]:
         """How far each of ``gained`` was processed (static release records), and the

@@ -23,7 +23,7 @@ from cgroupd.config import (
 from cgroupd.errors import ServerUnreachable
 from cgroupd.member import Member
 from cgroupd.naming import RESET_KEY
-from cgroupd.partitions import member_consumer_filters
+from cgroupd.partitions import HOLD_TOKEN, member_consumer_filters
 from tests.support.fakes import FakeConsumer
 from tests.support.fakes_pinned import PinState
 from tests.support.polling import eventually
@@ -234,3 +234,44 @@ async def test_a_move_superseded_half_way_does_not_stay_half_way(group: Group) -
     await eventually(lambda: len(group.by(a)) >= 4, 5, what=f"#3, #4 (ran {group.by(a)})")
     await asyncio.sleep(0.3)
     assert group.by(a) == [1, 2, 3, 4]
+
+
+async def test_a_claim_that_raced_another_members_claim_is_let_go(group: Group) -> None:
+    """m1 (partitions 0, 1 of 4) gains 2 and 3; at the same moment another member's
+    consumer claims 2 too, and the server accepts both claims (it does, for updates made
+    at the same moment: tests/integration/test_workqueue_claim_race.py). m1 sees the
+    other claim, lets its own go, waits while the other holds 2, and takes 2 and 3 once
+    it is gone. On main 4038153 m1 went on to deliver 2 beside the other claim (in the
+    toggle test both members then had their moves refused, then stalled)."""
+    _set_members(group, "m1", "m2")
+    a = await group.start()
+    await group.offer(1)
+    await eventually(lambda: a.active and group.by(a) == [1], 5, what="a pinned, ran #1")
+    update = a.js.create_consumer
+    rival = FakeConsumer(WQ, "m2", {"filter_subjects": [f"2.orders.{HOLD_TOKEN}"]})
+    raced: list[bool] = []
+
+    async def racing(stream: str, name: str, config: dict[str, Any],
+                     action: str = "create") -> dict[str, Any]:
+        info = await update(stream, name, config, action)
+        _, held = member_consumer_filters(config.get("filter_subjects") or [])
+        if name == MEMBER and 2 in held and not raced:
+            group.server.consumers[(WQ, "m2")] = rival  # accepted at the same moment
+            raced.append(True)
+        return info
+
+    a.js.create_consumer = racing  # type: ignore[method-assign]
+    _set_members(group, "m1")
+    await eventually(lambda: raced, 5, what="the two claims")
+    for _ in range(30):  # 0.3 s
+        real, held = await _filters(a)
+        assert 2 not in real, "m1 delivers 2 while another consumer holds it"
+        await asyncio.sleep(0.01)
+    assert 2 not in held, "m1 lets its contested claim go"
+    del group.server.consumers[(WQ, "m2")]
+
+    async def took() -> bool:
+        return await _filters(a) == ({0, 1, 2, 3}, set())
+
+    await eventually(took, 5, what="m1 to take 2 and 3 once the other claim is gone")
+    assert a.active and a.partitions == (0, 1, 2, 3)
