@@ -183,11 +183,15 @@ class Dispatcher:
             await asyncio.sleep(0.002)
         return True
 
+    def unstarted(self) -> list[Message]:
+        """Every held message whose handler is not running, in stream order (kept)."""
+        return sorted((m for seq, m in self._held.items() if seq not in self._running),
+                      key=lambda m: m.stream_sequence)
+
     def discard_unstarted(self) -> list[Message]:
         """Forget every held message whose handler is not running (the consumer will
         deliver them again); returned in stream order. Use while paused."""
-        dropped = sorted((m for seq, m in self._held.items() if seq not in self._running),
-                         key=lambda m: m.stream_sequence)
+        dropped = self.unstarted()
         for m in dropped:
             del self._held[m.stream_sequence]
         for queue in self._keys.values():

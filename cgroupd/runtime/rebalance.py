@@ -74,8 +74,18 @@ class Rebalance(MemberCore):
                 self._log.warning("rebalance step failed", error=str(exc))
                 done = False
             if not done:
+                # Say so: a move that stopped half-way leaves no other trace in the log.
+                self._log.info("rebalance attempt stopped", target=list(target),
+                               superseded=gen.target != target)
                 if gen.target != target:
-                    continue  # superseded: the loop goes again
+                    # Superseded: the loop goes again. A pinned move may have stopped
+                    # half-way (lost partitions held, gained ones claimed): the next one
+                    # starts from the member consumer as it is, even if the new target is
+                    # what this generation had before (else it would stay half-way).
+                    if pinned:
+                        gen.reconcile = True
+                        gen.retarget.set()
+                    continue
                 if pinned:
                     # Every attempt starts from the member consumer as it is: one that
                     # met a passing conflict (another member mid-move) is tried again.

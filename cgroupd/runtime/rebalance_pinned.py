@@ -4,9 +4,10 @@ consumer to the config in place (issue 13 items 3 and 4)."""
 from __future__ import annotations
 
 import json
+import random
 
 from cgroupd.consumerinfo import ConsumerInfo
-from cgroupd.errors import WorkQueueOverlap
+from cgroupd.errors import ApiError, CgroupdError, WorkQueueOverlap
 from cgroupd.naming import (
     MEMBER_KEY,
     RELEASED_KEY,
@@ -22,8 +23,15 @@ from cgroupd.partitions import (
     member_partitions,
     reference_filters,
 )
+from cgroupd.pull import Puller
 from cgroupd.runtime.core import MemberCore
+from cgroupd.runtime.election_pinned import (
+    RESET_RETRY_FIRST,
+    RESET_RETRY_MAX,
+    _reset_unsupported,
+)
 from cgroupd.runtime.generation import Generation
+from cgroupd.runtime.state import StepDown
 
 
 class PinnedRebalance(MemberCore):
@@ -55,8 +63,10 @@ class PinnedRebalance(MemberCore):
             gen.partitions = tuple(sorted(want))
             gen.dispatcher.accept = want
             return True
+        # Held and not wanted any more: an earlier attempt that failed half-way (its
+        # first step holds them) may have left messages of them in the dispatcher.
         if (lost or held - gained) and not await self._release_partitions(
-                gen, real & want, lost, held & gained):
+                gen, real & want, lost | (held - gained), held & gained):
             return False
         if gained and not await self._take_partitions(gen, real & want, gained):
             return False
@@ -119,7 +129,14 @@ class PinnedRebalance(MemberCore):
         the filters to ``kept`` plus the partitions in ``starts`` (how far each was
         processed) and reset the consumer so it delivers what is left of them, in order.
         A work queue holds exactly what is left; a static group's consumer goes back to
-        the lowest sequence still needed and skips what was processed (SkipRules)."""
+        the lowest sequence still needed and skips what was processed (SkipRules).
+
+        Nothing held is dropped before the reset went through: a message dropped while
+        the consumer goes on delivering (a step that failed, then resumed) would not come
+        back before its ack wait, and later messages of its key would run first. Once the
+        filters changed, nothing may start before a reset either (a gained partition's
+        older messages lie behind the consumer's position): a failed reset is retried
+        and, if it never goes through, the generation ends, paused."""
         s = self.settings
         assert gen.dispatcher is not None
         dispatcher = gen.dispatcher
@@ -132,18 +149,14 @@ class PinnedRebalance(MemberCore):
         try:
             if not await dispatcher.idle(s.drain_timeout):
                 return False
-            pending = dispatcher.discard_unstarted()
             if not await self._acks_confirmed(gen):
                 return False
-            deadline = self._clock() + s.pull_expires + 1.0
-            while puller.outstanding > 0 and self._clock() < deadline:
-                await self._sleep(0.01)
-            if puller.outstanding > 0:
+            if not await self._no_pull_open(puller):
                 return False
-            pending += dispatcher.discard_unstarted()
             meta: dict[str, str] = {RESET_KEY: ""}
             seq = 1  # a work queue holds exactly what is left to do
             if self.static:
+                pending = dispatcher.unstarted()
                 info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
                 upto = ConsumerInfo.of(info).delivered_stream_seq
                 for p in kept:
@@ -154,15 +167,63 @@ class PinnedRebalance(MemberCore):
                     gen.processed[p] = done
                 meta[SKIP_KEY] = gen.skip.to_json()
                 seq = gen.skip.lowest_needed(partitions)
-            await self._update_config(self.sync_consumer,
-                                      self._member_filters(partitions, set()), meta)
+            applied = True
+            try:
+                await self._update_config(self.sync_consumer,
+                                          self._member_filters(partitions, set()), meta)
+            except ApiError:
+                raise  # refused: nothing changed, and what we hold runs on where it is
+            except CgroupdError as exc:
+                # No answer: applied or not. Either way a reset makes the consumer deliver
+                # what is left under its filters, in order; then start over from them.
+                self._log.info("member consumer update unanswered; resetting anyway",
+                               error=str(exc))
+                applied = False
             dispatcher.accept = partitions
-            await self._reset_pinned(gen, seq)
-            return True
+            if not await self._reset_until_done(gen, puller, seq):
+                was_open = False  # ended: nothing starts before the release
+                return False
+            return applied
         finally:
             puller.hush(False)
             if was_open:
                 dispatcher.resume()
+
+    async def _no_pull_open(self, puller: Puller) -> bool:
+        """Wait (hushed) until no pull of ours can bring anything more; False if one is
+        still open after its expiry and a margin."""
+        deadline = self._clock() + self.settings.pull_expires + 1.0
+        while puller.outstanding > 0 and self._clock() < deadline:
+            await self._sleep(0.01)
+        return puller.outstanding == 0
+
+    async def _reset_until_done(self, gen: Generation, puller: Puller, seq: int) -> bool:
+        """Reset the member consumer (paused, hushed, the filters already changed); a
+        passing failure is retried, pulling in between so the pin stays ours (what those
+        pulls bring is held, not started, and dropped by the reset). False, with the
+        generation ended, when it does not go through within the drain timeout."""
+        retry_in = RESET_RETRY_FIRST
+        give_up = self._clock() + self.settings.drain_timeout
+        while True:
+            try:
+                await self._reset_pinned(gen, seq)
+                return True
+            except CgroupdError as exc:
+                if gen.ended.done() or _reset_unsupported(exc) \
+                        or self._clock() + retry_in > give_up:
+                    self._log.warning("member consumer not reset after a filter change; "
+                                      "stepping down", error=str(exc))
+                    gen.end(StepDown.CONFIG_CHANGED, "member consumer could not be reset")
+                    return False
+                self._log.warning("consumer reset failed; retrying", error=str(exc),
+                                  retry_in=retry_in)
+            puller.hush(False)
+            await self._sleep(retry_in)
+            puller.hush()
+            retry_in = min(2 * retry_in, RESET_RETRY_MAX)
+            if not await self._no_pull_open(puller):
+                gen.end(StepDown.CONFIG_CHANGED, "member consumer could not be reset")
+                return False
 
     async def _claim_partitions(self, gen: Generation, kept: set[int],
                                 gained: set[int]) -> dict[int, int] | None:
@@ -177,7 +238,19 @@ class PinnedRebalance(MemberCore):
                 try:
                     await self._update_config(self.sync_consumer,
                                               self._member_filters(kept, gained))
-                    return starts
+                    if not await self._claim_contested(gained):
+                        return starts
+                    # nats-server checks a work queue's filter overlap without excluding
+                    # a concurrent update: two claims made at the same moment can both be
+                    # accepted (probe: tests/integration/test_workqueue_claim_race.py).
+                    # Whoever sees the other lets go and tries again a moment later; at
+                    # least one of two racing claims sees the other.
+                    self._log.info("claim contested; letting go and trying again",
+                                   partitions=sorted(gained))
+                    await self._update_config(self.sync_consumer,
+                                              self._member_filters(kept, set()))
+                    await self._sleep(random.uniform(0.02, 0.15))
+                    continue
                 except WorkQueueOverlap:
                     pass
             if self._clock() > deadline:
@@ -186,6 +259,20 @@ class PinnedRebalance(MemberCore):
                 return None
             await self._sleep(0.05)
         return None
+
+    async def _claim_contested(self, gained: set[int]) -> bool:
+        """After our claim on ``gained`` was accepted: does another consumer deliver or
+        hold any of them too? (A static stream's partitions never conflict.)"""
+        if self.static:
+            return False
+        for raw in await self.js.list_consumers(self._consume_stream):
+            info = ConsumerInfo(raw)
+            if info.name == self.sync_consumer:
+                continue
+            real, held = member_consumer_filters(info.filters)
+            if (real | held) & gained:
+                return True
+        return False
 
     async def _previous_owners(self, gained: set[int]) -> tuple[dict[int, int], set[str]]:
         """How far each of ``gained`` was processed (static release records), and the

@@ -48,6 +48,8 @@ class Group:
         self.ran: list[tuple[str, int]] = []
         #: Instances whose handler never returns (a holder that dies inside a handler).
         self.stuck: set[str] = set()
+        #: Stream sequences whose handler waits until the event is set.
+        self.gates: dict[int, asyncio.Event] = {}
 
     async def start(self) -> Member:
         reasons: list[str] = []
@@ -56,6 +58,9 @@ class Group:
         async def handler(msg: Any) -> None:
             assert member is not None
             self.ran.append((member.instance_id, msg.stream_sequence))
+            gate = self.gates.get(msg.stream_sequence)
+            if gate is not None:
+                await gate.wait()
             if member.instance_id in self.stuck:
                 await asyncio.Event().wait()
 
