@@ -8,6 +8,7 @@ import contextlib
 
 from cgroupd import jsapi
 from cgroupd.errors import CgroupdError
+from cgroupd.pull import Puller
 from cgroupd.runtime.core import MemberCore
 from cgroupd.runtime.generation import Generation
 from cgroupd.runtime.state import StepDown
@@ -58,18 +59,28 @@ class Release(MemberCore):
             if puller.delivers:
                 await puller.stop()
         # Data consumers first: their unacked messages become available to the next owner,
-        # who can only create its data consumer once ours are gone.
-        for name in list(gen.data):
-            await self._delete_own(name)
-        # The claim: only if nothing says it went to someone else. Our sync puller would
-        # have been told of its deletion, and the info must still name this process.
-        intact = (gen.ended.result()[0] is not StepDown.SYNC_LOST
-                  and not any(p.ended.done() for p in claims))
-        if intact and await self._sync_is_ours() and not any(p.ended.done() for p in claims):
-            with contextlib.suppress(CgroupdError):
-                await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
+        # who can only create its data consumer once ours are gone. Their deletion is not
+        # awaited before the claim's: the server removes a consumer from its stream before
+        # it deletes its files and replies (tens of ms on a busy disk), and the next owner
+        # creates its data consumer only after winning the claim (two round trips after
+        # ours went out), so waiting for that reply only delayed the successor.
+        await asyncio.gather(*(self._delete_own(name) for name in list(gen.data)),
+                             self._drop_claim(gen, claims))
         for puller in claims:
             await puller.stop()
+
+    async def _drop_claim(self, gen: Generation, claims: list[Puller]) -> None:
+        """Delete the member's sync consumer, only if nothing says it went to someone
+        else: our sync puller would have been told of its deletion, and the info must
+        still name this process (read after our data consumers' deletion was sent, so
+        that it goes to the server first)."""
+        def intact() -> bool:
+            return (gen.ended.result()[0] is not StepDown.SYNC_LOST
+                    and not any(p.ended.done() for p in claims))
+
+        if intact() and await self._sync_is_ours() and intact():
+            with contextlib.suppress(CgroupdError):
+                await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
 
     async def _hand_over(self, gen: Generation) -> None:
         if self.on_handover is not None:
