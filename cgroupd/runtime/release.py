@@ -22,6 +22,7 @@ class Release(MemberCore):
     async def _release(self, gen: Generation) -> None:
         """Stop taking messages, let running handlers finish (bounded), drop consumers."""
         gen.end(StepDown.STOPPING)
+        began = self._clock()
         if gen.verifying is not None:
             gen.verifying.cancel()
         # Every one of them ended, for certain (see cgroupd.tasks).
@@ -37,11 +38,14 @@ class Release(MemberCore):
                 await puller.pause()
         if gen.dispatcher is not None:
             await gen.dispatcher.drain(self.settings.drain_timeout)
-        await self._release_sync(gen)
+        await self._release_sync(gen, self._clock() - began)
 
-    async def _release_sync(self, gen: Generation) -> None:
+    async def _release_sync(self, gen: Generation, drained: float = 0.0) -> None:
         """Sync exclusivity, once no handler runs any more: confirm our settlements, drop
-        our data consumers (never skipped silently), then our claim if it is still ours."""
+        our data consumers (never skipped silently), then our claim if it is still ours.
+        Logs how long each step took (``drained``: the handlers' drain before): the
+        successor waits for all of it (issue 15: a SIGTERM handover within 50 ms)."""
+        began = self._clock()
         # Settlements first: once the server confirmed them, deleting a data consumer
         # cannot hand a message we finished to the next owner.
         if gen.dispatcher is not None and gen.dispatcher.unconfirmed:
@@ -53,6 +57,7 @@ class Release(MemberCore):
                                       count=gen.dispatcher.unconfirmed)
                     break
                 await self._sleep(0.05)
+        confirmed = self._clock()
         await self._hand_over(gen)
         claims = [p for p in gen.pullers if not p.delivers]
         for puller in gen.pullers:
@@ -68,6 +73,9 @@ class Release(MemberCore):
                              self._drop_claim(gen, claims))
         for puller in claims:
             await puller.stop()
+        self._log.info("released", drain_ms=round(drained * 1e3, 1),
+                       confirm_ms=round((confirmed - began) * 1e3, 1),
+                       delete_ms=round((self._clock() - confirmed) * 1e3, 1))
 
     async def _drop_claim(self, gen: Generation, claims: list[Puller]) -> None:
         """Delete the member's sync consumer, only if nothing says it went to someone
