@@ -302,7 +302,7 @@ async def peer_part(url: str, nc: Client, js: JetStream, python: str, tmp: Path,
         peer = await PeerProcess(python, url, tmp / f"peer-{len(paths)}.log").start()
         running.append(peer)
         paths[peer.pid] = path
-        await peer.call("consume", kind="elastic", stream="PEER", group="g", member="m1",
+        await peer.call("consume", kind="elastic", stream=name, group="g", member="m1",
                         record=str(path), max_ack_pending=PEER_MAX_ACK_PENDING)
         return peer
 
