@@ -13,6 +13,9 @@ includes everything the new owner needs before it delivers. Parts:
 - ``peer``: the peer's failover by the same method: two peer instances of one member
   (:mod:`tests.support.peer_driver` processes, max ack pending 1, its default ack wait of 5 s,
   which also sets its pinned TTL), kill -9 of the one processing.
+- ``peer_stop``: the peer's counterpart of a SIGTERM handover: the processing instance
+  ends its consume session (``stop``, what its process does on SIGTERM); ``x_peer`` in
+  ``sigterm`` divides the peer's times by cgroupd's.
 - ``netns``: host or network loss: the active instance runs in a network namespace
   (:class:`tests.faults.injectors.VethNamespace`, nats-server on the host end) and the
   link is cut, ``--netns-trials`` times for each of ``--cuts`` seconds (a blip and an
@@ -65,7 +68,7 @@ from tests.support.groups import Record, check
 from tests.support.natsserver import client_options, running_server
 from tests.support.peer import PeerProcess, peer_python, why
 
-PARTS = ("sigkill", "sigterm", "peer", "netns", "stall")
+PARTS = ("sigkill", "sigterm", "peer", "peer_stop", "netns", "stall")
 PARTITIONS = 4
 #: The peer's members: max ack pending 1, its default ack wait (5 s: also its pinned TTL).
 PEER_MAX_ACK_PENDING = 1
@@ -282,10 +285,14 @@ async def cgroupd_parts(url: str, nc: Client, js: JetStream, tmp: Path, parts: s
 
 # -- the peer --------------------------------------------------------------------------
 async def peer_part(url: str, nc: Client, js: JetStream, python: str, tmp: Path, trials: int,
-                    rate: float, settle: float) -> dict[str, Any]:
-    await js.add_stream(api.StreamConfig(name="PEER", subjects=["peer.*"]))
+                    rate: float, settle: float, stop: bool = False) -> dict[str, Any]:
+    """The peer's kill -9 failover, or (``stop``) its graceful stop."""
+    name = "PEERSTOP" if stop else "PEER"
+    if stop:
+        tmp = tmp / "peer-stop"
+    await js.add_stream(api.StreamConfig(name=name, subjects=[f"{name.lower()}.*"]))
     records = Records(tmp / "peer")
-    (tmp / "peer").mkdir()
+    (tmp / "peer").mkdir(parents=True)
     running: list[PeerProcess] = []
     paths: dict[int, Path] = {}
 
@@ -295,17 +302,17 @@ async def peer_part(url: str, nc: Client, js: JetStream, python: str, tmp: Path,
         peer = await PeerProcess(python, url, tmp / f"peer-{len(paths)}.log").start()
         running.append(peer)
         paths[peer.pid] = path
-        await peer.call("consume", kind="elastic", stream="PEER", group="g", member="m1",
+        await peer.call("consume", kind="elastic", stream=name, group="g", member="m1",
                         record=str(path), max_ack_pending=PEER_MAX_ACK_PENDING)
         return peer
 
     async with PeerProcess(python, url, tmp / "peer-admin.log") as admin_peer:
-        await admin_peer.call("create_elastic", stream="PEER", group="g",
-                              max_members=PARTITIONS, filters=[["peer.*", [1]]])
-        await admin_peer.call("add_members", stream="PEER", group="g", members=["m1"])
+        await admin_peer.call("create_elastic", stream=name, group="g",
+                              max_members=PARTITIONS, filters=[[f"{name.lower()}.*", [1]]])
+        await admin_peer.call("add_members", stream=name, group="g", members=["m1"])
     traffic: KeyedTraffic | None = None
     try:
-        traffic = await KeyedTraffic(url, "peer", rate).start()
+        traffic = await KeyedTraffic(url, name.lower(), rate).start()
         await start()
         await wait_for(lambda: records.poll() is not None and records.ends(), 60, 0.05,
                        "the first peer instance to process")
@@ -325,7 +332,10 @@ async def peer_part(url: str, nc: Client, js: JetStream, python: str, tmp: Path,
             active = next(p for p in alive if instance(p) == records.latest_instance())
             standby = next(p for p in alive if p is not active)
             t = time.time()
-            active.kill()
+            if stop:
+                await active.call("stop")
+            else:
+                active.kill()
             first = await first_end(paths[standby.pid], instance(standby), t)
             gaps.append(first["t"] - t)
             await active.close()
@@ -342,7 +352,9 @@ async def peer_part(url: str, nc: Client, js: JetStream, python: str, tmp: Path,
         for peer in running:
             await peer.close()
     verdict = check(records.as_record(), sent, rewinds=True)
-    return {"what": f"natsio-pcgroups, kill -9 of the processing instance (max ack pending "
+    fault = ("the processing instance stops its consume session" if stop
+             else "kill -9 of the processing instance")
+    return {"what": f"natsio-pcgroups, {fault} (max ack pending "
                     f"{PEER_MAX_ACK_PENDING}, ack wait 5 s = pinned TTL), to the standby's "
                     "first processed message", **summary(gaps),
             "checks": {"published": len(sent), "lost": len(verdict.lost),
@@ -496,23 +508,37 @@ async def main(parts: set[str], trials: int = 20, peer_trials: int = 20, rate: f
             if parts & {"sigkill", "sigterm", "stall"}:
                 result |= await cgroupd_parts(srv.url, nc, js, Path(tmp), parts, trials, rate,
                                               stall, stall_trials, settle, observe)
-            if "peer" in parts:
+            for part, stop in (("peer", False), ("peer_stop", True)):
+                if part not in parts:
+                    continue
                 try:
                     python = peer_python()
                     reason = "" if python else why()
                 except RuntimeError as exc:
                     python, reason = None, str(exc)
-                result["peer"] = (
+                result[part] = (
                     await peer_part(srv.url, nc, js, python, Path(tmp), peer_trials, rate,
-                                    settle) if python else {"skipped": reason})
+                                    settle, stop) if python else {"skipped": reason})
         finally:
             await nc.close()
         if "netns" in parts:
             result["netns"] = await netns_part(Path(tmp), netns_trials, rate, list(cuts),
                                                settle)
     result["machine"]["load_average_after"] = machine()["load_average_1_5_15_min"]
+    add_x_peer(result)
     result["targets"] = targets(result)
     return result
+
+
+def add_x_peer(result: dict[str, Any]) -> None:
+    """How many times faster than the peer (its time over ours, p50 and p99), where both
+    ran: kill -9 against the peer's kill -9, SIGTERM against the peer's stop."""
+    for ours, theirs in (("sigkill", "peer"), ("sigterm", "peer_stop")):
+        mine, peer = result.get(ours), result.get(theirs)
+        if not isinstance(mine, dict) or not isinstance(peer, dict):
+            continue
+        mine["x_peer"] = {q: round(peer[q] / mine[q], 1) if peer.get(q) and mine.get(q)
+                          else None for q in ("p50_s", "p99_s")}
 
 
 def targets(result: dict[str, Any]) -> dict[str, bool | None]:

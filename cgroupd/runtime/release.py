@@ -8,6 +8,7 @@ import contextlib
 
 from cgroupd import jsapi
 from cgroupd.errors import CgroupdError
+from cgroupd.pull import Puller
 from cgroupd.runtime.core import MemberCore
 from cgroupd.runtime.generation import Generation
 from cgroupd.runtime.state import StepDown
@@ -21,6 +22,7 @@ class Release(MemberCore):
     async def _release(self, gen: Generation) -> None:
         """Stop taking messages, let running handlers finish (bounded), drop consumers."""
         gen.end(StepDown.STOPPING)
+        began = self._clock()
         if gen.verifying is not None:
             gen.verifying.cancel()
         # Every one of them ended, for certain (see cgroupd.tasks).
@@ -36,11 +38,14 @@ class Release(MemberCore):
                 await puller.pause()
         if gen.dispatcher is not None:
             await gen.dispatcher.drain(self.settings.drain_timeout)
-        await self._release_sync(gen)
+        await self._release_sync(gen, self._clock() - began)
 
-    async def _release_sync(self, gen: Generation) -> None:
+    async def _release_sync(self, gen: Generation, drained: float = 0.0) -> None:
         """Sync exclusivity, once no handler runs any more: confirm our settlements, drop
-        our data consumers (never skipped silently), then our claim if it is still ours."""
+        our data consumers (never skipped silently), then our claim if it is still ours.
+        Logs how long each step took (``drained``: the handlers' drain before): the
+        successor waits for all of it (issue 15: a SIGTERM handover within 50 ms)."""
+        began = self._clock()
         # Settlements first: once the server confirmed them, deleting a data consumer
         # cannot hand a message we finished to the next owner.
         if gen.dispatcher is not None and gen.dispatcher.unconfirmed:
@@ -52,24 +57,38 @@ class Release(MemberCore):
                                       count=gen.dispatcher.unconfirmed)
                     break
                 await self._sleep(0.05)
+        confirmed = self._clock()
         await self._hand_over(gen)
         claims = [p for p in gen.pullers if not p.delivers]
         for puller in gen.pullers:
             if puller.delivers:
                 await puller.stop()
         # Data consumers first: their unacked messages become available to the next owner,
-        # who can only create its data consumer once ours are gone.
-        for name in list(gen.data):
-            await self._delete_own(name)
-        # The claim: only if nothing says it went to someone else. Our sync puller would
-        # have been told of its deletion, and the info must still name this process.
-        intact = (gen.ended.result()[0] is not StepDown.SYNC_LOST
-                  and not any(p.ended.done() for p in claims))
-        if intact and await self._sync_is_ours() and not any(p.ended.done() for p in claims):
-            with contextlib.suppress(CgroupdError):
-                await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
+        # who can only create its data consumer once ours are gone. Their deletion is not
+        # awaited before the claim's: the server removes a consumer from its stream before
+        # it deletes its files and replies (tens of ms on a busy disk), and the next owner
+        # creates its data consumer only after winning the claim (two round trips after
+        # ours went out), so waiting for that reply only delayed the successor.
+        await asyncio.gather(*(self._delete_own(name) for name in list(gen.data)),
+                             self._drop_claim(gen, claims))
         for puller in claims:
             await puller.stop()
+        self._log.info("released", drain_ms=round(drained * 1e3, 1),
+                       confirm_ms=round((confirmed - began) * 1e3, 1),
+                       delete_ms=round((self._clock() - confirmed) * 1e3, 1))
+
+    async def _drop_claim(self, gen: Generation, claims: list[Puller]) -> None:
+        """Delete the member's sync consumer, only if nothing says it went to someone
+        else: our sync puller would have been told of its deletion, and the info must
+        still name this process (read after our data consumers' deletion was sent, so
+        that it goes to the server first)."""
+        def intact() -> bool:
+            return (gen.ended.result()[0] is not StepDown.SYNC_LOST
+                    and not any(p.ended.done() for p in claims))
+
+        if intact() and await self._sync_is_ours() and intact():
+            with contextlib.suppress(CgroupdError):
+                await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
 
     async def _hand_over(self, gen: Generation) -> None:
         if self.on_handover is not None:

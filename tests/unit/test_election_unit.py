@@ -105,6 +105,49 @@ async def test_stop_hands_over_to_the_standby(group: Group) -> None:
     assert group.server.names(WQ) == {"m1", f"m1-{b.instance_id}"}
 
 
+class SlowDeleteReplies(FakeJetStream):
+    """The real server removes a consumer from its stream (and sends the deletion
+    advisory) before it deletes the consumer's files and replies: on a busy disk the
+    reply comes tens of ms later. Here a data consumer's reply comes after ``DELAY``."""
+
+    DELAY = 2.0
+
+    def __init__(self, server: FakeServer) -> None:
+        super().__init__(server)
+        self.deletions: list[str] = []
+
+    async def delete_consumer(self, stream: str, name: str) -> bool:
+        self.deletions.append(name)
+        gone = await super().delete_consumer(stream, name)
+        if name != "m1":
+            await asyncio.sleep(self.DELAY)
+        return gone
+
+
+async def test_the_claim_goes_without_waiting_for_the_data_consumers_reply(
+        group: Group) -> None:
+    """Issue 15 (SIGTERM handover): a release sends its data consumer's deletion first,
+    then drops the claim without waiting for that deletion's reply; the standby wins
+    and creates its data consumer (ours is gone from the stream) long before it."""
+    slow = SlowDeleteReplies(group.server)
+    a = Member(slow, "ORDERS", "g", "m1", handler, SETTINGS)  # type: ignore[arg-type]
+    await a.start()
+    group.members.append(a)
+    await eventually(lambda: a.active, 5, what="a active")
+    b = await group.start()
+    await eventually(lambda: b.state is MemberState.STANDBY, 5, what="b standing by")
+    stopping = asyncio.ensure_future(a.stop())
+    t0 = asyncio.get_running_loop().time()
+    await eventually(lambda: b.active, 5, 0.01, "b active")
+    took = asyncio.get_running_loop().time() - t0
+    assert took < SlowDeleteReplies.DELAY / 2, f"b active after {took:.3f}s"
+    assert not stopping.done()  # a still waits for its data consumer's reply
+    assert slow.deletions == [f"m1-{a.instance_id}", "m1"]  # data consumer asked first
+    await stopping
+    assert group.holder() == b.instance_id
+    assert group.server.names(WQ) == {"m1", f"m1-{b.instance_id}"}
+
+
 async def test_a_gone_owner_is_replaced_at_once_with_its_consumers(group: Group) -> None:
     """The server says "no responders" for the owner (its process died): the standby
     deletes its claim and its data consumer and wins, without waiting for the lease."""
