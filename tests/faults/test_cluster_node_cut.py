@@ -18,6 +18,7 @@ What the isolated node answers is measured from inside the namespace during the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import subprocess
@@ -48,6 +49,8 @@ pytestmark = [pytest.mark.faults, pytest.mark.slow]
 SETTINGS = MemberSettings()
 WQ = "ORDERS-g"
 ISOLATED = 2  # the node in the namespace
+#: Seconds the healthy-cluster test stays idle after its traffic.
+HEALTHY_IDLE = 5.0
 
 
 @contextmanager
@@ -322,3 +325,58 @@ async def test_cluster_node_cut_with_the_pinned_holder_on_it(tmp_path: Path) -> 
             assert cut.first_b > cut.last
             assert cut.verdict.handovers and cut.verdict.handovers[0][2] == standby.instance
             assert _logged(isolated, STALE_PIN) >= 1
+
+
+async def _quorum_ages(nc: Client, consumer: str, into: list[tuple[float, float]]) -> None:
+    """Ask ``consumer``'s leader for its info every 0.05 s, recording (time, quorum age)."""
+    while True:
+        t = time.time()
+        with contextlib.suppress(Exception):
+            info = await _api(nc, f"$JS.API.CONSUMER.INFO.{WQ}.{consumer}")
+            if "cluster" in info:
+                into.append((t, ConsumerInfo(info).quorum_age))
+        await asyncio.sleep(max(0.0, t + 0.05 - time.time()))
+
+
+async def test_pinned_renewals_on_a_healthy_r3_cluster_find_no_stale_answer(
+        cluster: NatsCluster, tmp_path: Path) -> None:
+    """The other side of the quorum-age rule: on a healthy R3 cluster an answer's quorum
+    age is the time since the leader's last exchange with a follower (raft appends under
+    traffic, heartbeats when idle), never zero. Under traffic (key ordering, 64 in flight)
+    and then idle, m1's pinned holder must never find a renewal's answer too old (which
+    would end its pin: a false step-down and a failover on a healthy cluster). The worst
+    quorum age seen is noted against the lease (pinned TTL - margin)."""
+    args = ("--exclusivity", "pinned", "--ordering", "key", "--max-in-flight", "64")
+    async with Scenario("pinned_renewals_on_a_healthy_r3_cluster",
+                        [s.url for s in cluster.servers], tmp_path / "scenario") as sc:
+        await sc.make_group(partitions=4, members=("m1",), replicas=3)
+        procs = [sc.start("m1", args=args), sc.start("m1", args=args)]
+        await sc.wait_joined(procs)
+        assert sc.nc is not None
+        ages: list[tuple[float, float]] = []
+        probe = asyncio.create_task(_quorum_ages(sc.nc, sync_consumer("g", "m1", False),
+                                                 ages))
+        try:
+            pub = sc.traffic(2400, keys=16, rate=300)
+            pub.start()
+            await pub.wait(60)
+            await sc.wait_for(lambda: len(sc.finished()) == 2400, 60, "all finished")
+            idle_from = time.time()
+            # Idle (only raft heartbeats) while the holder keeps renewing its pin.
+            await asyncio.sleep(HEALTHY_IDLE)
+        finally:
+            probe.cancel()
+        busy = [a for t, a in ages if t < idle_from]
+        idle = [a for t, a in ages if t >= idle_from]
+        lease = SETTINGS.pinned_ttl - min(0.25, SETTINGS.pinned_ttl / 4)
+        sc.note(f"quorum age of {len(busy)} answers under traffic: worst {max(busy):.3f}s; "
+                f"of {len(idle)} idle: worst {max(idle):.3f}s (lease {lease:g}s, renewed "
+                f"every {SETTINGS.pinned_ttl / 4:g}s)")
+        false = [(p.instance, e.get("reason")) for p in procs for e in p.events()
+                 if e.get("event") == "stepped down"]
+        verdict = await sc.finish()
+        verdict.assert_ok()
+        assert busy and idle
+        assert not false, f"step-downs on a healthy cluster: {false}"
+        assert not [p.instance for p in procs if _logged(p, STALE_PIN)]
+        assert not verdict.handovers
