@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import subprocess
@@ -164,11 +165,16 @@ class Cut:
 
 
 async def _cut(sc: Scenario, ns: VethNamespace, isolated: JoinProc, standby: JoinProc,
-               held: dict[int, float]) -> tuple[float, float]:
-    """Once the busy handlers run on the isolated instance, cut n2 off; wait for the
-    standby to take over and finish 100. Returns (cut time, seconds to the takeover)."""
+               held: dict[int, float], keys: int) -> tuple[float, float]:
+    """Once the busy handlers run on the isolated instance, and two later messages of
+    each of their keys were delivered to it (a message of another key after those was
+    started), cut n2 off; wait for the standby to take over and finish 100. Returns (cut
+    time, seconds to the takeover)."""
     for n in held:
         assert (await sc.wait_started(n)).instance == isolated.instance
+    busy = {n % keys for n in held}
+    witness = next(n for n in itertools.count(max(held) + 2 * keys) if n % keys not in busy)
+    assert (await sc.wait_started(witness)).instance == isolated.instance
     ns.cut()
     cut_at = time.time()
     sc.note(f"link down; busy handlers {sorted(held.items())}")
@@ -252,7 +258,7 @@ async def test_cluster_node_cut_with_the_active_instance_on_it(tmp_path: Path) -
             pub.holds.update(held)
             pub.start()
             with probing(ns, n2.url, sync) as answers:
-                cut_at, took_over = await _cut(sc, ns, isolated, standby, held)
+                cut_at, took_over = await _cut(sc, ns, isolated, standby, held, keys=16)
             cut = await _heal(sc, ns, n2.server_name, answers, isolated, standby, cut_at,
                               took_over)
             cut.verdict.assert_ok()
@@ -305,7 +311,7 @@ async def test_cluster_node_cut_with_the_pinned_holder_on_it(tmp_path: Path) -> 
                 assert await sc.wait_active("m1") is isolated
                 standby = sc.start("m1", urls=[n0.url], args=args, env=env)
                 await sc.wait_joined([standby])
-                cut_at, took_over = await _cut(sc, ns, isolated, standby, held)
+                cut_at, took_over = await _cut(sc, ns, isolated, standby, held, keys=16)
             pinned_before = [a["pinned"] for a in answers if a["t"] < cut_at]
             cut = await _heal(sc, ns, n2.server_name, answers, isolated, standby, cut_at,
                               took_over)
