@@ -11,8 +11,13 @@ only ``n2``; its standby knows only ``n0``. Before the cut the leaders of m1's c
 self-check is answered by a node that no longer hears the cluster, while the majority
 side takes the member over as fast as it can.
 
-What the isolated node answers is measured from inside the namespace during the cut
-(consumer info of the synchronization consumer, every 0.25 s) and put in the notes.
+The same cut attacks pinned exclusivity: the member consumer shared by m1's instances has
+its leader on ``n2`` and pins the instance connected only to ``n2``.
+
+What the isolated node answers is measured from inside the namespace, before (a healthy
+cluster under traffic) and during the cut (consumer info every 0.1 s), and put in the
+notes. A last test checks the other side of the rule on a healthy R3 cluster: pinned
+renewals never find an answer too old (which would be a false step-down).
 """
 
 from __future__ import annotations
