@@ -326,12 +326,10 @@ async def test_cluster_node_cut_with_the_pinned_holder_on_it(tmp_path: Path) -> 
             assert _logged(isolated, STALE_PIN, before=cut_at) == 0
             assert cut.healthy_age < lease - SETTINGS.pinned_ttl / 4, cut.healthy_age
             # The attack happened: n2 still answered as leader naming the isolated
-            # instance pinned well after its lease had run out (and until the heal as
-            # leader).
+            # instance pinned well after its lease had run out.
             assert pinned_before and pinned_before[-1], "nobody pinned before the cut"
             named = [a["t"] - cut_at for a in cut.stale if a["pinned"] == pinned_before[-1]]
             assert named and max(named) > lease + 1.0
-            assert cut.stale[-1]["t"] - cut_at > cut.first_b
             assert cut.last <= lease + 0.5, f"started {cut.last:.2f}s after the cut"
             assert cut.first_b > cut.last
             assert cut.verdict.handovers and cut.verdict.handovers[0][2] == standby.instance
