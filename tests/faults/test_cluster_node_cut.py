@@ -169,8 +169,8 @@ class Cut:
     verdict: FaultVerdict
 
 
-async def _cut(sc: Scenario, ns: VethNamespace, isolated: JoinProc, standby: JoinProc,
-               held: dict[int, float], keys: int) -> tuple[float, float]:
+async def _cut(sc: Scenario, ns: VethNamespace, cl: NatsCluster, isolated: JoinProc,
+               standby: JoinProc, held: dict[int, float], keys: int) -> tuple[float, float]:
     """Once the busy handlers run on the isolated instance, and two later messages of
     each of their keys were delivered to it (a message of another key after those was
     started), cut n2 off; wait for the standby to take over and finish 100. Returns (cut
@@ -180,9 +180,15 @@ async def _cut(sc: Scenario, ns: VethNamespace, isolated: JoinProc, standby: Joi
     busy = {n % keys for n in held}
     witness = next(n for n in itertools.count(max(held) + 2 * keys) if n % keys not in busy)
     assert (await sc.wait_started(witness)).instance == isolated.instance
+    # Where the leaders are decides how much the majority side must elect (noted: a meta
+    # leader that moved back to n2 since the setup makes the takeover much slower).
+    meta = cl.servers[await asyncio.to_thread(cl.meta_leader, 5.0)].server_name
+    assert sc.nc is not None
+    stream = ((await _api(sc.nc, f"$JS.API.STREAM.INFO.{WQ}")).get("cluster") or {}).get("leader")
     ns.cut()
     cut_at = time.time()
-    sc.note(f"link down; busy handlers {sorted(held.items())}")
+    sc.note(f"link down; busy handlers {sorted(held.items())}; meta leader {meta}, "
+            f"work-queue stream leader {stream}")
     assert await sc.wait_active("m1", exclude=[isolated], timeout=40) is standby
     took_over = time.time() - cut_at
     await sc.wait_progress(100, by=standby, timeout=40)
@@ -263,7 +269,7 @@ async def test_cluster_node_cut_with_the_active_instance_on_it(tmp_path: Path) -
             pub.holds.update(held)
             pub.start()
             with probing(ns, n2.url, sync) as answers:
-                cut_at, took_over = await _cut(sc, ns, isolated, standby, held, keys=16)
+                cut_at, took_over = await _cut(sc, ns, cl, isolated, standby, held, keys=16)
             cut = await _heal(sc, ns, n2.server_name, answers, isolated, standby, cut_at,
                               took_over)
             cut.verdict.assert_ok()
@@ -316,7 +322,7 @@ async def test_cluster_node_cut_with_the_pinned_holder_on_it(tmp_path: Path) -> 
                 assert await sc.wait_active("m1") is isolated
                 standby = sc.start("m1", urls=[n0.url], args=args, env=env)
                 await sc.wait_joined([standby])
-                cut_at, took_over = await _cut(sc, ns, isolated, standby, held, keys=16)
+                cut_at, took_over = await _cut(sc, ns, cl, isolated, standby, held, keys=16)
             pinned_before = [a["pinned"] for a in answers if a["t"] < cut_at]
             cut = await _heal(sc, ns, n2.server_name, answers, isolated, standby, cut_at,
                               took_over)
