@@ -3,6 +3,9 @@ partitions that change; sync exclusivity moves them between data consumers."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
+
 from cgroupd import jsapi
 from cgroupd.consumerinfo import ConsumerInfo
 from cgroupd.errors import (
@@ -207,29 +210,30 @@ class Rebalance(MemberCore):
     async def _release_all(self, gen: Generation) -> bool:
         """Let every partition go while staying the member's active instance (none is
         kept): at a quiet point (nothing running, our acks applied) drop the data
-        consumer(s), then narrow the claim to a filter that overlaps nothing, so that
+        consumer(s) and narrow the claim to a filter that overlaps nothing, so that
         the next owners can take them while we wait for ours. Held, unstarted messages
         go back with the consumer, in stream order, to the next owner."""
         assert gen.dispatcher is not None
         dispatcher = gen.dispatcher
         dispatcher.pause()
         try:
-            if not await self._drop_data_consumers(gen):
+            # The claim is narrowed while the data consumer is deleted, not after it: the
+            # next owners' claims wait one round trip less, and their data consumers still
+            # cannot exist before ours is gone (the work queue refuses the overlap).
+            if not await self._drop_data_consumers(gen, release_claim=True):
                 return False
-            dispatcher.accept = set()
-            self._move_steps["deleted"] = self._clock()
-            await self._update_filters(self.sync_consumer, [idle_filter(self.member)])
             gen.partitions = ()
-            self._move_steps["released"] = self._clock()
             return True
         finally:
             dispatcher.resume()
 
-    async def _drop_data_consumers(self, gen: Generation) -> bool:
+    async def _drop_data_consumers(self, gen: Generation, release_claim: bool = False) -> bool:
         """With the dispatcher paused: stop pulling from our data consumer(s), wait for a
         quiet point (nothing running, our acks applied), then delete them. Held,
         unstarted messages go back with them, in stream order. False: no quiet point
-        came within the drain timeout, or our acks could not be confirmed."""
+        came within the drain timeout, or our acks could not be confirmed.
+        ``release_claim``: at the quiet point, also narrow the claim to a filter that
+        overlaps nothing, at the same time as the deletions."""
         assert gen.dispatcher is not None
         dispatcher = gen.dispatcher
         old = list(gen.data)
@@ -245,7 +249,13 @@ class Rebalance(MemberCore):
         self._move_steps["acks_confirmed"] = self._clock()
         for name in old:
             del gen.data[name]  # first: a self-check must not miss it as "lost"
-            await self.js.delete_consumer(self._consume_stream, name)
+        steps: list[Awaitable[object]] = [
+            self.js.delete_consumer(self._consume_stream, name) for name in old]
+        if release_claim:
+            dispatcher.accept = set()
+            steps.append(self._update_filters(self.sync_consumer, [idle_filter(self.member)]))
+        await asyncio.gather(*steps)
+        self._move_steps["released" if release_claim else "deleted"] = self._clock()
         dispatcher.last_settled = None
         return True
 
