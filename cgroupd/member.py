@@ -37,7 +37,7 @@ from cgroupd.runtime.core import MemberCore
 from cgroupd.runtime.election_pinned import PinnedElection
 from cgroupd.runtime.election_sync import SyncElection
 from cgroupd.runtime.generation import Generation
-from cgroupd.runtime.rebalance import CLAIM_POLL, Rebalance
+from cgroupd.runtime.rebalance import Rebalance
 from cgroupd.runtime.rebalance_pinned import PinnedRebalance
 from cgroupd.runtime.release import Release
 from cgroupd.runtime.selfcheck import SelfCheck
@@ -162,13 +162,9 @@ class Member(ConfigWatch, SyncElection, PinnedElection, Rebalance, PinnedRebalan
                 gen = await self._acquire(partitions)
                 if gen is None:
                     # Right after a membership change the partitions we want are being
-                    # released by their previous owners: look again soon (as often as a
-                    # member claiming in place when no instance of ours holds the claim;
-                    # a deletion, such as a previous owner's data consumer, wakes us).
+                    # released by their previous owners: look again soon.
                     soon = self._clock() < self._changed_at + 5.0
-                    await self._stand_by(
-                        (CLAIM_POLL if self._watch is None else 0.1) if soon
-                        else self.settings.retry_interval)
+                    await self._stand_by(0.1 if soon else self.settings.retry_interval)
                     delay = 0.0
                     continue
                 why = await self._run_active(gen)

@@ -158,6 +158,7 @@ class ConfigWatch(MemberCore):
         member's claim, or, for a while after a membership change, anyone's (previous
         owners of our partitions let go). Other deletions concern other members: with
         many members each one woke every standby (issue 15)."""
+        self._consumer_gone.set()
         if self.state is MemberState.STANDBY and (
                 name == self.sync_consumer or self._clock() < self._changed_at + 5.0):
             self._wake.set()

@@ -108,6 +108,9 @@ class MemberCore:
         self._key = group_key(stream, group)
         self._consume_stream = stream if static else work_queue_stream(stream, group)
         self._wake = Wake()  # config change, advisory, stop: re-evaluate now
+        #: Any consumer of our stream deleted: a member claiming partitions in place
+        #: tries again (a previous owner deletes its data consumer after letting go).
+        self._consumer_gone = Wake()
         self._stopping = False
         self._deleted = False
         self._supervisor: asyncio.Task[None] | None = None

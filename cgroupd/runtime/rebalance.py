@@ -4,7 +4,6 @@ partitions that change; sync exclusivity moves them between data consumers."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
 
 from cgroupd import jsapi
 from cgroupd.consumerinfo import ConsumerInfo
@@ -193,6 +192,7 @@ class Rebalance(MemberCore):
         while True:
             if gen.ended.done() or gen.target != target:
                 return None if gen.target != target else False
+            self._consumer_gone.clear()  # a deletion from now on means: try again
             try:
                 await self.js.create_consumer(self._consume_stream, self.sync_consumer,
                                               config, action="update")
@@ -205,21 +205,21 @@ class Rebalance(MemberCore):
                 # whose claim nobody will release (reclaimed).
                 await self._reclaim_released(gen, set(gained))
                 next_reclaim = self._clock() + RECLAIM_EVERY
-            await self._sleep(CLAIM_POLL)
+            # A previous owner deletes its data consumer right after narrowing its claim
+            # (see _drop_data_consumers): its advisory wakes us; polling is the fallback
+            # (a previous owner that kept partitions narrows without deleting anything).
+            await self._consumer_gone.nap(CLAIM_POLL)
 
     async def _release_all(self, gen: Generation) -> bool:
         """Let every partition go while staying the member's active instance (none is
         kept): at a quiet point (nothing running, our acks applied) drop the data
-        consumer(s) and narrow the claim to a filter that overlaps nothing, so that
-        the next owners can take them while we wait for ours. Held, unstarted messages
+        consumer(s), after narrowing the claim to a filter that overlaps nothing, so
+        that the next owners can take them while we wait for ours. Held, unstarted messages
         go back with the consumer, in stream order, to the next owner."""
         assert gen.dispatcher is not None
         dispatcher = gen.dispatcher
         dispatcher.pause()
         try:
-            # The claim is narrowed while the data consumer is deleted, not after it: the
-            # next owners' claims wait one round trip less, and their data consumers still
-            # cannot exist before ours is gone (the work queue refuses the overlap).
             if not await self._drop_data_consumers(gen, release_claim=True):
                 return False
             gen.partitions = ()
@@ -232,8 +232,8 @@ class Rebalance(MemberCore):
         quiet point (nothing running, our acks applied), then delete them. Held,
         unstarted messages go back with them, in stream order. False: no quiet point
         came within the drain timeout, or our acks could not be confirmed.
-        ``release_claim``: at the quiet point, also narrow the claim to a filter that
-        overlaps nothing, at the same time as the deletions."""
+        ``release_claim``: at the quiet point, first narrow the claim to a filter that
+        overlaps nothing."""
         assert gen.dispatcher is not None
         dispatcher = gen.dispatcher
         old = list(gen.data)
@@ -249,13 +249,17 @@ class Rebalance(MemberCore):
         self._move_steps["acks_confirmed"] = self._clock()
         for name in old:
             del gen.data[name]  # first: a self-check must not miss it as "lost"
-        steps: list[Awaitable[object]] = [
-            self.js.delete_consumer(self._consume_stream, name) for name in old]
         if release_claim:
+            # The claim goes first: the server's advisory of the deletion below then tells
+            # the next owners (waiting for one, see _claim) that they may claim now, and
+            # their data consumers still cannot exist before ours is gone (the work
+            # queue refuses the overlap).
             dispatcher.accept = set()
-            steps.append(self._update_filters(self.sync_consumer, [idle_filter(self.member)]))
-        await asyncio.gather(*steps)
-        self._move_steps["released" if release_claim else "deleted"] = self._clock()
+            await self._update_filters(self.sync_consumer, [idle_filter(self.member)])
+            self._move_steps["released"] = self._clock()
+        await asyncio.gather(*(self.js.delete_consumer(self._consume_stream, name)
+                               for name in old))
+        self._move_steps["deleted"] = self._clock()
         dispatcher.last_settled = None
         return True
 
