@@ -23,6 +23,7 @@ from cgroupd.naming import (
 )
 from cgroupd.partitions import (
     idle_filter,
+    owners,
     partition_filters,
     sync_filters,
 )
@@ -189,26 +190,34 @@ class Rebalance(MemberCore):
         config.pop("filter_subject", None)
         config["filter_subjects"] = sync_filters(target)
         next_reclaim = self._clock() + RECLAIM_EVERY
-        while True:
-            if gen.ended.done() or gen.target != target:
-                return None if gen.target != target else False
-            self._consumer_gone.clear()  # a deletion from now on means: try again
-            try:
-                await self.js.create_consumer(self._consume_stream, self.sync_consumer,
-                                              config, action="update")
-                return True
-            except WorkQueueOverlap:
-                if self._clock() > deadline:
-                    raise
-            if self._clock() >= next_reclaim:
-                # Still claimed: by a previous owner finishing (wait), or by a dead one
-                # whose claim nobody will release (reclaimed).
-                await self._reclaim_released(gen, set(gained))
-                next_reclaim = self._clock() + RECLAIM_EVERY
-            # A previous owner deletes its data consumer right after narrowing its claim
-            # (see _drop_data_consumers): its advisory wakes us; polling is the fallback
-            # (a previous owner that kept partitions narrows without deleting anything).
-            await self._consumer_gone.nap(CLAIM_POLL)
+        # A previous owner deletes its data consumer right after narrowing its claim (see
+        # _drop_data_consumers): the advisory of that deletion wakes us; polling is the
+        # fallback (a previous owner that kept partitions narrows without deleting). Only
+        # the previous owners' deletions wake us: any deletion woke every claimer, and
+        # their refused updates slowed the server for everyone mid-move.
+        previous = owners(self._previous_config) if self._previous_config else {}
+        self._claiming_from = tuple(sorted({
+            f"{previous[p]}-" for p in gained if previous.get(p) not in (None, self.member)}))
+        try:
+            while True:
+                if gen.ended.done() or gen.target != target:
+                    return None if gen.target != target else False
+                self._consumer_gone.clear()  # a deletion from now on means: try again
+                try:
+                    await self.js.create_consumer(self._consume_stream, self.sync_consumer,
+                                                  config, action="update")
+                    return True
+                except WorkQueueOverlap:
+                    if self._clock() > deadline:
+                        raise
+                if self._clock() >= next_reclaim:
+                    # Still claimed: by a previous owner finishing (wait), or by a dead one
+                    # whose claim nobody will release (reclaimed).
+                    await self._reclaim_released(gen, set(gained))
+                    next_reclaim = self._clock() + RECLAIM_EVERY
+                await self._consumer_gone.nap(CLAIM_POLL)
+        finally:
+            self._claiming_from = ()
 
     async def _release_all(self, gen: Generation) -> bool:
         """Let every partition go while staying the member's active instance (none is
