@@ -114,7 +114,6 @@ class ConfigWatch(MemberCore):
                                                                   0) + 1
             return
         first = self.config is None
-        self._previous_config = self.config
         self.config = config
         if not self._first_config.done():
             self._first_config.set_result(None)
@@ -159,8 +158,6 @@ class ConfigWatch(MemberCore):
         member's claim, or, for a while after a membership change, anyone's (previous
         owners of our partitions let go). Other deletions concern other members: with
         many members each one woke every standby (issue 15)."""
-        if name.startswith(self._claiming_from):
-            self._consumer_gone.set()
         if self.state is MemberState.STANDBY and (
                 name == self.sync_consumer or self._clock() < self._changed_at + 5.0):
             self._wake.set()

@@ -108,13 +108,6 @@ class MemberCore:
         self._key = group_key(stream, group)
         self._consume_stream = stream if static else work_queue_stream(stream, group)
         self._wake = Wake()  # config change, advisory, stop: re-evaluate now
-        #: A previous owner of partitions we claim in place deleted a consumer (it does
-        #: so right after letting them go): try again. Set only for deletions of names
-        #: that start with one of ``_claiming_from`` (a data consumer's member prefix).
-        self._consumer_gone = Wake()
-        self._claiming_from: tuple[str, ...] = ()
-        #: The group config before the latest change (who held what we now claim).
-        self._previous_config: GroupConfig | None = None
         self._stopping = False
         self._deleted = False
         self._supervisor: asyncio.Task[None] | None = None

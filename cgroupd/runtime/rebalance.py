@@ -3,8 +3,6 @@ partitions that change; sync exclusivity moves them between data consumers."""
 
 from __future__ import annotations
 
-import asyncio
-
 from cgroupd import jsapi
 from cgroupd.consumerinfo import ConsumerInfo
 from cgroupd.errors import (
@@ -23,7 +21,6 @@ from cgroupd.naming import (
 )
 from cgroupd.partitions import (
     idle_filter,
-    owners,
     partition_filters,
     sync_filters,
 )
@@ -190,59 +187,49 @@ class Rebalance(MemberCore):
         config.pop("filter_subject", None)
         config["filter_subjects"] = sync_filters(target)
         next_reclaim = self._clock() + RECLAIM_EVERY
-        # A previous owner deletes its data consumer right after narrowing its claim (see
-        # _drop_data_consumers): the advisory of that deletion wakes us; polling is the
-        # fallback (a previous owner that kept partitions narrows without deleting). Only
-        # the previous owners' deletions wake us: any deletion woke every claimer, and
-        # their refused updates slowed the server for everyone mid-move.
-        previous = owners(self._previous_config) if self._previous_config else {}
-        self._claiming_from = tuple(sorted({
-            f"{previous[p]}-" for p in gained if previous.get(p) not in (None, self.member)}))
-        try:
-            while True:
-                if gen.ended.done() or gen.target != target:
-                    return None if gen.target != target else False
-                self._consumer_gone.clear()  # a deletion from now on means: try again
-                try:
-                    await self.js.create_consumer(self._consume_stream, self.sync_consumer,
-                                                  config, action="update")
-                    return True
-                except WorkQueueOverlap:
-                    if self._clock() > deadline:
-                        raise
-                if self._clock() >= next_reclaim:
-                    # Still claimed: by a previous owner finishing (wait), or by a dead one
-                    # whose claim nobody will release (reclaimed).
-                    await self._reclaim_released(gen, set(gained))
-                    next_reclaim = self._clock() + RECLAIM_EVERY
-                await self._consumer_gone.nap(CLAIM_POLL)
-        finally:
-            self._claiming_from = ()
+        while True:
+            if gen.ended.done() or gen.target != target:
+                return None if gen.target != target else False
+            try:
+                await self.js.create_consumer(self._consume_stream, self.sync_consumer,
+                                              config, action="update")
+                return True
+            except WorkQueueOverlap:
+                if self._clock() > deadline:
+                    raise
+            if self._clock() >= next_reclaim:
+                # Still claimed: by a previous owner finishing (wait), or by a dead one
+                # whose claim nobody will release (reclaimed).
+                await self._reclaim_released(gen, set(gained))
+                next_reclaim = self._clock() + RECLAIM_EVERY
+            await self._sleep(CLAIM_POLL)
 
     async def _release_all(self, gen: Generation) -> bool:
         """Let every partition go while staying the member's active instance (none is
         kept): at a quiet point (nothing running, our acks applied) drop the data
-        consumer(s), after narrowing the claim to a filter that overlaps nothing, so
-        that the next owners can take them while we wait for ours. Held, unstarted messages
+        consumer(s), then narrow the claim to a filter that overlaps nothing, so that
+        the next owners can take them while we wait for ours. Held, unstarted messages
         go back with the consumer, in stream order, to the next owner."""
         assert gen.dispatcher is not None
         dispatcher = gen.dispatcher
         dispatcher.pause()
         try:
-            if not await self._drop_data_consumers(gen, release_claim=True):
+            if not await self._drop_data_consumers(gen):
                 return False
+            dispatcher.accept = set()
+            self._move_steps["deleted"] = self._clock()
+            await self._update_filters(self.sync_consumer, [idle_filter(self.member)])
             gen.partitions = ()
+            self._move_steps["released"] = self._clock()
             return True
         finally:
             dispatcher.resume()
 
-    async def _drop_data_consumers(self, gen: Generation, release_claim: bool = False) -> bool:
+    async def _drop_data_consumers(self, gen: Generation) -> bool:
         """With the dispatcher paused: stop pulling from our data consumer(s), wait for a
         quiet point (nothing running, our acks applied), then delete them. Held,
         unstarted messages go back with them, in stream order. False: no quiet point
-        came within the drain timeout, or our acks could not be confirmed.
-        ``release_claim``: at the quiet point, first narrow the claim to a filter that
-        overlaps nothing."""
+        came within the drain timeout, or our acks could not be confirmed."""
         assert gen.dispatcher is not None
         dispatcher = gen.dispatcher
         old = list(gen.data)
@@ -258,17 +245,7 @@ class Rebalance(MemberCore):
         self._move_steps["acks_confirmed"] = self._clock()
         for name in old:
             del gen.data[name]  # first: a self-check must not miss it as "lost"
-        if release_claim:
-            # The claim goes first: the server's advisory of the deletion below then tells
-            # the next owners (waiting for one, see _claim) that they may claim now, and
-            # their data consumers still cannot exist before ours is gone (the work
-            # queue refuses the overlap).
-            dispatcher.accept = set()
-            await self._update_filters(self.sync_consumer, [idle_filter(self.member)])
-            self._move_steps["released"] = self._clock()
-        await asyncio.gather(*(self.js.delete_consumer(self._consume_stream, name)
-                               for name in old))
-        self._move_steps["deleted"] = self._clock()
+            await self.js.delete_consumer(self._consume_stream, name)
         dispatcher.last_settled = None
         return True
 
