@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import math
 import statistics
 import tempfile
 import time
@@ -242,6 +243,8 @@ async def add_members(shape: Shape, js: JetStream, procs: Members, records: Reco
         if firsts else None,
         "longest_gap_s": longest_gap(records, t0 - 0.5, t_all + min(1.0, shape.window)),
         "longest_gap_before_s": longest_gap(records, t0 - shape.window, t0),
+        "handover_gap_s": handover_gaps(records, firsts),
+        "gap_before_s": gap_spread(records, t0 - shape.window, t0),
         "duplicates": verdict.duplicates,
         "lost": len(verdict.lost),
         "order_violations": len(verdict.order_violations),
@@ -261,6 +264,40 @@ def longest_gap(records: Records, start: float, end: float) -> dict[str, Any]:
         if gap > worst:
             worst, where = gap, p
     return {"seconds": round(worst, 3), "partition": where}
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p99": None, "max": None}
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return {"p50": round(statistics.median(ordered), 3), "p99": round(p99, 3),
+            "max": round(ordered[-1], 3)}
+
+
+def handover_gaps(records: Records, firsts: dict[int, float]) -> dict[str, Any]:
+    """Per moved partition, the time from its last completion before its new owner's
+    first one to that first one: the dark time of the move (it includes the wait for
+    the partition's next message, ~partitions / rate on average)."""
+    last: dict[int, float] = {}
+    for e in records.ends():
+        p = e["partition"]
+        if p in firsts and e["t"] < firsts[p] and e["t"] > last.get(p, -math.inf):
+            last[p] = e["t"]
+    gaps = {p: firsts[p] - last[p] for p in firsts if p in last}
+    return {**percentiles(list(gaps.values())), "partitions": len(gaps),
+            "worst_partition": max(gaps, key=gaps.__getitem__) if gaps else None}
+
+
+def gap_spread(records: Records, start: float, end: float) -> dict[str, float | None]:
+    """Every gap between two completions of one partition within [start, end]: what
+    the traffic's own spacing gives, to compare the handover gaps with."""
+    times: dict[int, list[float]] = {}
+    for e in records.ends():
+        if start <= e["t"] <= end:
+            times.setdefault(e["partition"], []).append(e["t"])
+    return percentiles([b - a for ts in times.values()
+                        for a, b in itertools.pairwise(sorted(ts))])
 
 
 async def consuming(peer: PeerProcess) -> bool:

@@ -60,6 +60,9 @@ async def test_scale_runs() -> None:
     added = result["cgroupd"]["add_members"]
     assert added["moved_partitions"] > 0 and added["reowned_s"] >= 0
     assert added["lost"] == 0 and added["order_violations"] == 0, added
+    handover = added["handover_gap_s"]  # every moved partition's dark time, measured
+    assert handover["partitions"] == added["moved_partitions"], handover
+    assert 0 < handover["p50"] <= handover["p99"] <= handover["max"], handover
 
 
 @pytest.mark.slow
