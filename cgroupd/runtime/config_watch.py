@@ -157,7 +157,12 @@ class ConfigWatch(MemberCore):
         """A consumer of our stream went away: a standby may win right now if it was our
         member's claim, or, for a while after a membership change, anyone's (previous
         owners of our partitions let go). Other deletions concern other members: with
-        many members each one woke every standby (issue 15)."""
-        if self.state is MemberState.STANDBY and (
-                name == self.sync_consumer or self._clock() < self._changed_at + 5.0):
+        many members each one woke every standby (issue 15). A standby watching a live
+        active instance waits for our claim's deletion only: its member's partitions move
+        in place, and a create would be refused (the claim exists); with 16 members each
+        deletion of a move woke 16 standbys into a refused create."""
+        if self.state is not MemberState.STANDBY:
+            return
+        if name == self.sync_consumer or (self._clock() < self._changed_at + 5.0
+                                          and self._watch is None):
             self._wake.set()

@@ -62,8 +62,7 @@ class SyncElection(MemberCore):
         s, watch, now = self.settings, self._watch, self._clock()
         return (watch is not None and not self._attempt_due
                 and watch.silent_for(now) < s.lease
-                and now - self._attempted_at < IDLE_ATTEMPT_EVERY * s.retry_interval
-                and now >= self._changed_at + 5.0)
+                and now - self._attempted_at < IDLE_ATTEMPT_EVERY * s.retry_interval)
 
     async def _acquire_sync(self, partitions: tuple[int, ...]) -> Generation | None:
         """Sync exclusivity: try once to win the election; None means stay standby."""
