@@ -240,12 +240,19 @@ class Puller:
         if self._task is not None and not self._retiring:
             await self._pull(1)
 
+    @property
+    def room(self) -> int:
+        """Messages :meth:`refill` would ask for now (0: it would send nothing). A plain
+        check, so the per-message paths await no coroutine when nothing is due."""
+        if self._task is None or self._retiring or self._paused:
+            return 0
+        return self._wanted()
+
     async def refill(self) -> None:
         """Ask for more if there is room (the dispatcher calls this as messages settle)."""
-        if self._task is not None and not self._retiring and not self._paused:
-            want = self._wanted()
-            if want:
-                await self._pull(want)
+        want = self.room
+        if want:
+            await self._pull(want)
 
     async def _run(self) -> None:
         """Pull whenever there is room, when the newest request is half-way to expiry,
@@ -312,7 +319,9 @@ class Puller:
                     self.pin_id = pin
             if self._on_message is not None:
                 self._on_message(msg)
-            await self.refill()
+            want = self.room
+            if want:
+                await self._pull(want)
             return
         self._status(status.code, status.description, msg)
 

@@ -104,7 +104,10 @@ class Settlements:
         while len(completed) > COMPLETED_MEMORY:
             completed.popitem(last=False)
         if not message.confirmed:
-            self._unconfirmed.setdefault(message.consumer, {})[seq] = message
+            pending = self._unconfirmed.get(message.consumer)
+            if pending is None:
+                pending = self._unconfirmed[message.consumer] = {}
+            pending[seq] = message
             if not self._wake.is_set():
                 self._wake.set()
 

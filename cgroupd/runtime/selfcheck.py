@@ -141,7 +141,7 @@ class SelfCheck(MemberCore):
     async def _refill(self, gen: Generation) -> None:
         """A handler slot freed up: let the data pullers ask for more."""
         for puller in gen.pullers:
-            if puller.delivers:
+            if puller.delivers and puller.room:
                 await puller.refill()
 
     async def _fence(self, gen: Generation) -> bool:
