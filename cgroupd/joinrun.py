@@ -55,7 +55,9 @@ def exec_join(spec: JoinSpec) -> None:
     os.set_inheritable(read, True)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-m", "cgroupd.joinrun", str(read)])
+    # The original arguments follow, unread: `ps` still says which member this is.
+    os.execv(sys.executable, [sys.executable, "-m", "cgroupd.joinrun", str(read),
+                              *sys.argv[1:]])
 
 
 def read_spec(fd: int) -> JoinSpec:
