@@ -34,6 +34,7 @@ def parse(spec: str) -> dict[str, Any]:
 
 def run(spec: str, argv: list[str]) -> None:
     from cgroupd import cli
+    from cgroupd.cli import join
     from cgroupd.settings import MemberSettings
 
     overrides = parse(spec)
@@ -41,7 +42,8 @@ def run(spec: str, argv: list[str]) -> None:
     def settings(**given: Any) -> MemberSettings:
         return MemberSettings(**(overrides | given))
 
-    setattr(cli, "MemberSettings", settings)  # noqa: B010 - replaced at run time on purpose
+    # Where `join` builds its settings (the package attribute alone changed nothing).
+    setattr(join, "MemberSettings", settings)  # noqa: B010 - replaced at run time on purpose
     cli.main(argv)
 
 

@@ -166,8 +166,10 @@ class Daemon:
         structlog.contextvars.bind_contextvars(instance=member.instance_id)
         self._info_sub = await js.answer(events.info_subject(o.stream, o.group),
                                          ops.instance_info)
-        self._spawn(self.loop_monitor.run(), "cgroupd-loop-monitor")
         if o.metrics_port:
+            # Only /healthz reads the loop monitor: without it, its four wakeups a second
+            # would be an idle instance's largest cost after presence (issue 15 §3).
+            self._spawn(self.loop_monitor.run(), "cgroupd-loop-monitor")
             await self._start_http()
         if not await self._start_member(member):
             return 0

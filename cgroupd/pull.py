@@ -71,6 +71,11 @@ class PullOptions:
     #: This client is the consumer's only reader and the consumer is fresh: every
     #: delivery number must arrive, in order (not for consumers shared with others).
     check_gaps: bool = False
+    #: Ask again half-way to the newest request's expiry, so that one is always waiting
+    #: (pinned mode: pulls keep the pin). Off: ask again when a request ends (its 408),
+    #: which halves an idle consumer's requests, heartbeats and expiries; a consumer
+    #: with no waiting request for a round trip is still far from its inactive threshold.
+    overlap: bool = True
 
     def __post_init__(self) -> None:
         if self.batch < 1:
@@ -263,7 +268,7 @@ class Puller:
             want = self._wanted()
             if want:
                 await self._pull(want)
-            elif self._clock() - self._pulled_at >= opts.expires / 2:
+            elif opts.overlap and self._clock() - self._pulled_at >= opts.expires / 2:
                 # Overlap requests so one with interest is always waiting: the server keeps
                 # a consumer with a waiting request alive, so a stall shorter than half the
                 # expiry plus the inactive threshold never costs us our consumers.

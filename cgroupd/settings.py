@@ -89,10 +89,12 @@ class MemberSettings:
     inactive_threshold: float = 10.0
     #: Lifetime of one pull request, and the server's idle heartbeat within it (three
     #: missed ones: the request is taken as lost and made again). 0 picks the exclusivity's
-    #: default: sync 5 s and 1 s (crash detection is the presence probe's, and every
-    #: request and heartbeat is idle work for the server and a wakeup of the member);
-    #: pinned 1 s and 0.25 s (pulls keep the pin: they must come well within
-    #: ``pinned_ttl``).
+    #: default: sync 5 s and 2.5 s (crash detection is the presence probe's, a reconnect
+    #: re-pulls at once, a leadership change answers 409: the heartbeat only finds a
+    #: request lost otherwise, and every request and heartbeat is idle work for the
+    #: server and a wakeup of the member; sync pullers ask again when a request ends,
+    #: without overlapping requests); pinned 1 s and 0.25 s (pulls keep the pin: they
+    #: must come well within ``pinned_ttl``).
     pull_expires: float = 0.0
     heartbeat: float = 0.0
     #: After stepping down, wait this long before competing again (ADR: "a second").
@@ -129,8 +131,8 @@ class MemberSettings:
         if self.pull_expires == 0:
             object.__setattr__(self, "pull_expires", 5.0 if sync else 1.0)
         if self.heartbeat == 0:
-            object.__setattr__(self, "heartbeat", min(1.0 if sync else 0.25,
-                                                      self.pull_expires / 2))
+            object.__setattr__(self, "heartbeat", self.pull_expires / 2 if sync
+                               else min(0.25, self.pull_expires / 2))
         if self.max_in_flight < 1 or self.max_in_flight > MAX_IN_FLIGHT:
             problems.append(f"max_in_flight must be at least 1 and at most {MAX_IN_FLIGHT}, "
                             f"not {self.max_in_flight}")

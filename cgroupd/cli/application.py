@@ -195,4 +195,6 @@ def _main(
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point."""
+    # Run as the process itself (not inside a caller): `join` may become a lean process.
+    join.LEAN["exec"] = argv is None
     typer.main.get_command(app).main(args=argv, prog_name=PROG)

@@ -29,6 +29,7 @@ from cgroupd.handlers import (
     load_handler,
     parse_statuses,
 )
+from cgroupd.joinrun import EXEC_ENV, JoinSpec, exec_join
 from cgroupd.ordering import Ordering
 from cgroupd.partitions import key_function
 from cgroupd.settings import Exclusivity, MemberSettings
@@ -45,6 +46,11 @@ class OrderingName(Enum):
     stream = "stream"
     none = "none"
 
+
+#: Whether ``join`` replaces the process with a lean one once its arguments are checked
+#: (:mod:`cgroupd.joinrun`): only when the CLI is the process (``main()`` with the
+#: process's own argv), never when it runs inside a caller (tests, bench.variant).
+LEAN = {"exec": False}
 
 #: What a member instance does when ``join`` is given no setting.
 DEFAULTS = MemberSettings()
@@ -212,6 +218,9 @@ def join(
     problems = drain_problems(settings, spec)
     if problems:
         raise UsageError(problems[0])
+    if LEAN["exec"] and os.environ.get(EXEC_ENV, "1") != "0":
+        exec_join(JoinSpec(g.connection, options, settings, handler, hook, dead_letter,
+                           "debug" if g.debug else log_level, g.debug))
     try:
         return asyncio.run(run_join(g.connection, options, settings, spec))
     except ConfigError as exc:  # arguments were checked above: this is the stored group

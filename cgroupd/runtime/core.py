@@ -224,7 +224,8 @@ class MemberCore:
         puller = await self.js.puller(
             self._consume_stream, consumer,
             PullOptions(batch=batch, expires=s.pull_expires, heartbeat=s.heartbeat,
-                        group=group, check_gaps=deliver and pinned is None),
+                        group=group, check_gaps=deliver and pinned is None,
+                        overlap=s.exclusivity is not Exclusivity.SYNC),
             on_message, capacity)
 
         def ended(fut: asyncio.Future[tuple[PullEnd, str]]) -> None:

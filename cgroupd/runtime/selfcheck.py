@@ -96,9 +96,11 @@ class SelfCheck(MemberCore):
         sent = self._clock()
         names = list(gen.data)
         try:
-            sync = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
-            data = [await self.js.consumer_info(self._consume_stream, name)
-                    for name in names]
+            # At once, not one after the other: the answers come back together (one
+            # wakeup of an idle member, not one per consumer).
+            sync, *data = await asyncio.gather(
+                self.js.consumer_info(self._consume_stream, self.sync_consumer),
+                *(self.js.consumer_info(self._consume_stream, name) for name in names))
         except CgroupdError as exc:
             if not self._unanswered:
                 self._log.warning("self-check could not reach the server", error=str(exc))

@@ -12,7 +12,8 @@ def test_sync_pulls_are_long_and_pinned_pulls_keep_the_pin() -> None:
     probe's); pinned mode pulls well within its pinned TTL, also when a static group turns
     default sync settings into pinned ones."""
     sync = MemberSettings()
-    assert sync.pull_expires == 5.0 and sync.heartbeat == 1.0
+    assert sync.pull_expires == 5.0 and sync.heartbeat == 2.5
+    assert MemberSettings(pull_expires=2.0).heartbeat == 1.0  # half the expiry
     assert sync.inactive_threshold >= sync.lease + sync.takeover_margin + sync.pull_expires
     pinned = MemberSettings(exclusivity=Exclusivity.PINNED)
     assert pinned.pull_expires / 2 < pinned.pinned_ttl and pinned.heartbeat == 0.25

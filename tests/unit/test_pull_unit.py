@@ -174,3 +174,24 @@ async def test_retiring_naks_what_still_arrives() -> None:
     await h.nc.deliver(inbox, msg)
     await retiring
     assert h.got == [] and (msg.reply, b"-NAK") in [(s, d) for s, d, _ in h.nc.published]
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+async def test_idle_requests_overlap_only_when_asked(overlap: bool) -> None:
+    """Overlapping (pinned mode): a second request half-way to the first one's expiry.
+    Not overlapping (sync mode's idle cost): none until the request ends, then one at
+    once, for the whole batch."""
+    h = Harness(PullOptions(batch=4, expires=0.2, heartbeat=0.05, overlap=overlap))
+    await h.puller.start()
+    try:
+        await asyncio.sleep(0)
+        assert len(h.nc.pulls()) == 1
+        h.clock.advance(0.15)  # past half the expiry
+        await asyncio.sleep(0.12)  # the pull loop's timed wakeups (heartbeat 0.05)
+        assert len(h.nc.pulls()) == (2 if overlap else 1)
+        if not overlap:
+            await h.send(status("408", "Request Timeout", **{PENDING_MSGS: "4"}))
+            await asyncio.sleep(0.01)
+            assert [p["batch"] for p in h.nc.pulls()] == [4, 4]
+    finally:
+        await h.puller.stop()
