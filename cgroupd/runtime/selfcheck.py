@@ -4,6 +4,7 @@ fence every handler start passes: sync mode's lease, pinned mode's lease on the 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from cgroupd.consumerinfo import ConsumerInfo
 from cgroupd.errors import CgroupdError
@@ -98,9 +99,17 @@ class SelfCheck(MemberCore):
         try:
             # At once, not one after the other: the answers come back together (one
             # wakeup of an idle member, not one per consumer).
-            sync, *data = await asyncio.gather(
+            # Every answer is awaited, so a second failure is not left unretrieved.
+            answers = await asyncio.gather(
                 self.js.consumer_info(self._consume_stream, self.sync_consumer),
-                *(self.js.consumer_info(self._consume_stream, name) for name in names))
+                *(self.js.consumer_info(self._consume_stream, name) for name in names),
+                return_exceptions=True)
+            infos: list[dict[str, Any] | None] = []
+            for answer in answers:
+                if isinstance(answer, BaseException):
+                    raise answer
+                infos.append(answer)
+            sync, *data = infos
         except CgroupdError as exc:
             if not self._unanswered:
                 self._log.warning("self-check could not reach the server", error=str(exc))
