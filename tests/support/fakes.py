@@ -129,6 +129,10 @@ class FakeServer:
     deletions: list[tuple[str, Callable[[str], Awaitable[None] | None]]] = field(
         default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Like nats-server: a create or update checks the filter overlap, then applies it,
+    #: without excluding a concurrent one, so two made at the same moment can both pass
+    #: (tests/integration/test_workqueue_claim_race.py). Off: each is atomic.
+    racy_overlap_check: bool = False
 
     def names(self, stream: str) -> set[str]:
         return {name for s, name in self.consumers if s == stream}
@@ -163,6 +167,8 @@ class FakeJetStream:
                     consumer.config.get("filter_subjects") or []):
                 raise WorkQueueOverlap(400, ERR_WQ_NOT_UNIQUE,
                                        "filtered consumer not unique on workqueue stream")
+        if self.server.racy_overlap_check:
+            await asyncio.sleep(0)  # another request is checked meanwhile
         consumer = FakeConsumer(stream, name, dict(config))
         self.server.consumers[(stream, name)] = consumer
         return consumer.info()
