@@ -25,6 +25,7 @@ from cgroupd.naming import (
 )
 from cgroupd.partitions import (
     idle_filter,
+    member_consumer_filters,
     partition_filters,
     sync_claimed,
     sync_filters,
@@ -43,22 +44,27 @@ RECLAIM_EVERY = 0.25
 CONTEST_BACKOFF = (0.02, 0.15)
 
 
+async def other_holders(js: JetStreamPort, stream: str, own: str, gained: Iterable[int],
+                        held: Callable[[ConsumerInfo], set[int]]) -> list[ConsumerInfo]:
+    """The consumers other than ``own`` that hold any of ``gained`` (``held``: what a
+    consumer holds), as one consumer list reads them."""
+    wanted = set(gained)
+    return [info for info in map(ConsumerInfo, await js.list_consumers(stream))
+            if info.name != own and held(info) & wanted]
+
+
 async def claim_contested(js: JetStreamPort, stream: str, own: str, gained: Iterable[int],
                           held: Callable[[ConsumerInfo], set[int]]) -> bool:
     """After the server accepted our consumer ``own``'s claim on ``gained``: does another
     consumer hold any of them too (``held``: what a consumer holds)?
 
-    nats-server checks a work queue's filter overlap without excluding a concurrent create
-    or update, so two claims made at the same moment can both be accepted (probe:
-    tests/integration/test_workqueue_claim_race.py). Each claimant lists the consumers after
-    its own claim was applied, so of two racing claims at least one sees the other: it lets
-    go and tries again after a random ``CONTEST_BACKOFF``. One consumer list per claim."""
-    wanted = set(gained)
-    for raw in await js.list_consumers(stream):
-        info = ConsumerInfo(raw)
-        if info.name != own and held(info) & wanted:
-            return True
-    return False
+    nats-server checks a work queue's filter overlap without excluding a concurrent
+    update, so a claim widened in place and another claim (update or create) made at the
+    same moment can both be accepted (probe: tests/integration/test_workqueue_claim_race.py).
+    Each claimant lists the consumers after its own claim was applied, so of two racing
+    claims at least one sees the other: it lets go and tries again after a random
+    ``CONTEST_BACKOFF``. One consumer list per claim."""
+    return bool(await other_holders(js, stream, own, gained, held))
 
 
 def contest_backoff() -> float:
@@ -71,11 +77,19 @@ def sync_claim(info: ConsumerInfo) -> set[int]:
     return sync_claimed(info.filters)
 
 
+def claims_or_delivers(info: ConsumerInfo) -> set[int]:
+    """The partitions a sync-mode consumer claims (sync) or delivers (data)."""
+    return sync_claimed(info.filters) | member_consumer_filters(info.filters)[0]
+
+
 class Rebalance(MemberCore):
     """One job of :class:`cgroupd.member.Member` (see the module docstring)."""
 
     #: When the current move finished each of its steps (logged with "rebalanced").
     _move_steps: dict[str, float] = {}  # noqa: RUF012 - replaced per move, never mutated shared
+    #: The consumer list made right after our last accepted claim showed no other
+    #: consumer with any of the gained partitions (no previous owner's to wait for).
+    _claimed_free: bool = False
 
     def _incremental(self, gen: Generation, new: tuple[int, ...]) -> bool:
         """Can this change be applied by moving only the partitions that change?"""
@@ -198,7 +212,8 @@ class Rebalance(MemberCore):
             # consumer may still hold them; only then pause for the swap (a move that
             # kept nothing has no consumer to swap: its create finds out).
             deadline = self._clock() + s.drain_timeout + 2 * s.retry_interval
-            while gen.data and not await self._reclaim_released(gen, set(gained)):
+            free = self._claimed_free  # the claim's own consumer list: nothing to wait for
+            while gen.data and not free and not await self._reclaim_released(gen, set(gained)):
                 if gen.ended.done():
                     return False
                 if gen.target != target:
@@ -248,8 +263,10 @@ class Rebalance(MemberCore):
                 if self._clock() > deadline:
                     raise
             else:
-                if not await claim_contested(self.js, self._consume_stream,
-                                             self.sync_consumer, gained, sync_claim):
+                others = await other_holders(self.js, self._consume_stream,
+                                             self.sync_consumer, gained, claims_or_delivers)
+                if not any(sync_claim(info) & set(gained) for info in others):
+                    self._claimed_free = not others
                     return True
                 # Accepted together with another member's claim (see claim_contested).
                 self._log.info("claim contested; letting go and trying again",
