@@ -15,9 +15,9 @@ import pytest
 from cgroupd.consumerinfo import ConsumerInfo
 from cgroupd.jetstream import JetStream
 from cgroupd.member import Member
-from cgroupd.partitions import partition_filters, sync_filters
+from cgroupd.partitions import partition_filters, partition_of, sync_filters
 from cgroupd.settings import MemberSettings
-from tests.support.groups import Fleet, all_done, make_group, publish_keyed
+from tests.support.groups import Fleet, make_group, publish_keyed
 from tests.support.polling import eventually
 
 pytestmark = pytest.mark.slow
@@ -35,12 +35,16 @@ async def test_two_members_moving_onto_one_partition_at_once_leave_one_claim(
     second data consumer (creates are checked one after the other), so one member ran
     partition 2, while the other held its claim for its whole data-consumer deadline.
     Now one claim stays, and partition 2's messages run on one instance."""
-    await make_group(jetstream, partitions=3, members=("m1", "m2", "m3"))
+    config = await make_group(jetstream, partitions=3, members=("m1", "m2", "m3"))
     m1 = await fleet.add("m1", SETTINGS)
     m2 = await fleet.add("m2", SETTINGS)
     await eventually(lambda: m1.active and m2.active, 10, what="m1 and m2 active")
     sent = await publish_keyed(jetstream, 60, keys=30)
-    await eventually(lambda: {e.get("partition") for e in fleet.record.ends()} >= {0, 1}, 10,
+    of = {n: partition_of(subject, config.partitioning_filters, 3) for subject, n in sent}
+    mine = {n for n, p in of.items() if p != FREE}
+    free = {n for n, p in of.items() if p == FREE}
+    assert mine and free
+    await eventually(lambda: mine <= {e["n"] for e in fleet.record.ends()}, 10,
                      what="partitions 0 and 1 consumed")
     members: list[Member] = [m1, m2]
     for m in members:
@@ -53,7 +57,8 @@ async def test_two_members_moving_onto_one_partition_at_once_leave_one_claim(
     data = [i.name for i in infos if set(i.filters) & set(partition_filters([FREE]))]
     assert len(claims) == 1, (claims, results)
     assert len(data) == 1, (data, results)
-    await all_done(fleet, sent)
+    await eventually(lambda: free <= {e["n"] for e in fleet.record.ends()}, 10,
+                     what="partition 2 consumed")
     runners = {e["instance"] for e in fleet.record.events
                if e.get("partition") == FREE and e["event"] == "start"}
     assert len(runners) == 1, runners
