@@ -125,6 +125,17 @@ def sync_filters(partitions: Iterable[int]) -> list[str]:
     return [f"{SYNC_PREFIX}.{p}.>" for p in partitions]
 
 
+def sync_claimed(filters: Iterable[str]) -> set[int]:
+    """The partitions a synchronization consumer's filters claim."""
+    claimed: set[int] = set()
+    for f in filters:
+        head, _, rest = f.partition(".")
+        number = rest.partition(".")[0]
+        if head == SYNC_PREFIX and number.isascii() and number.isdigit():
+            claimed.add(int(number))
+    return claimed
+
+
 #: Token of a filter that claims a partition without receiving its messages: on a
 #: work-queue stream it overlaps the partition's filter (so nobody else can take it), yet
 #: matches no message. Pinned mode holds partitions with it while it finishes or takes them.

@@ -35,6 +35,7 @@ from cgroupd.partitions import (
 )
 from cgroupd.runtime.core import MemberCore
 from cgroupd.runtime.generation import Generation
+from cgroupd.runtime.rebalance import claim_contested, contest_backoff, sync_claim
 from cgroupd.runtime.state import MemberState, StepDown
 from cgroupd.settings import Exclusivity
 
@@ -95,6 +96,8 @@ class SyncElection(MemberCore):
         except CgroupdError as exc:
             self._log.warning("sync consumer create failed", error=str(exc))
             return None
+        if await self._election_contested(partitions):
+            return None
         self._watch = None
         await self._close_prober()
         gen = self._gen = self._generation(partitions)
@@ -114,6 +117,25 @@ class SyncElection(MemberCore):
             self._gen = None
             return None
         return gen
+
+    async def _election_contested(self, partitions: tuple[int, ...]) -> bool:
+        """Our new sync consumer claims ``partitions``: was another member's claim on some
+        of them accepted at the same moment (see :func:`claim_contested`)? Then ours goes,
+        and the next attempt comes after a random moment. (Two instances of one member
+        compete by the consumer's name, which is a different lock.)"""
+        try:
+            if not await claim_contested(self.js, self._consume_stream, self.sync_consumer,
+                                         partitions, sync_claim):
+                return False
+            self._log.info("claim contested; letting go and trying again",
+                           partitions=list(partitions))
+            await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
+        except CgroupdError as exc:
+            self._log.warning("could not check the new claim", error=str(exc))
+            with contextlib.suppress(CgroupdError):
+                await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
+        await self._sleep(contest_backoff())
+        return True
 
     async def _refuse_duplicate_id(self) -> None:
         """Two processes with one instance id would both pass for the active instance (their

@@ -3,7 +3,11 @@ partitions that change; sync exclusivity moves them between data consumers."""
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable, Iterable
+
 from cgroupd import jsapi
+from cgroupd.adapter import JetStreamPort
 from cgroupd.consumerinfo import ConsumerInfo
 from cgroupd.errors import (
     CgroupdError,
@@ -21,7 +25,9 @@ from cgroupd.naming import (
 )
 from cgroupd.partitions import (
     idle_filter,
+    member_consumer_filters,
     partition_filters,
+    sync_claimed,
     sync_filters,
 )
 from cgroupd.runtime.core import MemberCore
@@ -33,6 +39,47 @@ from cgroupd.settings import Exclusivity
 CLAIM_POLL = 0.05
 #: Seconds between two looks for a gone previous owner's claim while claiming.
 RECLAIM_EVERY = 0.25
+#: Seconds (lowest, highest) a member waits, at random, before claiming again partitions
+#: whose claim it let go because another member's claim raced it.
+CONTEST_BACKOFF = (0.02, 0.15)
+
+
+async def other_holders(js: JetStreamPort, stream: str, own: str, gained: Iterable[int],
+                        held: Callable[[ConsumerInfo], set[int]]) -> list[ConsumerInfo]:
+    """The consumers other than ``own`` that hold any of ``gained`` (``held``: what a
+    consumer holds), as one consumer list reads them."""
+    wanted = set(gained)
+    return [info for info in map(ConsumerInfo, await js.list_consumers(stream))
+            if info.name != own and held(info) & wanted]
+
+
+async def claim_contested(js: JetStreamPort, stream: str, own: str, gained: Iterable[int],
+                          held: Callable[[ConsumerInfo], set[int]]) -> bool:
+    """After the server accepted our consumer ``own``'s claim on ``gained``: does another
+    consumer hold any of them too (``held``: what a consumer holds)?
+
+    nats-server checks a work queue's filter overlap without excluding a concurrent
+    update, so a claim widened in place and another claim (update or create) made at the
+    same moment can both be accepted (probe: tests/integration/test_workqueue_claim_race.py).
+    Each claimant lists the consumers after its own claim was applied, so of two racing
+    claims at least one sees the other: it lets go and tries again after a random
+    ``CONTEST_BACKOFF``. One consumer list per claim."""
+    return bool(await other_holders(js, stream, own, gained, held))
+
+
+def contest_backoff() -> float:
+    """How long to wait before claiming again after letting a contested claim go."""
+    return random.uniform(*CONTEST_BACKOFF)
+
+
+def sync_claim(info: ConsumerInfo) -> set[int]:
+    """The partitions a sync-mode member's synchronization consumer claims."""
+    return sync_claimed(info.filters)
+
+
+def claims_or_delivers(info: ConsumerInfo) -> set[int]:
+    """The partitions a sync-mode consumer claims (sync) or delivers (data)."""
+    return sync_claimed(info.filters) | member_consumer_filters(info.filters)[0]
 
 
 class Rebalance(MemberCore):
@@ -40,6 +87,9 @@ class Rebalance(MemberCore):
 
     #: When the current move finished each of its steps (logged with "rebalanced").
     _move_steps: dict[str, float] = {}  # noqa: RUF012 - replaced per move, never mutated shared
+    #: The consumer list made right after our last accepted claim showed no other
+    #: consumer with any of the gained partitions (no previous owner's to wait for).
+    _claimed_free: bool = False
 
     def _incremental(self, gen: Generation, new: tuple[int, ...]) -> bool:
         """Can this change be applied by moving only the partitions that change?"""
@@ -162,9 +212,15 @@ class Rebalance(MemberCore):
             # consumer may still hold them; only then pause for the swap (a move that
             # kept nothing has no consumer to swap: its create finds out).
             deadline = self._clock() + s.drain_timeout + 2 * s.retry_interval
-            while gen.data and not await self._reclaim_released(gen, set(gained)):
-                if gen.ended.done() or gen.target != target:
-                    return gen.target != target
+            free = self._claimed_free  # the claim's own consumer list: nothing to wait for
+            while gen.data and not free and not await self._reclaim_released(gen, set(gained)):
+                if gen.ended.done():
+                    return False
+                if gen.target != target:
+                    # Superseded: nothing else would ever let go of the claim on
+                    # ``gained`` (the next move starts from ``gen.partitions``).
+                    await self._let_claim_go(gen)
+                    return True
                 if self._clock() > deadline:
                     return False
                 await self._sleep(0.05)
@@ -203,16 +259,34 @@ class Rebalance(MemberCore):
             try:
                 await self.js.create_consumer(self._consume_stream, self.sync_consumer,
                                               config, action="update")
-                return True
             except WorkQueueOverlap:
                 if self._clock() > deadline:
                     raise
+            else:
+                others = await other_holders(self.js, self._consume_stream,
+                                             self.sync_consumer, gained, claims_or_delivers)
+                if not any(sync_claim(info) & set(gained) for info in others):
+                    self._claimed_free = not others
+                    return True
+                # Accepted together with another member's claim (see claim_contested).
+                self._log.info("claim contested; letting go and trying again",
+                               partitions=list(gained))
+                await self._let_claim_go(gen)
+                await self._sleep(contest_backoff())
+                if self._clock() > deadline:
+                    return False
+                continue
             if self._clock() >= next_reclaim:
                 # Still claimed: by a previous owner finishing (wait), or by a dead one
                 # whose claim nobody will release (reclaimed).
                 await self._reclaim_released(gen, set(gained))
                 next_reclaim = self._clock() + RECLAIM_EVERY
             await self._sleep(CLAIM_POLL)
+
+    async def _let_claim_go(self, gen: Generation) -> None:
+        """Narrow our claim (the sync consumer) back to the partitions we consume."""
+        await self._update_filters(self.sync_consumer, sync_filters(gen.partitions)
+                                   if gen.partitions else [idle_filter(self.member)])
 
     async def _release_all(self, gen: Generation) -> bool:
         """Let every partition go while staying the member's active instance (none is

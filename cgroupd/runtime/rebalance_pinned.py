@@ -4,7 +4,6 @@ consumer to the config in place (issue 13 items 3 and 4)."""
 from __future__ import annotations
 
 import json
-import random
 
 from cgroupd.consumerinfo import ConsumerInfo
 from cgroupd.errors import ApiError, CgroupdError, WorkQueueOverlap
@@ -31,6 +30,7 @@ from cgroupd.runtime.election_pinned import (
     _reset_unsupported,
 )
 from cgroupd.runtime.generation import Generation
+from cgroupd.runtime.rebalance import claim_contested, contest_backoff
 from cgroupd.runtime.state import StepDown
 
 
@@ -249,7 +249,7 @@ class PinnedRebalance(MemberCore):
                                    partitions=sorted(gained))
                     await self._update_config(self.sync_consumer,
                                               self._member_filters(kept, set()))
-                    await self._sleep(random.uniform(0.02, 0.15))
+                    await self._sleep(contest_backoff())
                     continue
                 except WorkQueueOverlap:
                     pass
@@ -265,14 +265,13 @@ class PinnedRebalance(MemberCore):
         hold any of them too? (A static stream's partitions never conflict.)"""
         if self.static:
             return False
-        for raw in await self.js.list_consumers(self._consume_stream):
-            info = ConsumerInfo(raw)
-            if info.name == self.sync_consumer:
-                continue
-            real, held = member_consumer_filters(info.filters)
-            if (real | held) & gained:
-                return True
-        return False
+
+        def held(info: ConsumerInfo) -> set[int]:
+            real, hold = member_consumer_filters(info.filters)
+            return real | hold
+
+        return await claim_contested(self.js, self._consume_stream, self.sync_consumer,
+                                     gained, held)
 
     async def _previous_owners(self, gained: set[int]) -> tuple[dict[int, int], set[str]]:
         """How far each of ``gained`` was processed (static release records), and the

@@ -129,6 +129,11 @@ class FakeServer:
     deletions: list[tuple[str, Callable[[str], Awaitable[None] | None]]] = field(
         default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Like nats-server 2.15 (single server): an update checks the filter overlap, then
+    #: applies it, without excluding a concurrent create or update, so the two can both
+    #: pass (98-99 in 100 at the same moment); two creates are checked one after the other
+    #: (0 in 100): tests/integration/test_workqueue_claim_race.py. Off: all atomic.
+    racy_overlap_check: bool = False
 
     def names(self, stream: str) -> set[str]:
         return {name for s, name in self.consumers if s == stream}
@@ -163,6 +168,8 @@ class FakeJetStream:
                     consumer.config.get("filter_subjects") or []):
                 raise WorkQueueOverlap(400, ERR_WQ_NOT_UNIQUE,
                                        "filtered consumer not unique on workqueue stream")
+        if self.server.racy_overlap_check and action == "update":
+            await asyncio.sleep(0)  # another request is checked meanwhile
         consumer = FakeConsumer(stream, name, dict(config))
         self.server.consumers[(stream, name)] = consumer
         return consumer.info()
