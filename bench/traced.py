@@ -4,7 +4,7 @@ A sampling profiler says where CPU goes; a member that runs one handler at a tim
 bound by waiting as much as by CPU, so this says where its *wall* time goes between two
 messages. The launcher wraps, at run time and without changing cgroupd, the points one
 message passes: the dispatcher's ``submit`` (a message arrived from the puller), the ack
-(``Message._send``), a pull request (``Puller._pull`` when it sent one), the client's
+(``Message.ack``), a pull request (``Puller._pull`` when it sent one), the client's
 socket writes (nats-py's flusher) and data messages received (``Puller._receive``). Each
 is a ``(time.time(), step)`` pair kept in memory; SIGUSR1 starts recording, SIGUSR2
 writes them to OUT (JSON lines) and stops. The wrappers cost a few µs per step, so
@@ -67,7 +67,7 @@ def install() -> None:
         submit(self, raw)
 
     Dispatcher.submit = submit_marked  # type: ignore[method-assign]
-    _wrap_async(Message, "_send", "ack", lambda _self, payload, *_: payload == b"+ACK")
+    _wrap_async(Message, "ack", "ack")
     _wrap_async(Puller, "_receive", "receive",
                 lambda _self, msg: jsapi.server_status(msg) is None)
     pull = Puller._pull
