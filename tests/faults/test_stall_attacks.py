@@ -54,14 +54,18 @@ KEYED = ("--ordering", "key", "--max-in-flight", "64")
 def _longest_silence(mode: str, stall: float) -> float:
     """How long the group may stop, by design, when the owner stalls for ``stall``.
 
-    Sync: the standby takes the synchronization consumer after ``lease + margin`` of
-    silence and the data consumer a ``lease`` later; a stall that ends before that ends
-    the silence earlier (the owner steps down and releases). Pinned: the server unpins
-    after ``pinned_ttl`` without a pull; the new holder takes back what the old one held
-    one TTL after it was pinned (consumer reset)."""
+    Sync: the standby takes the synchronization consumer at the latest SYNC_TAKEOVER
+    after the stall began (silence counts from the owner's last answer, up to
+    ``presence_answer_every`` before it, plus the last probe and its spread) and the data
+    consumer a ``lease`` later; a stall that ends before that ends the silence earlier
+    (the owner steps down and releases). (This bound said ``2 * lease + margin`` and
+    left out the answer's age and the last probe: 8.56-8.66 s stops were seen under
+    load against its 8.5 s.) Pinned: the server unpins after ``pinned_ttl`` without a
+    pull; the new holder takes back what the old one held one TTL after it was pinned
+    (consumer reset)."""
     s = SETTINGS
     if mode == "sync":
-        return min(stall, 2 * s.lease + s.takeover_margin) + HANDOVER
+        return min(stall, SYNC_TAKEOVER + s.lease) + HANDOVER
     return min(stall, 2 * s.pinned_ttl) + HANDOVER
 
 
