@@ -26,9 +26,14 @@ class SelfCheck(MemberCore):
     _unanswered = 0
 
     async def _sync_is_ours(self) -> bool:
+        """Whether the sync consumer names this process, as a server in touch with its
+        cluster says (a stale answer may name us after another instance took over: then
+        deleting the consumer by name would delete the new owner's)."""
         try:
             info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
         except CgroupdError:
+            return False
+        if ConsumerInfo.of(info).quorum_age >= self.settings.lease:
             return False
         meta = ConsumerInfo.of(info).metadata
         return bool(meta.get(INSTANCE_KEY) == self.instance_id

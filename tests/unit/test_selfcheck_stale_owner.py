@@ -98,3 +98,17 @@ async def test_a_fresh_answer_naming_another_owner_ends_the_generation(group: Gr
     assert await m._verify(gen) is False
     why, detail = gen.ended.result()
     assert why is StepDown.SYNC_LOST and "(a)" in detail
+
+
+async def test_a_stale_answer_naming_us_deletes_no_sync_consumer(group: Group) -> None:
+    """The old owner after the heal: the cut-off node still names it the holder (with its
+    token). Reading that as "ours, left over" (standing by) or as "still ours" (releasing)
+    would delete the sync consumer by name: the new owner's."""
+    m, js = await _active(group)
+    key = (m._consume_stream, m.sync_consumer)
+    js.answer_as = (m.instance_id, 15.0)
+    assert await m._sync_is_ours() is False
+    await m._learn_owner()
+    assert key in group.server.consumers, "deleted on a stale answer"
+    js.answer_as = (m.instance_id, 0.05)
+    assert await m._sync_is_ours() is True
