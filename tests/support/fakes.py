@@ -129,6 +129,8 @@ class FakeServer:
     deletions: list[tuple[str, Callable[[str], Awaitable[None] | None]]] = field(
         default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Stream sequences a stream still stores after their ack (a stream without a leader).
+    stored: dict[str, set[int]] = field(default_factory=dict)
 
     def names(self, stream: str) -> set[str]:
         return {name for s, name in self.consumers if s == stream}
@@ -266,6 +268,9 @@ class FakeJetStream:
 
     async def confirm_ack(self, reply: str, timeout: float) -> bool:
         return True
+
+    async def message_stored(self, stream: str, seq: int) -> bool:
+        return seq in self.server.stored.get(stream, set())
 
     async def flush(self, timeout: float) -> None:
         return None

@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
 from cgroupd.member import Member, MemberState
+from cgroupd.message import Outcome
 from cgroupd.naming import INSTANCE_KEY
 from cgroupd.runtime.state import StepDown
 from tests.support.fakes import FakeJetStream, FakeServer
@@ -112,3 +114,26 @@ async def test_a_stale_answer_naming_us_deletes_no_sync_consumer(group: Group) -
     assert key in group.server.consumers, "deleted on a stale answer"
     js.answer_as = (m.instance_id, 0.05)
     assert await m._sync_is_ours() is True
+
+
+async def test_release_waits_until_the_stream_removed_what_we_acked(group: Group) -> None:
+    """A confirmed ack is the consumer's record, not the work-queue stream's removal
+    (nats-server 2.15.1: acks confirmed while the stream had no leader, the consumer then
+    deleted, and a new consumer got every message again). Releasing waits, bounded, until
+    the stream no longer holds the last message acked before deleting the data consumer."""
+    m, _ = await _active(group)
+    gen = m._gen
+    assert gen is not None
+    dispatcher = gen.dispatcher
+    assert dispatcher is not None
+    acked = SimpleNamespace(outcome=Outcome.ACK, stream_sequence=7)
+    dispatcher.last_settled = acked  # type: ignore[assignment]
+    try:
+        group.server.stored[m._consume_stream] = {7}  # acked, not yet removed
+        waiting = asyncio.ensure_future(m._wait_removed(gen))
+        await asyncio.sleep(0.3)  # a leaderless stream's length, not a synchronisation
+        assert not waiting.done(), "went on while the stream still held an acked message"
+        group.server.stored[m._consume_stream].clear()  # a stream leader removed it
+        await asyncio.wait_for(waiting, 1.0)
+    finally:
+        dispatcher.last_settled = None
