@@ -87,9 +87,11 @@ class Release(MemberCore):
         consumer deleted, a new one got all 40 again; issue 13). So our data consumer goes
         only once the stream no longer holds the last message we acked (its leader applies
         removals in ack order), or after ``drain_timeout``, said loudly."""
-        last = gen.dispatcher.last_settled if gen.dispatcher is not None else None
-        if self.static or last is None or last.outcome not in (Outcome.ACK, Outcome.TERM):
-            return
+        dispatcher = gen.dispatcher
+        last = dispatcher.last_settled if dispatcher is not None else None
+        if (self.static or dispatcher is None or dispatcher.unconfirmed or last is None
+                or last.outcome not in (Outcome.ACK, Outcome.TERM)):
+            return  # (an ack not confirmed may never remove it: waiting would be in vain)
         deadline = self._clock() + self.settings.drain_timeout
         # R3: the removal commits about one round trip after the ack did; a healthy
         # stream needs no more than a few short pauses (issue 15: a quick handover).
