@@ -162,6 +162,14 @@ class SyncElection(MemberCore):
         except CgroupdError as exc:
             self._log.info("could not read the sync consumer's holder", error=str(exc))
             return
+        if ConsumerInfo.of(info).quorum_age >= self.settings.lease:
+            # A server out of touch with its cluster (a node just back from a cut): its
+            # answer may name a holder that is long gone, or this very process (the claim
+            # another instance took from us), whose deletion below would be the new
+            # holder's. Read again at the next attempt.
+            self._log.info("sync consumer's holder read from a server out of touch with "
+                           "its cluster; ignored", holder=ConsumerInfo.of(info).meta(INSTANCE_KEY))
+            return
         meta = ConsumerInfo.of(info).metadata
         owner = meta.get(INSTANCE_KEY)
         if info is None or not owner or meta.get(HOLDER_KEY):
@@ -238,6 +246,8 @@ class SyncElection(MemberCore):
         except CgroupdError as exc:
             self._log.info("could not read the sync consumer's holder", error=str(exc))
             return False
+        if ConsumerInfo.of(info).quorum_age >= s.lease:
+            return False  # out of touch: the holder it names may not be the one deleted
         if info is None or ConsumerInfo(info).meta(INSTANCE_KEY) != watch.instance \
                 or info.get("created") != self._watched_created:
             # Released meanwhile, or someone else holds it now: or the watched instance

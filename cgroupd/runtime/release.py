@@ -8,6 +8,7 @@ import contextlib
 
 from cgroupd import jsapi
 from cgroupd.errors import CgroupdError
+from cgroupd.message import Outcome
 from cgroupd.pull import Puller
 from cgroupd.runtime.core import MemberCore
 from cgroupd.runtime.generation import Generation
@@ -57,6 +58,7 @@ class Release(MemberCore):
                                       count=gen.dispatcher.unconfirmed)
                     break
                 await self._sleep(0.05)
+        await self._wait_removed(gen)
         confirmed = self._clock()
         await self._hand_over(gen)
         claims = [p for p in gen.pullers if not p.delivers]
@@ -76,6 +78,41 @@ class Release(MemberCore):
         self._log.info("released", drain_ms=round(drained * 1e3, 1),
                        confirm_ms=round((confirmed - began) * 1e3, 1),
                        delete_ms=round((self._clock() - confirmed) * 1e3, 1))
+
+    async def _wait_removed(self, gen: Generation) -> None:
+        """A confirmed ack proves that the consumer recorded it, not that the work-queue
+        stream removed the message: its leader does that, later, and a stream without a
+        leader (a cluster node cut, its heal) removes it only once one is elected, and only
+        for consumers that still exist then (nats-server 2.15.1: 40 acks confirmed, the
+        consumer deleted, a new one got all 40 again; issue 13). So our data consumer goes
+        only once the stream no longer holds the last message we acked (its leader applies
+        removals in ack order), or after ``drain_timeout``, said loudly."""
+        dispatcher = gen.dispatcher
+        last = dispatcher.last_settled if dispatcher is not None else None
+        if (self.static or dispatcher is None or dispatcher.unconfirmed or last is None
+                or last.outcome not in (Outcome.ACK, Outcome.TERM)):
+            return  # (an ack not confirmed may never remove it: waiting would be in vain)
+        deadline = self._clock() + self.settings.drain_timeout
+        # R3: the removal commits about one round trip after the ack did; a healthy
+        # stream needs no more than a few short pauses (issue 15: a quick handover).
+        pause, waited = 0.005, False
+        while True:
+            try:
+                if not await self.js.message_stored(self._consume_stream,
+                                                    last.stream_sequence):
+                    break
+            except CgroupdError:
+                pass  # no stream leader (503) or no answer: not removed yet, as far as we know
+            if self._clock() > deadline:
+                self._log.warning("the work-queue stream still holds the last message we "
+                                  "acked; the next owner may run acked messages again",
+                                  seq=last.stream_sequence)
+                return
+            waited = True
+            await self._sleep(pause)
+            pause = min(pause * 2, 0.1)
+        if waited:
+            self._log.info("acked messages removed by the stream", seq=last.stream_sequence)
 
     async def _drop_claim(self, gen: Generation, claims: list[Puller]) -> None:
         """Delete the member's sync consumer, only if nothing says it went to someone

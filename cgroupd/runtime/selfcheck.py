@@ -27,9 +27,14 @@ class SelfCheck(MemberCore):
     _unanswered = 0
 
     async def _sync_is_ours(self) -> bool:
+        """Whether the sync consumer names this process, as a server in touch with its
+        cluster says (a stale answer may name us after another instance took over: then
+        deleting the consumer by name would delete the new owner's)."""
         try:
             info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
         except CgroupdError:
+            return False
+        if ConsumerInfo.of(info).quorum_age >= self.settings.lease:
             return False
         meta = ConsumerInfo.of(info).metadata
         return bool(meta.get(INSTANCE_KEY) == self.instance_id
@@ -119,10 +124,23 @@ class SelfCheck(MemberCore):
             self._log.info("self-check reached the server again",
                            unanswered_checks=self._unanswered)
             self._unanswered = 0
+        # A clustered consumer's leader answers even when cut off from its replicas (and
+        # from the meta leader that records a takeover): the answer proves the state it
+        # shows only as of when it last heard from a quorum. An isolated node's answers thus
+        # stop renewing the lease at once, while the majority side takes the member over.
+        # An answer older than a whole lease proves nothing either way: right after a heal
+        # the node that was cut off still answers for a moment with the consumers it led
+        # before the cut (the previous owner's sync consumer, under the same name), and
+        # believing it would end the new owner's generation for nothing (issue 13).
+        age = max(ConsumerInfo.of(info).quorum_age for info in (sync, *data))
         meta = ConsumerInfo.of(sync).metadata
+        if age >= self.settings.lease:
+            self._stale(age, meta.get(INSTANCE_KEY))
+            return None
         if sync is None or meta.get(INSTANCE_KEY) != self.instance_id \
                 or meta.get(TOKEN_KEY) != self._token:
-            gen.end(StepDown.SYNC_LOST, "sync consumer missing or owned by another instance")
+            gen.end(StepDown.SYNC_LOST, "sync consumer missing or owned by another instance"
+                    f" ({meta.get(INSTANCE_KEY) if sync is not None else 'missing'})")
             return False
         # A consumer a rebalance replaced meanwhile is not missing.
         if any(info is None and name in gen.data for name, info in zip(names, data,
@@ -133,21 +151,21 @@ class SelfCheck(MemberCore):
         gen.data_info = {
             key: sum(int((info or {}).get(key, 0)) for info in data)
             for key in ("num_pending", "num_ack_pending")}
-        # A clustered consumer's leader answers even when cut off from its replicas (and
-        # from the meta leader that records a takeover): the answer proves ownership only
-        # as of when it last heard from a quorum. An isolated node's answers thus stop
-        # renewing the lease at once, while the majority side takes the member over.
-        age = max(ConsumerInfo.of(info).quorum_age for info in (sync, *data))
         gen.lease.renew(sent - age)
         if not gen.lease.valid:
-            self.stats["stale_checks"] += 1
-            if not self._out_of_touch:
-                self._log.warning("self-check answered by a server out of touch with its "
-                                  "cluster; starting nothing", quorum_heard_ago=round(age, 3))
-            self._out_of_touch = True
+            self._stale(age)
             return None
         self._out_of_touch = False
         return True
+
+    def _stale(self, age: float, owner: object = None) -> None:
+        """A self-check answered by a server that last heard a quorum ``age`` s ago."""
+        self.stats["stale_checks"] += 1
+        if not self._out_of_touch:
+            self._log.warning("self-check answered by a server out of touch with its "
+                              "cluster; starting nothing", quorum_heard_ago=round(age, 3),
+                              owner=owner)
+        self._out_of_touch = True
 
     async def _refill(self, gen: Generation) -> None:
         """A handler slot freed up: let the data pullers ask for more."""

@@ -43,7 +43,7 @@ from nats.aio.client import Client
 from cgroupd.consumerinfo import ConsumerInfo
 from cgroupd.naming import data_consumer, sync_consumer
 from cgroupd.settings import MemberSettings
-from tests.faults.checks import FaultVerdict
+from tests.faults.checks import FaultVerdict, Row
 from tests.faults.injectors import VethNamespace, namespace_for_test
 from tests.faults.runner import JoinProc
 from tests.faults.scenario import Scenario
@@ -157,6 +157,47 @@ def _quorum_age(answer: dict[str, Any]) -> float:
     return ConsumerInfo({"cluster": answer["cluster"]}).quorum_age
 
 
+def _twice(rows: list[Row], cut_at: float) -> list[str]:
+    """What a message committed twice went through: which stream copy (work-queue stream
+    sequence) each instance committed, and when (after the cut). Two sequences for one
+    message mean the work-queue stream stored it twice (re-sourced from the origin stream
+    after the partition: the server's doing, not an ack that did not hold); one sequence
+    means a stream message was delivered again after a confirmed ack removed it."""
+    runs: dict[int, list[Row]] = {}
+    for r in rows:
+        if r.status in ("committed", "prepared"):
+            runs.setdefault(r.n, []).append(r)
+    twice = {n: rs for n, rs in runs.items()
+             if sum(r.status == "committed" for r in rs) > 1}
+    copies = sorted(n for n, rs in twice.items() if len({r.seq for r in rs}) > 1)
+    out = []
+    if twice:
+        out.append(f"{len(twice)} messages committed twice, {len(copies)} of them from two "
+                   f"stream copies (work-queue sequences differ): {copies[:10]}")
+    for n in sorted(twice)[:5]:
+        out.append(f"#{n}: " + "; ".join(
+            f"{r.instance} seq {r.seq} delivery {r.deliveries} {r.status} "
+            f"started {r.t_start - cut_at:.2f}s" for r in twice[n]))
+    return out
+
+
+async def _left_in_stream(sc: Scenario, rows: list[Row]) -> str:
+    """The messages the work-queue stream still holds, and how the recorder saw them."""
+    assert sc.nc is not None
+    info = await _api(sc.nc, f"$JS.API.STREAM.INFO.{WQ}")
+    state = info.get("state") or {}
+    first, last = int(state.get("first_seq", 0)), int(state.get("last_seq", 0))
+    done = {r.seq: r for r in rows if r.status == "committed"}
+    held = []
+    for seq in range(first, min(last, first + 200) + 1):
+        reply = await _api(sc.nc, f"$JS.API.STREAM.MSG.GET.{WQ}", {"seq": seq})
+        if "message" in reply:
+            r = done.get(seq)
+            held.append(f"{seq}" + (f" (committed by {r.instance})" if r else ""))
+    return (f"{WQ} holds {state.get('messages')} messages (seq {first}..{last}), "
+            f"leader {(info.get('cluster') or {}).get('leader')}: {held[:20]}")
+
+
 @dataclass
 class Cut:
     """What one cut showed; times in seconds after the cut."""
@@ -170,6 +211,8 @@ class Cut:
     last: float
     first_b: float
     verdict: FaultVerdict
+    #: Why the standby stepped down before the scenario stopped it (reason: detail).
+    standby_lost: list[str]
 
 
 async def _cut(sc: Scenario, ns: VethNamespace, cl: NatsCluster, isolated: JoinProc,
@@ -224,8 +267,15 @@ async def _heal(sc: Scenario, ns: VethNamespace, n2: str, answers: list[dict[str
                       40, "the reconnected instance to stand down")
     sc.note(f"{isolated.instance} stood down by {time.time() - healed_at:.2f}s after the "
             f"heal ({isolated.count('stepped down')} step-downs in all)")
-    await sc.settle(timeout=60)
+    try:
+        await sc.settle(timeout=60)
+    except AssertionError:
+        with contextlib.suppress(Exception):
+            sc.note(await _left_in_stream(sc, sc.rows()))
+        raise
     rows = sc.rows()
+    for line in _twice(rows, cut_at):
+        sc.note(line)
     # Its cut-off generation: until it becomes active again, if it does (pinned mode: the
     # pin may come back to it once the standby lost it in the heal).
     back = min((_at(e) for e in isolated.events()
@@ -240,7 +290,11 @@ async def _heal(sc: Scenario, ns: VethNamespace, n2: str, answers: list[dict[str
             f"{last:.2f}s after it; {standby.instance} started its first {first_b:.2f}s "
             f"after it; it logged {_logged(isolated, STALE_PIN) + _logged(isolated, STALE_SYNC)} "
             "stale answers")
-    return Cut(stale, healthy_age, last, first_b, sc.verdict())
+    standby_lost = [f"{e.get('reason')}: {e.get('detail')}" for e in standby.events()
+                    if e.get("event") == "stepped down" and e.get("reason") != "stopping"]
+    if standby_lost:
+        sc.note(f"{standby.instance} stepped down before the end: {standby_lost}")
+    return Cut(stale, healthy_age, last, first_b, sc.verdict(), standby_lost)
 
 
 async def test_cluster_node_cut_with_the_active_instance_on_it(tmp_path: Path) -> None:
@@ -292,6 +346,11 @@ async def test_cluster_node_cut_with_the_active_instance_on_it(tmp_path: Path) -
             assert cut.first_b > cut.last
             assert cut.verdict.handovers and cut.verdict.handovers[0][2] == standby.instance
             assert _logged(isolated, STALE_SYNC) >= 1
+            # After the heal the node that was cut off still answers for a moment with the
+            # old owner's consumers (same names): the new owner must not believe it and
+            # step down (that handed the member back to the old instance, which ran again
+            # what the new one had committed: issue 13).
+            assert not cut.standby_lost, cut.standby_lost
 
 
 async def test_cluster_node_cut_with_the_pinned_holder_on_it(tmp_path: Path) -> None:

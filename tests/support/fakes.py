@@ -134,6 +134,8 @@ class FakeServer:
     #: pass (98-99 in 100 at the same moment); two creates are checked one after the other
     #: (0 in 100): tests/integration/test_workqueue_claim_race.py. Off: all atomic.
     racy_overlap_check: bool = False
+    #: Stream sequences a stream still stores after their ack (a stream without a leader).
+    stored: dict[str, set[int]] = field(default_factory=dict)
 
     def names(self, stream: str) -> set[str]:
         return {name for s, name in self.consumers if s == stream}
@@ -273,6 +275,9 @@ class FakeJetStream:
 
     async def confirm_ack(self, reply: str, timeout: float) -> bool:
         return True
+
+    async def message_stored(self, stream: str, seq: int) -> bool:
+        return seq in self.server.stored.get(stream, set())
 
     async def flush(self, timeout: float) -> None:
         return None

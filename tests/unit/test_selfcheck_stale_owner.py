@@ -1,0 +1,139 @@
+"""A self-check answered by a server out of touch with its cluster proves nothing, not even
+that another instance owns the member (cgroupd/runtime/selfcheck.py, issue 13).
+
+Seen in the sync cluster-node-cut fault test: right after the heal, the node that had been
+cut off still led the previous owner's synchronization consumer (same name, the old
+metadata) for about a second, and answered the new owner's self-check first. The new owner
+read "owned by another instance", stepped down, and the old instance became active again.
+That answer's quorum age (the time since its server last heard the consumer's other
+replicas) was the length of the cut: it must be ignored like any stale answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from cgroupd.member import Member, MemberState
+from cgroupd.message import Outcome
+from cgroupd.naming import INSTANCE_KEY
+from cgroupd.runtime.state import StepDown
+from tests.support.fakes import FakeJetStream, FakeServer
+from tests.unit.test_election_unit import SETTINGS, Group, handler
+
+
+def _answer(info: dict[str, Any], owner: str, heard_ago: float) -> dict[str, Any]:
+    """``info`` as a leader that last heard both other replicas ``heard_ago`` s ago, naming
+    ``owner`` in the metadata."""
+    answer = copy.deepcopy(info)
+    answer.setdefault("config", {}).setdefault("metadata", {})[INSTANCE_KEY] = owner
+    answer["cluster"] = {"leader": "n2", "replicas": [
+        {"name": n, "current": True, "active": int(heard_ago * 1e9)} for n in ("n0", "n1")]}
+    return answer
+
+
+class HealingJetStream(FakeJetStream):
+    """Answers the sync consumer's info as ``answer_as`` says: (owner, quorum age)."""
+
+    def __init__(self, server: FakeServer, sync: str) -> None:
+        super().__init__(server)
+        self.sync = sync
+        self.answer_as: tuple[str, float] | None = None
+
+    async def consumer_info(self, stream: str, name: str) -> dict[str, Any] | None:
+        info = await super().consumer_info(stream, name)
+        if info is None or name != self.sync or self.answer_as is None:
+            return info
+        return _answer(info, *self.answer_as)
+
+
+@pytest.fixture
+async def group() -> AsyncIterator[Group]:
+    g = Group()
+    yield g
+    for m in g.members:
+        await asyncio.wait_for(m.stop(), 10)
+
+
+async def _active(group: Group) -> tuple[Member, HealingJetStream]:
+    js = HealingJetStream(group.server, "")
+    m = Member(js, "ORDERS", "g", "m1", handler, SETTINGS, instance_id="b")
+    js.sync = m.sync_consumer
+    await m.start()
+    group.members.append(m)
+    for _ in range(300):
+        if m.state is MemberState.ACTIVE:
+            break
+        await asyncio.sleep(0.01)
+    assert m.state is MemberState.ACTIVE and m._gen is not None
+    return m, js
+
+
+async def test_a_stale_answer_naming_the_previous_owner_ends_nothing(group: Group) -> None:
+    m, js = await _active(group)
+    gen = m._gen
+    assert gen is not None
+    with capture_logs() as logged:
+        # The cut-off node, healed a moment ago: it last heard a quorum 15 s ago.
+        js.answer_as = ("a", 15.0)
+        assert await m._verify(gen) is None
+        assert not gen.ended.done(), gen.ended.result()
+        # The real leader's answer again: still ours.
+        js.answer_as = (m.instance_id, 0.05)
+        assert await m._verify(gen) is True
+    assert not gen.ended.done()
+    stale = [e for e in logged if e["event"].startswith("self-check answered by a server out")]
+    assert len(stale) == 1 and stale[0]["owner"] == "a", stale
+
+
+async def test_a_fresh_answer_naming_another_owner_ends_the_generation(group: Group) -> None:
+    m, js = await _active(group)
+    gen = m._gen
+    assert gen is not None
+    js.answer_as = ("a", 0.05)
+    assert await m._verify(gen) is False
+    why, detail = gen.ended.result()
+    assert why is StepDown.SYNC_LOST and "(a)" in detail
+
+
+async def test_a_stale_answer_naming_us_deletes_no_sync_consumer(group: Group) -> None:
+    """The old owner after the heal: the cut-off node still names it the holder (with its
+    token). Reading that as "ours, left over" (standing by) or as "still ours" (releasing)
+    would delete the sync consumer by name: the new owner's."""
+    m, js = await _active(group)
+    key = (m._consume_stream, m.sync_consumer)
+    js.answer_as = (m.instance_id, 15.0)
+    assert await m._sync_is_ours() is False
+    await m._learn_owner()
+    assert key in group.server.consumers, "deleted on a stale answer"
+    js.answer_as = (m.instance_id, 0.05)
+    assert await m._sync_is_ours() is True
+
+
+async def test_release_waits_until_the_stream_removed_what_we_acked(group: Group) -> None:
+    """A confirmed ack is the consumer's record, not the work-queue stream's removal
+    (nats-server 2.15.1: acks confirmed while the stream had no leader, the consumer then
+    deleted, and a new consumer got every message again). Releasing waits, bounded, until
+    the stream no longer holds the last message acked before deleting the data consumer."""
+    m, _ = await _active(group)
+    gen = m._gen
+    assert gen is not None
+    dispatcher = gen.dispatcher
+    assert dispatcher is not None
+    acked = SimpleNamespace(outcome=Outcome.ACK, stream_sequence=7)
+    dispatcher.last_settled = acked  # type: ignore[assignment]
+    try:
+        group.server.stored[m._consume_stream] = {7}  # acked, not yet removed
+        waiting = asyncio.ensure_future(m._wait_removed(gen))
+        await asyncio.sleep(0.3)  # a leaderless stream's length, not a synchronisation
+        assert not waiting.done(), "went on while the stream still held an acked message"
+        group.server.stored[m._consume_stream].clear()  # a stream leader removed it
+        await asyncio.wait_for(waiting, 1.0)
+    finally:
+        dispatcher.last_settled = None
