@@ -232,11 +232,34 @@ class MemberCore:
             why, detail = fut.result()
             if why is PullEnd.DELIVERY_LOST:
                 gen.end(StepDown.STALLED, f"{consumer}: {detail}")
+            elif (why is PullEnd.CONSUMER_GONE and consumer == self.sync_consumer
+                  and s.exclusivity is Exclusivity.SYNC and not gen.ended.done()):
+                self._spawn(gen, self._recheck_claim(gen, puller, f"{consumer}: {detail}"),
+                            "-claim-recheck")
             elif why is not PullEnd.STOPPED:
                 gen.end(lost, f"{consumer}: {detail}")
 
         puller.ended.add_done_callback(ended)
         return puller
+
+    async def _recheck_claim(self, gen: Generation, ended: Puller, detail: str) -> None:
+        """Our claim's pull was told "consumer deleted": believe it only if a server in
+        touch with its cluster agrees. After a cluster heal, the node that was cut off
+        still runs the old claim of the same name until it catches up; deleting it, it
+        answers every pull waiting on that name, the new owner's too (seen in the
+        cluster-cut test: the new owner stepped down and the old instance took the
+        member back). Meanwhile the lease still bounds what we start."""
+        if not await self._sync_is_ours():
+            gen.end(StepDown.SYNC_LOST, detail)
+            return
+        if gen.ended.done():
+            return
+        self._log.warning("claim reported deleted by a server out of touch; it is still "
+                          "ours", detail=detail)
+        fresh = await self._start_puller(gen, self.sync_consumer, 1, StepDown.SYNC_LOST)
+        gen.pullers = [fresh if p is ended else p for p in gen.pullers]
+        if gen.ended.done():
+            await fresh.stop()
 
     def _spawn(self, gen: Generation, coro: Awaitable[None], name: str) -> None:
         """A generation's background task; if it dies of a bug, the generation ends."""

@@ -24,8 +24,9 @@ from cgroupd.member import Member, MemberState
 from cgroupd.message import Outcome
 from cgroupd.naming import INSTANCE_KEY
 from cgroupd.runtime.state import StepDown
-from tests.support.fakes import FakeJetStream, FakeServer
-from tests.unit.test_election_unit import SETTINGS, Group, handler
+from tests.support.fakes import FakeJetStream, FakeServer, status
+from tests.support.polling import eventually
+from tests.unit.test_election_unit import SETTINGS, WQ, Group, handler
 
 
 def _answer(info: dict[str, Any], owner: str, heard_ago: float) -> dict[str, Any]:
@@ -137,3 +138,42 @@ async def test_release_waits_until_the_stream_removed_what_we_acked(group: Group
         await asyncio.wait_for(waiting, 1.0)
     finally:
         dispatcher.last_settled = None
+
+
+def _claim_inbox(m: Member) -> str:
+    """The inbox the active instance's claim (sync consumer) puller listens on."""
+    gen = m._gen
+    assert gen is not None
+    puller = next(p for p in gen.pullers if p.consumer == "m1")
+    return puller._inbox
+
+
+async def _claim_told_deleted(m: Member) -> None:
+    assert isinstance(m.js, FakeJetStream)
+    await m.js.nc.deliver(_claim_inbox(m), status("409", "Consumer Deleted"))
+
+
+async def test_a_claim_said_deleted_by_a_stale_node_is_kept(group: Group) -> None:
+    """After a cluster heal the node that was cut off deletes its stale copy of the claim
+    (same name) and answers every pull waiting on it "consumer deleted", the new owner's
+    too (CI on 7a87d8d: the new owner stepped down; the old instance took the member
+    back). The claim still names us on the servers in touch: we carry on, pulling anew."""
+    a = await group.start("a")
+    await eventually(lambda: a.active, 5, what="a active")
+    gen = a._gen
+    old = _claim_inbox(a)
+    await _claim_told_deleted(a)
+    await eventually(lambda: a._gen is gen and _claim_inbox(a) != old, 5,
+                     what="a new claim puller")
+    assert a.active and not gen.ended.done(), gen.ended.result() if gen.ended.done() else ""
+
+
+async def test_a_claim_really_deleted_ends_the_generation(group: Group) -> None:
+    a = await group.start("a")
+    await eventually(lambda: a.active, 5, what="a active")
+    gen = a._gen
+    assert gen is not None
+    del group.server.consumers[(WQ, "m1")]
+    await _claim_told_deleted(a)
+    await eventually(lambda: gen.ended.done(), 5, what="the generation to end")
+    assert gen.ended.result()[0] is StepDown.SYNC_LOST
