@@ -228,13 +228,20 @@ class JetStream:
             await kv.delete(key)
 
     async def keys(self, bucket: str) -> list[str]:
-        """Keys of live records in a bucket."""
-        kv = await self.bucket(bucket)
-        try:
-            with self._translated(f"listing {bucket}"):
-                return list(await kv.keys())
-        except nats.js.errors.NoKeysError:
-            return []
+        """Keys of live records in a bucket.
+
+        Read from the bucket stream's subjects, then each key's last entry (a delete or
+        purge marker is no record), not with nats-py's ``kv.keys()``: its watcher may
+        signal the end of the initial values before one it already received (CI: a group
+        created just before was missing from ``list_groups``), as ``watch_record``
+        works around too."""
+        await self.bucket(bucket)
+        prefix = f"$KV.{bucket}."
+        with self._translated(f"listing {bucket}"):
+            info = await self.jsm.stream_info(f"KV_{bucket}", subjects_filter=f"{prefix}>")
+        subjects = info.state.subjects or {}
+        return [subject[len(prefix):] for subject in subjects
+                if await self.get_record(bucket, subject[len(prefix):]) is not None]
 
     async def watch_record(self, bucket: str, key: str) -> AsyncIterator[Record]:
         """The current record, then every change (value None = deleted), until cancelled.

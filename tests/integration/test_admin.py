@@ -383,6 +383,9 @@ async def test_list_groups_of_one_stream(jetstream: JetStream) -> None:
         ("a", "elastic"), ("b", "elastic"), ("s", "static")]
     assert await admin.list_groups(jetstream, "ORDERS2") == [("x", "elastic"), ("y", "static")]
     assert await admin.list_groups(jetstream, "OTHER") == []
+    # A deleted group's key keeps its delete marker in the bucket: not a group.
+    await admin.delete_group(jetstream, ORDERS, "b")
+    assert await admin.list_groups(jetstream, ORDERS) == [("a", "elastic"), ("s", "static")]
 
 
 async def test_get_group_on_fresh_server(jetstream: JetStream) -> None:
