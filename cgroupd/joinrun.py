@@ -18,15 +18,14 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from cgroupd.exits import FAILURE, INTERRUPTED, error_line
+
 if TYPE_CHECKING:
     from cgroupd.connect import ConnectionOptions
     from cgroupd.handlers import DeadLetterOptions, WebhookOptions
     from cgroupd.joinoptions import JoinOptions
     from cgroupd.settings import MemberSettings
 
-#: Exit codes, as the CLI's (cgroupd.cli.application).
-FAILURE = 1
-INTERRUPTED = 130
 #: Set to 0 to run ``join`` inside the CLI's process instead (debuggers, profilers).
 EXEC_ENV = "CGROUPD_JOIN_EXEC"
 
@@ -105,8 +104,7 @@ def run(spec: JoinSpec) -> int:
 
 
 def _error_line(message: str) -> None:
-    text = " ".join(str(message).split()) or "error"
-    print(f"cgroupd: error: {text}", file=sys.stderr, flush=True)
+    print(error_line(message), file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

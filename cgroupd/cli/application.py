@@ -23,20 +23,14 @@ from cgroupd.cli.context import Globals
 from cgroupd.cli.errors import CliError, UsageError
 from cgroupd.connect import DEFAULT_CONNECT_TIMEOUT, ConnectionOptions
 from cgroupd.errors import CgroupdError, ConfigError
+from cgroupd.exits import FAILURE, INTERRUPTED, PROG, USAGE, error_line
 from cgroupd.handlers import HandlerLoadError
-
-PROG = "cgroupd"
-#: Exit codes: success is 0.
-FAILURE = 1
-USAGE = 2
-INTERRUPTED = 130
 
 _state = {"debug": False}
 
 
 def _error_line(message: str) -> None:
-    text = " ".join(str(message).split()) or "error"
-    typer.echo(f"{PROG}: error: {text}", err=True)
+    typer.echo(error_line(message), err=True)
 
 
 def exit_code_for(exc: BaseException) -> int:

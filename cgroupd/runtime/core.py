@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from cgroupd import jsapi, logs
@@ -21,6 +21,7 @@ from cgroupd.config import (
     validate_name,
     work_queue_stream,
 )
+from cgroupd.consumerinfo import ConsumerInfo
 from cgroupd.dispatch import Completed, Dispatcher, Handler
 from cgroupd.errors import (
     ApiError,
@@ -161,6 +162,13 @@ class MemberCore:
     @property
     def _probe_timeout(self) -> float:
         return max(0.25, 4 * self.settings.presence_interval)
+
+    def _out_of_touch_answer(self, info: Mapping[str, Any] | None) -> bool:
+        """Whether a consumer info came from a server that last heard a quorum of the
+        consumer's replicas a whole lease ago or more (a node cut off, or just back from a
+        cut). Its answer may name an owner long gone, or this process after another
+        instance took over, so it neither confirms nor ends anything."""
+        return ConsumerInfo.of(info).quorum_age >= self.settings.lease
 
     def _transition(self, to: MemberState, **info: Any) -> None:
         if to not in ALLOWED[self.state]:

@@ -34,7 +34,7 @@ RESET_RETRY_FIRST = 0.25
 RESET_RETRY_MAX = 4.0
 
 
-def _reset_unsupported(exc: CgroupdError) -> bool:
+def reset_unsupported(exc: CgroupdError) -> bool:
     """Whether a failed consumer reset is a definite refusal (the server has no reset API,
     or refuses the request as such) rather than a passing failure worth retrying: a 4xx
     API error. "No responders", no answer in time, 5xx and a missing consumer (its
@@ -211,7 +211,7 @@ class PinnedElection(MemberCore):
                             await self._reset_pinned(gen)
                         except CgroupdError as exc:
                             puller.hush(False)  # pull meanwhile: it keeps the pin ours
-                            if _reset_unsupported(exc):
+                            if reset_unsupported(exc):
                                 # No consumer reset (nats-server < 2.14): they come back
                                 # once their ack wait runs out; nothing starts before.
                                 self._log.error("consumer reset unavailable; waiting for "

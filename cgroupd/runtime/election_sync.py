@@ -162,7 +162,7 @@ class SyncElection(MemberCore):
         except CgroupdError as exc:
             self._log.info("could not read the sync consumer's holder", error=str(exc))
             return
-        if ConsumerInfo.of(info).quorum_age >= self.settings.lease:
+        if self._out_of_touch_answer(info):
             # A server out of touch with its cluster (a node just back from a cut): its
             # answer may name a holder that is long gone, or this very process (the claim
             # another instance took from us), whose deletion below would be the new
@@ -246,7 +246,7 @@ class SyncElection(MemberCore):
         except CgroupdError as exc:
             self._log.info("could not read the sync consumer's holder", error=str(exc))
             return False
-        if ConsumerInfo.of(info).quorum_age >= s.lease:
+        if self._out_of_touch_answer(info):
             return False  # out of touch: the holder it names may not be the one deleted
         if info is None or ConsumerInfo(info).meta(INSTANCE_KEY) != watch.instance \
                 or info.get("created") != self._watched_created:

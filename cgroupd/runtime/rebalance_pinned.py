@@ -27,7 +27,7 @@ from cgroupd.runtime.core import MemberCore
 from cgroupd.runtime.election_pinned import (
     RESET_RETRY_FIRST,
     RESET_RETRY_MAX,
-    _reset_unsupported,
+    reset_unsupported,
 )
 from cgroupd.runtime.generation import Generation
 from cgroupd.runtime.rebalance import claim_contested, contest_backoff
@@ -209,7 +209,7 @@ class PinnedRebalance(MemberCore):
                 await self._reset_pinned(gen, seq)
                 return True
             except CgroupdError as exc:
-                if gen.ended.done() or _reset_unsupported(exc) \
+                if gen.ended.done() or reset_unsupported(exc) \
                         or self._clock() + retry_in > give_up:
                     self._log.warning("member consumer not reset after a filter change; "
                                       "stepping down", error=str(exc))

@@ -34,7 +34,7 @@ class SelfCheck(MemberCore):
             info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
         except CgroupdError:
             return False
-        if ConsumerInfo.of(info).quorum_age >= self.settings.lease:
+        if self._out_of_touch_answer(info):
             return False
         meta = ConsumerInfo.of(info).metadata
         return bool(meta.get(INSTANCE_KEY) == self.instance_id

@@ -1,5 +1,5 @@
 """What a real nats-server answers to a consumer reset it cannot serve, and how the pinned
-takeover reads it (:func:`cgroupd.runtime.election_pinned._reset_unsupported`): a refusal
+takeover reads it (:func:`cgroupd.runtime.election_pinned.reset_unsupported`): a refusal
 to give up on, or a passing failure to retry (tests/unit/test_election_pinned_reset_unit.py).
 
 Checked against nats-server 2.15.1: a reset that no consumer leader serves (the consumer
@@ -17,7 +17,7 @@ from nats.aio.client import Client
 
 from cgroupd.errors import ApiError, ConsumerNotFound, JetStreamNotEnabled, ServerUnreachable
 from cgroupd.jetstream import JetStream
-from cgroupd.runtime.election_pinned import _reset_unsupported
+from cgroupd.runtime.election_pinned import reset_unsupported
 
 
 async def test_a_reset_served_by_the_consumer_answers_with_its_position(
@@ -38,7 +38,7 @@ async def test_a_reset_nobody_serves_gets_no_answer_and_is_retried(
     await js.add_stream(name="R", subjects=["r.>"])
     with pytest.raises(ServerUnreachable) as caught:
         await jetstream.reset_consumer("R", "MISSING")
-    assert not _reset_unsupported(caught.value)
+    assert not reset_unsupported(caught.value)
 
 
 async def test_an_api_verb_the_server_lacks_gets_no_answer(nc: Client) -> None:
@@ -52,10 +52,10 @@ async def test_an_api_verb_the_server_lacks_gets_no_answer(nc: Client) -> None:
 
 
 def test_only_a_4xx_refusal_gives_up() -> None:
-    assert _reset_unsupported(ApiError(400, 10003, "bad request"))
+    assert reset_unsupported(ApiError(400, 10003, "bad request"))
     for passing in (ApiError(503, 10008, "JetStream system temporarily unavailable"),
                     ApiError(500, 0, "undecodable reply"),
                     ConsumerNotFound(404, 10014, "consumer not found"),
                     JetStreamNotEnabled("no JetStream answered"),
                     ServerUnreachable("no answer")):
-        assert not _reset_unsupported(passing), passing
+        assert not reset_unsupported(passing), passing

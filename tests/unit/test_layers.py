@@ -14,8 +14,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "cgroupd"
 #: Every module of cgroupd/, by layer (a new module must be placed here).
 LAYERS: dict[str, set[str]] = {
     # No I/O: configs, names, rules, errors.
-    "core": {"config", "consumerinfo", "errors", "lazyimport", "logs", "naming", "ordering",
-             "partitions", "pinning", "records", "settings", "tasks"},
+    "core": {"config", "consumerinfo", "errors", "exits", "lazyimport", "logs", "naming",
+             "ordering", "partitions", "pinning", "records", "settings", "tasks"},
     # The only modules that talk to nats-py and build $JS.API requests.
     "adapter": {"adapter", "connect", "events", "jetstream", "jsapi", "lease", "message",
                 "groupstreams", "jserrors", "natsload", "pull", "streamread"},
