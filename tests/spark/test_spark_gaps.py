@@ -67,8 +67,9 @@ async def test_data_loss_names_only_the_partitions_whose_unread_messages_went(
     assert "from sequence 1 to 10 were removed" in text
     assert "partition 1 had read to 0" in text and "partition 0" not in text
 
-    everything = {r["stream_sequence"]: r["partition"]
-                  for r in await asyncio.to_thread(_query(nats_server).drain)}
+    with _query(nats_server) as whole:
+        everything = {r["stream_sequence"]: r["partition"]
+                      for r in await asyncio.to_thread(whole.drain)}
     untouched = _query(nats_server, startingOffsets='{"0": 16, "1": 11}')
     try:
         rows = await asyncio.to_thread(untouched.drain)

@@ -173,9 +173,9 @@ async def test_static_group_and_plain_stream(nats_server: NatsServer,
     only = await _drain(ManualQuery(servers=nats_server.url, stream="ST",
                                     subject="*.st.*.out", idleWait="0.05"))
     assert [r["data"] for r in only] == [b"not the group's"]
-    with pytest.raises(ConfigError, match="static group"):
-        ManualQuery(servers=nats_server.url, stream="ST", group="s",
-                    mode="workqueue").reader.initialOffset()
+    with ManualQuery(servers=nats_server.url, stream="ST", group="s",
+                     mode="workqueue") as static, pytest.raises(ConfigError, match="static group"):
+        static.reader.initialOffset()
 
 
 async def test_starting_offsets_follow_kafkas_meaning(nats_server: NatsServer,
@@ -205,8 +205,9 @@ async def test_starting_offsets_follow_kafkas_meaning(nats_server: NatsServer,
     assert await _drain(_query(nats_server, startingOffsets="latest")) == []
     late = await _drain(_query(nats_server, startingTimestamp=str(middle)))
     assert numbers(late) == list(range(40, 60))
-    with pytest.raises(ConfigError, match="every partition"):
-        _query(nats_server, startingOffsets='{"0": 3}').reader.initialOffset()
+    with _query(nats_server, startingOffsets='{"0": 3}') as partial, \
+            pytest.raises(ConfigError, match="every partition"):
+        partial.reader.initialOffset()
 
 
 async def test_batch_zero_replayed_reads_the_range_it_was_planned_with(

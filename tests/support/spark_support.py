@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 from nats.js import api
@@ -269,9 +269,14 @@ class ManualQuery:
     same driver and executor methods, in this process, without a JVM): fast tests of
     offsets, planning and reads. Blocking: call it from a thread in async tests."""
 
+    #: Queries not closed yet: a test's teardown closes and reports what it left open
+    #: (tests/spark/conftest.py), as a driver left behind reconnects for ever.
+    open: ClassVar[list[ManualQuery]] = []
+
     def __init__(self, **options: Any) -> None:
         self.options = SourceOptions.parse({k: str(v) for k, v in options.items()})
         self.reader = CgroupdStreamReader(self.options)
+        ManualQuery.open.append(self)
         #: The end offset of the last batch (Spark's offset log); None before batch 0.
         self.committed: dict[str, Any] | None = None
         self.batches = 0
@@ -313,6 +318,14 @@ class ManualQuery:
 
     def close(self) -> None:
         self.reader.stop()
+        if self in ManualQuery.open:
+            ManualQuery.open.remove(self)
+
+    def __enter__(self) -> ManualQuery:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 # -- a TCP proxy to cut a client off its server --------------------------------------------
