@@ -132,10 +132,30 @@ async def test_advisories_follow_failover_rebalance_and_idle_partitions(
 
         await admin.add_members(jetstream, "ORDERS", "g", ["m2"])
         c = join("c", "m2")
-        await eventually(lambda: ("rebalanced", "b") in kinds() and ("active", "c")
-                         in kinds(), 20, what="b to rebalance and c to become active")
-        moved = next(e for e in as_json.events() if events.kind_of(e) == "rebalanced")
-        assert (moved["partitions"], moved["gained"], moved["lost"]) == ([0, 1], [], [2, 3])
+
+        def claim_files_lost() -> bool:
+            # nats-server removes a deleted consumer's files after announcing the deletion:
+            # b's claim, created on a's announcement, can lose its own (1 run in 25). Its
+            # move in place then fails and b rejoins instead (see test_rebalance.py::
+            # test_a_claim_whose_files_the_server_lost_is_created_again).
+            return "meta.inf.tmp: no such file or directory" in b.log_text()
+
+        def b_moved() -> bool:
+            return ("rebalanced", "b") in kinds() or (
+                claim_files_lost() and kinds().count(("active", "b")) >= 2)
+
+        await eventually(lambda: b_moved() and ("active", "c") in kinds(), 20,
+                         what="b to rebalance and c to become active",
+                         diagnostics=lambda: f"advisories {kinds()}\n{b.log_tail()}\n"
+                         f"{c.log_tail()}")
+        if ("rebalanced", "b") in kinds():
+            moved = next(e for e in as_json.events() if events.kind_of(e) == "rebalanced")
+            assert (moved["partitions"], moved["gained"], moved["lost"]) == (
+                [0, 1], [], [2, 3])
+        else:
+            again = [e for e in as_json.events()
+                     if (events.kind_of(e), e.get("instance")) == ("active", "b")][-1]
+            assert again["partitions"] == [0, 1]
 
         c.proc.send_signal(signal.SIGKILL)
 

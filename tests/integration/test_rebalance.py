@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import shutil
 
 import pytest
 
@@ -14,6 +15,7 @@ from cgroupd.ordering import Ordering
 from cgroupd.partitions import moved_partitions
 from cgroupd.settings import MemberSettings
 from tests.support.groups import Fleet, all_done, check, make_group, publish_keyed
+from tests.support.natsserver import NatsServer
 from tests.support.polling import eventually
 
 pytestmark = pytest.mark.slow
@@ -130,3 +132,34 @@ async def test_stream_order_holds_for_the_member_after_a_gain(
     seqs = [e["seq"] for e in starts[first:]]
     late = [(a, b) for a, b in itertools.pairwise(seqs) if b < a]
     assert not late, f"m1 started {len(late)} messages behind later ones, e.g. {late[:3]}"
+
+
+async def test_a_claim_whose_files_the_server_lost_is_created_again(
+        fleet: Fleet, jetstream: JetStream, nats_server: NatsServer) -> None:
+    """nats-server 2.15.1 announces a consumer's deletion before it removes the consumer's
+    files, so a standby that takes the claim over on that announcement can create a
+    same-named sync consumer whose directory is then removed under it (test_events after
+    a SIGTERM handover: the next filter update failed with 500 / 10012 "meta.inf.tmp: no
+    such file or directory"; a probe saw 1 in 150 quiet re-creates). Such a claim would
+    also vanish at a server restart. Attack: remove the active instance's sync consumer
+    directory, then add a member under traffic. The move in place fails, the member
+    rejoins and creates its claim again, files and all; nothing is lost or run twice."""
+    await make_group(jetstream, partitions=4, members=("m1",))
+    a = await fleet.add("m1")
+    await eventually(lambda: a.active)
+    files = nats_server.store_dir / "jetstream" / "$G" / "streams" / "ORDERS-g" / "obs" / "m1"
+    assert (files / "meta.inf").exists(), sorted(files.parent.iterdir())
+    shutil.rmtree(files)
+    publisher = asyncio.create_task(publish_keyed(jetstream, 400, keys=16, rate=200))
+    await eventually(lambda: len(fleet.record.ends()) > 50)
+    await admin.add_members(jetstream, "ORDERS", "g", ["m2"])
+    b = await fleet.add("m2")
+    await eventually(lambda: a.active and b.active and a.partitions == (0, 1), 20,
+                     what="m1 back on partitions 0-1 and m2 active")
+    assert a.stats["step_downs"] == 1, a.stats  # the fallback, not a move in place
+    assert (files / "meta.inf").exists(), "the claim was not created again"
+    sent = await publisher
+    await all_done(fleet, sent)
+    verdict = check(fleet.record, sent, fleet.by_member)
+    verdict.assert_ok()
+    assert verdict.duplicates == 0

@@ -107,6 +107,11 @@ class JoinProcess:
         self._log.flush()
         return self.log_path.read_text(errors="replace")
 
+    def log_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` log lines, headed by the instance's name (for failures)."""
+        tail = "\n".join(self.log_text().splitlines()[-lines:])
+        return f"--- {self.log_path.stem} (last {lines} lines) ---\n{tail}"
+
     def events(self) -> list[dict[str, Any]]:
         """The JSON log lines (stderr is not a TTY, so logs are JSON)."""
         out = []
