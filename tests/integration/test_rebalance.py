@@ -163,3 +163,26 @@ async def test_a_claim_whose_files_the_server_lost_is_created_again(
     verdict = check(fleet.record, sent, fleet.by_member)
     verdict.assert_ok()
     assert verdict.duplicates == 0
+
+
+async def test_a_claim_without_files_forgotten_at_a_restart_is_created_again(
+        fleet: Fleet, jetstream: JetStream, nats_server: NatsServer) -> None:
+    """The other way such a claim shows (see the test above): nats-server restarts and
+    no longer knows it. The active instance's self-check finds its sync consumer gone,
+    it steps down and the next election creates the claim again; nothing is lost and
+    per-key order holds (a SIGKILLed server may redo acks it had not synced)."""
+    await make_group(jetstream, partitions=4, members=("m1",))
+    a = await fleet.add("m1")
+    await eventually(lambda: a.active)
+    files = nats_server.store_dir / "jetstream" / "$G" / "streams" / "ORDERS-g" / "obs" / "m1"
+    await eventually(lambda: (files / "meta.inf").exists(), what="the claim stored")
+    sent = await publish_keyed(jetstream, 200, keys=16)
+    await eventually(lambda: len(fleet.record.ends()) >= 50)
+    shutil.rmtree(files)
+    nats_server.kill()
+    nats_server.restart()
+    await eventually(lambda: a.stats["step_downs"] >= 1 and a.active, 30,
+                     what="m1 to step down and become active again")
+    await eventually(lambda: (files / "meta.inf").exists(), what="the claim stored anew")
+    await all_done(fleet, sent, timeout=45)
+    check(fleet.record, sent, fleet.by_member, rewinds=True).assert_ok()
