@@ -173,8 +173,12 @@ class Settlements:
             await nap(0.05, self._closing)  # no reply yet (reconnecting): ask again shortly
 
     async def _confirm_loop(self) -> None:
-        """Confirm settlements in the background (bounded memory, quick releases)."""
-        while True:
+        """Confirm settlements in the background (bounded memory, quick releases), until
+        the dispatcher closes: a release confirms what is left itself. Ending then, and
+        not only when cancelled, matters: a confirmation request can swallow the
+        cancellation (nats-py's ``wait_for`` on Python 3.11), and the next one comes 0.1 s
+        later (one SIGTERM handover in 20-40 took 0.11 s instead of 0.01)."""
+        while not self._closing.is_set():
             await self._wake.wait()
             if self.unconfirmed < CONFIRM_BATCH:
                 await nap(self._interval, self._closing)
