@@ -572,7 +572,7 @@ class SwallowingConnection(FakeConnection):
     async def request(self, subject: str, payload: bytes = b"", **kw: Any) -> Msg:
         self.in_request.set()
         try:
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(60)  # the reply comes once the drain's cancellation does
         except asyncio.CancelledError:
             self.swallowed += 1
         return await super().request(subject, payload, **kw)
