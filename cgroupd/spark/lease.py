@@ -54,6 +54,7 @@ from cgroupd.naming import HOLDER_KEY, INSTANCE_KEY, MEMBER_KEY, consumer_config
 from cgroupd.partitions import SYNC_PREFIX, owners, sync_filters
 from cgroupd.pull import Puller, PullOptions
 from cgroupd.settings import PRIORITY_GROUP
+from cgroupd.tasks import cancel_and_wait
 
 log = logs.get_logger("cgroupd.spark.lease")
 
@@ -377,10 +378,13 @@ class Lease:
     async def release(self) -> None:
         """Stop pulling and delete the consumers that are still ours; idempotent."""
         if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._watch
-            self._watch = None
+            # Cancelled until it ended: a check's request can swallow one cancellation
+            # (nats-py's wait_for on Python 3.11), and the loop would go on while this
+            # waited for it for ever (a Spark lease test hung 300 s in CI on e92d1b3).
+            watch, self._watch = self._watch, None
+            await cancel_and_wait(watch)
+            if not watch.cancelled():
+                watch.exception()  # retrieved: it ended by an error or by itself
         for puller in self._pullers.values():
             await puller.stop()
         self._pullers.clear()

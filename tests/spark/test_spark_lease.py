@@ -7,6 +7,7 @@ reads; these tests drive it directly, next to in-process member instances.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from nats.aio.msg import Msg
@@ -303,3 +304,33 @@ async def test_a_task_refuses_to_hand_over_rows_once_the_lease_is_gone(
     finally:
         await lease.release()
         await asyncio.to_thread(close_executor_connections)
+
+
+async def test_release_ends_a_lease_check_that_swallowed_its_cancellation() -> None:
+    """A check's request can swallow the cancellation meant to end the check loop
+    (nats-py's wait_for on Python 3.11); the loop then goes on, and a release that only
+    cancelled it once waited for it for ever (a 300 s hang in CI on e92d1b3)."""
+    lease = Lease(None, WQ, [], presence_key="ORDERS.g", label="ORDERS/g",  # type: ignore[arg-type]
+                  check_interval=0.01)
+    checking = asyncio.Event()
+    swallowed = 0
+
+    async def verify() -> None:
+        nonlocal swallowed
+        checking.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            if swallowed:
+                raise
+            swallowed += 1  # once, as the race in wait_for does
+
+    lease.verify = verify  # type: ignore[method-assign]
+    lease._watch = asyncio.create_task(lease._watch_loop())
+    await asyncio.wait_for(checking.wait(), 5)
+    began = time.monotonic()
+    releasing = asyncio.ensure_future(lease.release())
+    await asyncio.wait({releasing}, timeout=5)
+    assert releasing.done(), "release still waiting for the check loop after 5 s"
+    releasing.result()
+    assert swallowed == 1 and time.monotonic() - began < 5
