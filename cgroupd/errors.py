@@ -142,6 +142,13 @@ class ApiError(ServerError):
         """Server-side timeouts and unavailability can pass; bad requests do not."""
         return self.code in (408, 503) or self.code >= 500
 
+    @property
+    def files_lost(self) -> bool:
+        """The server could not write a consumer's files because their directory is gone:
+        nats-server 2.15.1 removes a deleted consumer's files after announcing the
+        deletion, so a consumer of the same name created in between loses them."""
+        return self.code >= 500 and "no such file or directory" in self.description
+
 
 class ConsumerNotFound(ApiError, NotFoundError):
     """The consumer does not exist (err_code 10014)."""

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 
 from cgroupd.consumerinfo import ConsumerInfo
 from cgroupd.errors import (
+    ApiError,
     CgroupdError,
     ConsumerExists,
     InstanceIdInUse,
@@ -95,6 +96,8 @@ class SyncElection(MemberCore):
             return None
         except CgroupdError as exc:
             self._log.warning("sync consumer create failed", error=str(exc))
+            if isinstance(exc, ApiError) and exc.files_lost:
+                await self._drop_unstored_claim()
             return None
         if await self._election_contested(partitions):
             return None
@@ -117,6 +120,18 @@ class SyncElection(MemberCore):
             self._gen = None
             return None
         return gen
+
+    async def _drop_unstored_claim(self) -> None:
+        """Our create ran while the server removed the files of the claim of that name
+        deleted just before (see :attr:`ApiError.files_lost`): the consumer it left
+        names us but can store nothing, and every identical create fails the same way,
+        so nobody could take the member over until its inactive threshold. Delete it if
+        it is ours; the deletion's reply comes after its files are gone, so the next
+        attempt creates a sound claim (CI on 0e2193e: a standby never took over)."""
+        with contextlib.suppress(CgroupdError):
+            if await self._sync_is_ours():
+                self._log.info("deleting our claim that the server could not store")
+                await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
 
     async def _election_contested(self, partitions: tuple[int, ...]) -> bool:
         """Our new sync consumer claims ``partitions``: was another member's claim on some

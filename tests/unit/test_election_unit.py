@@ -18,7 +18,7 @@ from cgroupd.config import (
     group_key,
     work_queue_stream,
 )
-from cgroupd.errors import InstanceIdInUse
+from cgroupd.errors import ApiError, InstanceIdInUse
 from cgroupd.member import INSTANCE_KEY, Member, MemberState
 from cgroupd.settings import MemberSettings
 from tests.support.fakes import FakeJetStream, FakeServer
@@ -214,3 +214,42 @@ async def test_a_consumer_lost_while_the_group_exists_stays_a_loss(group: Group)
     del group.server.consumers[(WQ, f"m1-{a.instance_id}")]
     await eventually(lambda: reasons, 5, what="a to step down")
     assert reasons[0] == "data-consumer-lost" and not a.stop_reason
+
+
+class FilesLostOnce(FakeJetStream):
+    """nats-server 2.15.1 removing the files of the claim deleted just before ours while
+    ours is created: the first create of the claim leaves the consumer behind but fails
+    with a 500, and so does every create of it until it is deleted."""
+
+    ERROR = ("open /store/jetstream/$G/streams/ORDERS-g/obs/m1/o.dat.tmp: no such file "
+             "or directory")
+
+    def __init__(self, server: FakeServer) -> None:
+        super().__init__(server)
+        self.broken = False  # the claim exists, without its files
+        self.failed = 0
+
+    async def create_consumer(self, stream: str, name: str, config: dict[str, Any],
+                              action: str = "create") -> dict[str, Any]:
+        if name == "m1" and not self.failed:
+            await super().create_consumer(stream, name, config, action)
+            self.broken = True
+        if name == "m1" and self.broken and (stream, name) in self.server.consumers:
+            self.failed += 1
+            raise ApiError(500, 10012, self.ERROR)
+        return await super().create_consumer(stream, name, config, action)
+
+
+async def test_a_claim_the_server_could_not_store_is_deleted_and_made_again(
+        group: Group) -> None:
+    """CI on 0e2193e: a standby's claim create failed with the server's 500 (the old
+    claim's file removal took its directory) and left a consumer naming it that every
+    create failed on: the member was not taken over. The instance deletes that claim
+    of its own and wins at the next attempt."""
+    js = FilesLostOnce(group.server)
+    a = Member(js, "ORDERS", "g", "m1", handler, SETTINGS)  # type: ignore[arg-type]
+    await a.start()
+    group.members.append(a)
+    await eventually(lambda: a.active, 5, what="a active after its unstored claim")
+    assert js.failed == 1
+    assert group.holder() == a.instance_id
