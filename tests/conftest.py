@@ -13,7 +13,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from cgroupd.jetstream import JetStream
-from tests.support import peer
+from tests.support import hangdump, peer
 from tests.support.cli import (
     restore_logging,  # noqa: F401 - autouse for every test: the CLI configures logging globally
 )
@@ -48,6 +48,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "nats_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cluster)
+
+
+_HANGDUMP_DISARM = pytest.StashKey[Any]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> None:
+    """Arm :mod:`tests.support.hangdump` beside pytest-timeout's own timer (returns None,
+    so pytest-timeout still sets its timer)."""
+    if settings.timeout and settings.timeout > 0:
+        terminal = item.config.get_terminal_writer()
+
+        def write(text: str) -> None:
+            terminal.write(text)
+            terminal.flush()
+
+        item.stash[_HANGDUMP_DISARM] = hangdump.arm(settings.timeout, write)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_cancel_timer(item: pytest.Item) -> None:
+    disarm = item.stash.get(_HANGDUMP_DISARM, None)
+    if disarm is not None:
+        disarm()
 
 
 @pytest.fixture(scope="session")
