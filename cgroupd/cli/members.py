@@ -84,7 +84,12 @@ def step_down(
     member: Annotated[str, typer.Argument(
         metavar="MEMBER", help="Member whose active instance steps down.")],
 ) -> None:
-    """Ask a member's active instance to hand over to a standby (exit 1 if none)."""
+    """Ask a member's active instance to hand over to a standby (exit 1 if none).
+
+    Sync mode: the instance finishes its running handlers first. Pinned mode: the pin
+    moves at once; results of handlers still running are refused and run again by the
+    new holder (to let them finish, stop the instance instead).
+    """
     check_names(stream=stream, group=group, member=member)
     done = run_admin(ctx, lambda js: admin.step_down(js, stream, group, member))
     if not done:
