@@ -368,14 +368,12 @@ class JetStream:
         with self._translated(f"subscribing to {subject}"):
             return await self.nc.subscribe(subject, cb=on_message)
 
-    async def answer(self, subject: str, text: Callable[[], str | None]) -> Subscription:
-        """Answer every request on ``subject`` with ``text()`` (None: no answer). On a
-        presence subject the server itself says "no responders" once this connection is
-        gone."""
+    async def serve(self, subject: str, respond: Callable[[bytes], str | None]
+                    ) -> Subscription:
+        """Answer every request on ``subject`` with ``respond(body)`` (None: no answer)."""
 
         async def on_request(msg: Msg) -> None:
-            # A quiet probe only checks that we listen (the server answers if nobody does).
-            answer = text() if msg.reply and msg.data != QUIET_PROBE else None
+            answer = respond(msg.data) if msg.reply else None
             if answer is not None:
                 with contextlib.suppress(Exception):
                     await self.nc.publish(msg.reply, answer.encode())
@@ -383,9 +381,15 @@ class JetStream:
         with self._translated(f"subscribing to {subject}"):
             return await self.nc.subscribe(subject, cb=on_request)
 
-    async def probe(self, subject: str, timeout: float) -> Answer:
+    async def answer(self, subject: str, text: Callable[[], str | None]) -> Subscription:
+        """Answer every request on ``subject`` with ``text()`` (None: no answer). On a
+        presence subject the server itself says "no responders" once this connection is
+        gone; a quiet probe only checks that we listen."""
+        return await self.serve(subject, lambda body: None if body == QUIET_PROBE else text())
+
+    async def probe(self, subject: str, timeout: float, body: bytes = b"") -> Answer:
         """Ask once whether the instance answering on ``subject`` is alive."""
-        return await probe(self.nc, subject, timeout)
+        return await probe(self.nc, subject, timeout, body)
 
     def prober(self, subject: str, watch: OwnerWatch, clock: Callable[[], float],
                on_replaceable: Callable[[], None] | None = None) -> Prober:

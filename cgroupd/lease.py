@@ -62,10 +62,10 @@ class Answer:
     state: str = ""
 
 
-async def probe(nc: Client, subject: str, timeout: float) -> Answer:
+async def probe(nc: Client, subject: str, timeout: float, body: bytes = b"") -> Answer:
     """Ask once whether the instance answering on ``subject`` is alive."""
     try:
-        reply = await nc.request(subject, b"", timeout=timeout)
+        reply = await nc.request(subject, body, timeout=timeout)
     except nats.errors.NoRespondersError:
         return Answer(Presence.GONE)
     except (nats.errors.TimeoutError, nats.errors.Error, TimeoutError):

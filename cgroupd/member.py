@@ -32,6 +32,7 @@ from cgroupd.naming import (
     TOKEN_KEY,
 )
 from cgroupd.partitions import member_partitions
+from cgroupd.pinning import step_down_subject
 from cgroupd.runtime.config_watch import ConfigWatch
 from cgroupd.runtime.core import MemberCore
 from cgroupd.runtime.election_pinned import PinnedElection
@@ -89,6 +90,9 @@ class Member(ConfigWatch, SyncElection, PinnedElection, Rebalance, PinnedRebalan
                                                              self._on_consumer_deleted)
         self._presence_sub = await self.js.answer(
             presence_subject(self._key, self.instance_id), self._presence_text)
+        if self.settings.exclusivity is Exclusivity.PINNED:
+            self._step_down_sub = await self.js.serve(
+                step_down_subject(self._key, self.member), self._step_down_requested)
         self._transition(MemberState.STANDBY)
         self._supervisor = asyncio.create_task(self._supervise(), name="cgroupd-member")
 

@@ -16,7 +16,8 @@ accepts. Hence a *lease*:
   the pull between reading and applying it); renewing it every ``ttl / 4`` keeps a
   healthy instance's lease always valid, so handlers never wait for it.
 
-An explicit unpin (an admin step-down, another implementation) is seen by the next
+An explicit unpin (the reference implementation's step-down, ``nats consumer unpin``,
+``cgroupd step-down`` when the holder does not answer) is seen by the next
 renewal's consumer info, so a lease never outlives the moment the pin moved by more than
 one ``ttl`` (``lease.until < pinned_at_of_successor + ttl``): a successor that waits one
 ``ttl`` before taking back messages someone else holds is never overtaken by a
@@ -31,6 +32,15 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterable
+
+
+def step_down_subject(key: str, member: str) -> str:
+    """Where the instance holding ``member``'s pin takes a step-down request
+    (``cgroupd step-down``; the body is the pin id the operator saw). An unpin moves the
+    pin at once, whatever the holder still runs; asked instead, the holder finishes its
+    running handlers while the pin stays its own, then unpins and hands back the rest,
+    as on a graceful stop."""
+    return f"_CGROUPD.stepdown.{key}.{member}"
 
 
 class PinLease:

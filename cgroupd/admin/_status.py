@@ -9,11 +9,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cgroupd.admin._groups import StoredGroup, get_group, static_group_consumers
+from cgroupd.config import group_key
+from cgroupd.consumerinfo import ConsumerInfo
 from cgroupd.jetstream import JetStream
 from cgroupd.lag import read_lag
+from cgroupd.lease import Presence
 from cgroupd.naming import INSTANCE_KEY, MEMBER_KEY
 from cgroupd.partitions import SYNC_PREFIX, owners
+from cgroupd.pinning import step_down_subject
 from cgroupd.settings import PRIORITY_GROUP
+
+#: Seconds a pinned member's holder has to answer a step-down request before the pin is
+#: simply cleared (a live holder answers within milliseconds).
+STEP_DOWN_ANSWER = 1.0
 
 
 @dataclass(frozen=True)
@@ -163,8 +171,13 @@ async def step_down(js: JetStream, stream: str, group: str, member: str) -> bool
     """Ask the member's active instance to step down so a standby takes over.
 
     Sync mode deletes the member's synchronization consumer (the ADR's step-down); the
-    active instance notices at once, drains and releases. Pinned mode unpins. False when
-    the member had no active instance.
+    active instance notices at once, finishes its running handlers and releases. Pinned
+    mode asks the instance holding the pin, which does the same and then unpins (see
+    :func:`cgroupd.pinning.step_down_subject`); when no holder answers within
+    ``STEP_DOWN_ANSWER`` (the reference implementation's, or a frozen one) it unpins,
+    as the reference does: the pin then moves at once, and what the old holder still
+    runs is refused and run again by the new one. False when the member had no active
+    instance.
     """
     stored = await get_group(js, stream, group)
     name = f"{group}-{member}" if stored.static else member
@@ -172,6 +185,12 @@ async def step_down(js: JetStream, stream: str, group: str, member: str) -> bool
     if info is None:
         return False
     if PRIORITY_GROUP in ((info.get("config") or {}).get("priority_groups") or []):
+        pin = ConsumerInfo.of(info).pinned_client(PRIORITY_GROUP)
+        if pin:
+            answer = await js.probe(step_down_subject(group_key(stream, group), member),
+                                    STEP_DOWN_ANSWER, pin.encode())
+            if answer.presence is Presence.ALIVE:
+                return True
         await js.unpin(stored.consume_stream, name, PRIORITY_GROUP)
         return True
     return await js.delete_consumer(stored.consume_stream, name)

@@ -86,9 +86,9 @@ def step_down(
 ) -> None:
     """Ask a member's active instance to hand over to a standby (exit 1 if none).
 
-    Sync mode: the instance finishes its running handlers first. Pinned mode: the pin
-    moves at once; results of handlers still running are refused and run again by the
-    new holder (to let them finish, stop the instance instead).
+    The instance finishes its running handlers, then hands over. Pinned mode: a holder
+    that does not answer within 1 s (another implementation's, a frozen one) is
+    unpinned instead; what it still runs is refused and run again by the new holder.
     """
     check_names(stream=stream, group=group, member=member)
     done = run_admin(ctx, lambda js: admin.step_down(js, stream, group, member))

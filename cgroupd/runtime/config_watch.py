@@ -147,11 +147,11 @@ class ConfigWatch(MemberCore):
         if self._watcher is not None:
             await cancel_and_wait(self._watcher)  # a KV watch's request may swallow one
         self._watcher = None
-        for sub in (self._advisories, self._presence_sub):
+        for sub in (self._advisories, self._presence_sub, self._step_down_sub):
             if sub is not None:
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()
-        self._advisories = self._presence_sub = None
+        self._advisories = self._presence_sub = self._step_down_sub = None
 
     async def _on_consumer_deleted(self, name: str) -> None:
         """A consumer of our stream went away: a standby may win right now if it was our

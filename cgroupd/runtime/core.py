@@ -115,6 +115,8 @@ class MemberCore:
         self._watcher: asyncio.Task[None] | None = None
         self._advisories: Any = None
         self._presence_sub: Any = None
+        #: Pinned mode: where an operator's step-down request reaches the pin holder.
+        self._step_down_sub: Any = None
         self._gen: Generation | None = None
         self._first_config = asyncio.get_running_loop().create_future()
         #: Sync exclusivity: this process's token (see TOKEN_KEY), a standby's watch over

@@ -25,7 +25,7 @@ from cgroupd.partitions import member_consumer_filters
 from cgroupd.pinning import PinLease, SkipRules
 from cgroupd.runtime.core import MemberCore
 from cgroupd.runtime.generation import Generation
-from cgroupd.runtime.state import StepDown
+from cgroupd.runtime.state import MemberState, StepDown
 from cgroupd.settings import PRIORITY_GROUP, RESET_QUIET_MARGIN
 
 #: Pulls between a failed consumer reset and the next try (they keep the pin ours), doubled
@@ -110,6 +110,25 @@ class PinnedElection(MemberCore):
         await self._release(gen)
         self._gen = None
         return None
+
+    def _step_down_requested(self, body: bytes) -> str | None:
+        """An operator asked the holder of our member's pin to step down (the body names
+        the pin they saw; see :func:`cgroupd.pinning.step_down_subject`). Only that
+        holder answers: it steps down as on a graceful stop (running handlers finish
+        while the pin stays its own), unpins and hands back the rest; the standbys' pulls
+        have waited longer than its next one (``rejoin_delay`` later), so the server pins
+        one of them. One already stepping down says so too: an unpin would cut its drain
+        short."""
+        gen = self._gen
+        lease = gen.pin_lease if gen is not None else None
+        if gen is None or lease is None or lease.pin_id is None \
+                or body.decode(errors="replace") != lease.pin_id \
+                or self.state not in (MemberState.ACTIVE, MemberState.STEPPING_DOWN):
+            return None
+        if not gen.ended.done():
+            self._log.info("step-down requested")
+            gen.end(StepDown.REQUESTED, "asked on the member's step-down subject")
+        return f"{self.instance_id} {MemberState.STEPPING_DOWN.value}"
 
     async def _hold_pin(self, gen: Generation) -> None:
         """Pinned mode, while active: take over, then renew the lease every quarter of

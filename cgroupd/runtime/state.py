@@ -39,6 +39,7 @@ class StepDown(Enum):
     SYNC_LOST = "sync-consumer-lost"
     DATA_LOST = "data-consumer-lost"
     PIN_LOST = "pin-lost"
+    REQUESTED = "step-down-requested"  # pinned mode: asked on its step-down subject
     STALLED = "stalled"
     GROUP_DELETED = "group-deleted"
     STOPPING = "stopping"

@@ -1,9 +1,11 @@
-"""A second reason to step down arrives while the active instance is still draining.
+"""Stepping down while a handler runs, and a second reason to step down arriving while
+the active instance is still draining.
 
 The active instance of m1 runs a handler held for a few seconds (a slow handler) when a
-first event makes it step down and drain: m1 is dropped from the group (a config change)
-or it gets SIGTERM. While that drain still waits for the slow handler, a second event
-arrives: SIGTERM, or the group's deletion. What must hold: the drain is not started
+first event makes it step down and drain: m1 is dropped from the group (a config change),
+it gets SIGTERM, or an operator asks for a step-down. While that drain still waits for the
+slow handler, a second event may arrive: SIGTERM, the group's deletion, or an operator's
+step-down. What must hold: the drain is not started
 twice, not cut short and not abandoned (the slow handler finishes and its outcome is
 settled), the process exits 0 soon after the handler ends, nothing is started after the
 instance began stepping down, and (while the group exists) nothing is lost, committed
@@ -20,6 +22,7 @@ import pytest
 
 from cgroupd import admin
 from cgroupd.jetstream import JetStream
+from tests.faults.checks import FaultVerdict
 from tests.faults.runner import JoinProc
 from tests.faults.scenario import Scenario
 
@@ -134,19 +137,12 @@ async def test_group_deleted_while_a_sigterm_drains(single: Scenario) -> None:
 @pytest.mark.parametrize("mode", ["sync", "pinned"])
 async def test_admin_step_down_while_a_sigterm_drains(single: Scenario, mode: str) -> None:
     """SIGTERM m1's active instance while it runs a slow handler; during that drain an
-    operator asks for a step-down (sync: the claim is deleted; pinned: the pin is
-    cleared), so the standby may take over while the slow handler still runs. Nothing is
-    lost or committed twice, no key's commits are reordered, the draining instance starts
-    nothing more and exits 0 soon after the handler ends, and the standby takes over.
-
-    Sync mode: the live, draining owner is never robbed (its data consumer stays until
-    it released), so the slow handler's work is committed by it and nothing of the
-    member runs beside it. Pinned mode cannot wait for it: an unpin moves the pin at
-    once, the server confirms acks from anyone, and the new holder takes back what the
-    old one holds one pinned TTL (2 s) after the pin moved. So the old holder's result
-    is refused (``AckNotConfirmed``; rolled back here) and the new holder runs that
-    message again while the old run may still be going (the documented limit of an
-    unpin: README, pinned mode)."""
+    operator asks for a step-down (``cgroupd step-down``). The draining owner is not
+    robbed: in sync mode its data consumer stays until it released; in pinned mode it
+    answers the request as already stepping down, so the pin is not cleared under it
+    (an unpin would move the pin at once: its result refused, the message run again
+    beside it). The slow handler's work is committed once, by it; nothing of the member
+    runs beside it; it exits 0 soon after; the standby takes over."""
     sc = single
     sc.name = f"admin_step_down_during_sigterm_drain_{mode}"
     args = KEYED + (("--exclusivity", "pinned") if mode == "pinned" else ())
@@ -165,17 +161,44 @@ async def test_admin_step_down_while_a_sigterm_drains(single: Scenario, mode: st
     sc.note(f"{active.instance} exited {exited:.2f}s after the slow handler began")
     assert active.returncode == 0, active.tail()
     assert exited <= HOLD + EXIT_AFTER, f"exit took {exited:.2f}s"
+    _assert_the_slow_handler_counted(sc, await sc.finish(), active, standby, held, stepped)
+
+
+@pytest.mark.parametrize("mode", ["sync", "pinned"])
+async def test_admin_step_down_lets_a_running_handler_finish(single: Scenario,
+                                                             mode: str) -> None:
+    """``cgroupd step-down`` while m1's active instance runs a slow handler: it finishes
+    that handler (sync: the claim is gone but its data consumer stays until released;
+    pinned: the holder was asked, not unpinned, and keeps the pin while it drains),
+    then the standby takes over and runs the key's later messages after it (nothing
+    started by the old instance once replaced: ``late_starts``). The old instance stays
+    up, as a standby."""
+    sc = single
+    sc.name = f"admin_step_down_of_a_busy_active_{mode}"
+    args = KEYED + (("--exclusivity", "pinned") if mode == "pinned" else ())
+    active, standby, held = await _held_by_active(sc, args, 900)
+    began = (await sc.wait_started(held)).t_start
+    assert await admin.step_down(_js(sc), sc.stream, sc.group, "m1")
+    stepped = time.time()
+    sc.note(f"admin step-down of {active.instance} {stepped - began:.2f}s into the "
+            f"{HOLD:g}s handler")
+    await sc.wait_for(lambda: any(r.instance == standby.instance for r in sc.rows()),
+                      HOLD + 15, "the standby to take over")
+    first = min(r.t_start for r in sc.rows() if r.instance == standby.instance)
+    sc.note(f"the standby's first start {first - began:.2f}s after the slow handler began")
+    assert active.alive, active.tail()
     verdict = await sc.finish()
+    _assert_the_slow_handler_counted(sc, verdict, active, standby, held, stepped)
+
+
+def _assert_the_slow_handler_counted(sc: Scenario, verdict: FaultVerdict, active: JoinProc,
+                                     standby: JoinProc, held: int, stepped: float) -> None:
     verdict.assert_ok()
-    assert not verdict.committed_twice
-    rows = sorted((r for r in sc.rows() if r.n == held), key=lambda r: r.t_start)
-    assert rows[0].instance == active.instance and rows[0].t_end is not None, rows
-    assert rows[0].t_end > stepped, "the step-down came after the slow handler ended"
-    if mode == "sync":
-        assert [(r.instance, r.status) for r in rows] == [(active.instance, "committed")]
-        assert verdict.aborted == 0 and not verdict.raw_overlaps, verdict.table()
-    else:  # committed, or refused and run again (in doubt, if refused only after sent)
-        assert rows[0].status in ("committed", "aborted", "prepared"), rows
-        assert all(r.instance == standby.instance for r in rows[1:]), rows
+    assert not verdict.committed_twice and verdict.aborted == 0, verdict.table()
+    assert not verdict.raw_overlaps, verdict.table()
+    rows = [r for r in sc.rows() if r.n == held]
+    assert [(r.instance, r.status) for r in rows] == [(active.instance, "committed")], rows
+    assert rows[0].t_end is not None and rows[0].t_end > stepped, \
+        "the step-down came after the slow handler ended"
     assert any(r.instance == standby.instance for r in sc.rows()), "no takeover"
     assert not _crashed(active) and not _crashed(standby)

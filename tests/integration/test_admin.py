@@ -24,6 +24,7 @@ from nats.aio.client import Client
 from nats.js import api
 
 from cgroupd import admin
+from cgroupd.admin._status import STEP_DOWN_ANSWER
 from cgroupd.config import (
     ELASTIC_BUCKET,
     STATIC_BUCKET,
@@ -31,6 +32,7 @@ from cgroupd.config import (
     MemberMapping,
     PartitioningFilter,
     StaticGroupConfig,
+    group_key,
 )
 from cgroupd.errors import (
     ConfigError,
@@ -43,6 +45,7 @@ from cgroupd.errors import (
 from cgroupd.jetstream import JetStream, Record
 from cgroupd.member import INSTANCE_KEY, MEMBER_KEY
 from cgroupd.partitions import partition_of
+from cgroupd.pinning import step_down_subject
 from cgroupd.settings import PRIORITY_GROUP
 from tests.support.groups import make_group
 from tests.support.natsserver import NatsCluster, NatsServer, client_options
@@ -620,8 +623,9 @@ async def test_step_down_static_group(jetstream: JetStream) -> None:
 
 async def test_pinned_mode_status_and_step_down(nc: Client, jetstream: JetStream) -> None:
     """A pinned-client consumer owns its partitions only while the server has pinned a
-    client: status reports the pin id as the instance; step_down unpins (True) and the
-    partitions become unowned again."""
+    client: status reports the pin id as the instance. step_down asks the holder (which
+    then steps down itself) and unpins only when nobody answers: the partitions become
+    unowned again."""
     await origin(jetstream)
     await admin.create_elastic_group(jetstream, ORDERS, "g", elastic(members=["m1", "m2"]))
     await jetstream.create_consumer(WQ, "m2", consumer_config(
@@ -650,11 +654,34 @@ async def test_pinned_mode_status_and_step_down(nc: Client, jetstream: JetStream
     assert status.unowned_partitions == [0, 1]
     assert status.members_without_instance == ["m1"]
 
+    # The holder answers the request naming its pin: it steps down itself (after its
+    # running handlers), so the pin is not cleared under it.
+    subject = step_down_subject(group_key(ORDERS, "g"), "m2")
+    asked: list[bytes] = []
+
+    async def holder(request: Any) -> None:
+        asked.append(request.data)
+        await request.respond(b"abc stepping-down")
+
+    answering = await nc.subscribe(subject, cb=holder)
     assert await admin.step_down(jetstream, ORDERS, "g", "m2") is True
+    await answering.unsubscribe()
+    assert asked == [pin.encode()]
+    assert (await admin.group_status(jetstream, ORDERS, "g")).consumers[0].pinned_id == pin
+
+    # A holder that hears but does not answer (frozen, or another implementation's): the
+    # pin is cleared once the answer is overdue.
+    frozen = await nc.subscribe(subject)
+    began = time.monotonic()
+    assert await admin.step_down(jetstream, ORDERS, "g", "m2") is True
+    assert time.monotonic() - began >= STEP_DOWN_ANSWER * 0.9
+    await frozen.unsubscribe()
     status = await admin.group_status(jetstream, ORDERS, "g")
     assert status.consumers[0].pinned_id is None
     assert status.unowned_partitions == [0, 1, 2, 3]
     assert await consumer_names(jetstream, WQ) == {"m2"}  # unpinned, not deleted
+    # Nobody pinned (and nobody listening): nothing to ask, the unpin is a no-op.
+    assert await admin.step_down(jetstream, ORDERS, "g", "m2") is True
 
 
 # -- errors from the server ---------------------------------------------------------------

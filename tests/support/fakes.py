@@ -125,7 +125,7 @@ class FakeServer:
 
     consumers: dict[tuple[str, str], FakeConsumer] = field(default_factory=dict)
     records: dict[tuple[str, str], bytes] = field(default_factory=dict)
-    presence: dict[str, Callable[[], str | None]] = field(default_factory=dict)
+    presence: dict[str, list[Callable[[bytes], str | None]]] = field(default_factory=dict)
     deletions: list[tuple[str, Callable[[str], Awaitable[None] | None]]] = field(
         default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -155,7 +155,7 @@ class FakeJetStream:
         self.server = server
         self.nc = FakeNats()
         self.connected = True
-        self._answering: list[str] = []
+        self._answering: list[tuple[str, Callable[[bytes], str | None]]] = []
 
     # -- consumers ---------------------------------------------------------------------
     async def create_consumer(self, stream: str, name: str, config: dict[str, Any],
@@ -237,22 +237,34 @@ class FakeJetStream:
         self.server.deletions.append(entry)
         return _Unsubscribe(lambda: self.server.deletions.remove(entry))
 
+    async def serve(self, subject: str, respond: Callable[[bytes], str | None]) -> Any:
+        responders = self.server.presence.setdefault(subject, [])
+        responders.append(respond)
+        self._answering.append((subject, respond))
+        return _Unsubscribe(lambda: self._unserve(subject, respond))
+
+    def _unserve(self, subject: str, respond: Callable[[bytes], str | None]) -> None:
+        responders = self.server.presence.get(subject, [])
+        if respond in responders:
+            responders.remove(respond)
+        if not responders:
+            self.server.presence.pop(subject, None)
+
     async def answer(self, subject: str, text: Callable[[], str | None]) -> Any:
-        self.server.presence[subject] = text
-        self._answering.append(subject)
-        return _Unsubscribe(lambda: self.server.presence.pop(subject, None))
+        return await self.serve(subject, lambda body: text())
 
     def crash(self) -> None:
         """This process dies: its presence subjects get "no responders" from now on."""
-        for subject in self._answering:
-            self.server.presence.pop(subject, None)
+        for subject, respond in self._answering:
+            self._unserve(subject, respond)
         self.connected = self.nc.is_connected = False
 
-    async def probe(self, subject: str, timeout: float) -> Answer:
-        text = self.server.presence.get(subject)
-        if text is None:
+    async def probe(self, subject: str, timeout: float, body: bytes = b"") -> Answer:
+        responders = self.server.presence.get(subject)
+        if not responders:
             return Answer(Presence.GONE)
-        answer = text()
+        # Every subscriber hears it; the first answer is the reply.
+        answer = next((a for a in [r(body) for r in list(responders)] if a is not None), None)
         if answer is None:
             return Answer(Presence.SILENT)
         return Answer(Presence.ALIVE, answer.partition(" ")[2])

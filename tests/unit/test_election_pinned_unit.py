@@ -7,6 +7,7 @@ real servers and processes: tests/unit/test_pinning.py and tests/faults/test_pin
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,7 +20,9 @@ from cgroupd.config import (
     group_key,
     work_queue_stream,
 )
+from cgroupd.lease import Answer, Presence
 from cgroupd.member import Member, MemberState
+from cgroupd.pinning import step_down_subject
 from cgroupd.settings import PRIORITY_GROUP, Exclusivity, MemberSettings
 from tests.support.fakes_pinned import PinnedJetStream, PinnedServer
 from tests.support.polling import eventually
@@ -170,3 +173,65 @@ async def test_an_instance_unpinned_by_someone_else_steps_down(group: Group) -> 
     assert owner.active and [s for i, s in group.ran[1:]] == [2, 3]
     if owner is holder:
         assert len(group.by(holder)) == ran + 2  # it won again, as a new holder
+
+
+async def _ask_to_step_down(member: Member, pin: str | None) -> Answer:
+    return await member.js.probe(step_down_subject(group_key("ORDERS", "g"), MEMBER), 1.0,
+                                 (pin or "").encode())
+
+
+@pytest.fixture
+async def patient_group() -> AsyncIterator[Group]:
+    """A group whose drains outlast a few pinned TTLs."""
+    g = Group(dataclasses.replace(SETTINGS, drain_timeout=5 * TTL))
+    yield g
+    for m in g.members:
+        await asyncio.wait_for(m.stop(), 10)
+
+
+async def test_a_requested_step_down_lets_the_running_handler_finish_then_hands_over(
+        patient_group: Group) -> None:
+    """An operator asks the holder to step down (the pin id they saw) while its handler
+    runs: only the holder answers; it finishes that handler while the pin stays its own
+    (the message runs once, its ack counts), unpins, and stands back while nobody holds
+    the pin, so the next message pins the standby."""
+    group = patient_group
+    a = await group.start()
+    b = await group.start()
+    group.gates[1] = gate = asyncio.Event()
+    await group.offer(1)
+    await eventually(lambda: group.ran, 5, what="#1 started")
+    holder, standby = (a, b) if a.active else (b, a)
+    pin = group.pin()
+    assert pin is not None and _pin_of(holder) == pin
+    assert (await _ask_to_step_down(holder, "not-the-pin")).presence is Presence.SILENT
+    assert holder.active, "a request naming another pin is not for the holder"
+    answer = await _ask_to_step_down(holder, pin)
+    assert (answer.presence, answer.state) == (Presence.ALIVE, "stepping-down")
+    assert (await _ask_to_step_down(holder, pin)).state == "stepping-down"
+    await asyncio.sleep(2 * TTL)  # past the pinned TTL: the running handler holds it
+    assert group.pin() == pin, "the pin moved while the handler still ran"
+    gate.set()
+    await eventually(lambda: holder.reasons, 5, what="the holder to step down")
+    assert holder.reasons == ["step-down-requested"]  # type: ignore[attr-defined]
+    assert group.pin() is None
+    await group.offer(2)
+    await eventually(lambda: standby.active, 5, what="the standby pinned")
+    await eventually(lambda: len(group.ran) == 3, 5, what="#2 and #3 run")
+    assert group.by(holder) == [1] and group.by(standby) == [2, 3], group.ran
+    state = group.server.state(WQ, MEMBER)
+    assert state is not None and state.resets == 0, "nothing was left to take back"
+
+
+async def test_a_standby_does_not_answer_a_step_down_request(group: Group) -> None:
+    """Every instance of the member hears the request; only the holder answers (with
+    no answer at all, the admin unpins)."""
+    a = await group.start()
+    b = await group.start()
+    await group.offer(1)
+    await eventually(lambda: a.active or b.active, 5, what="one instance pinned")
+    standby = b if a.active else a
+    pin = group.pin()
+    assert pin is not None
+    assert standby._step_down_requested(pin.encode()) is None
+    assert standby.state is MemberState.STANDBY and not standby.reasons  # type: ignore[attr-defined]
