@@ -88,12 +88,7 @@ async def test_sigterm_while_a_config_change_drains(single: Scenario, mode: str)
     termed = time.time()
     sc.note(f"dropped m1, then SIGTERM {active.instance} during its drain "
             f"({time.time() - began:.2f}s into the {HOLD:g}s handler)")
-    await sc.wait_for(lambda: active.returncode is not None, HOLD + 15,
-                      "the draining instance to exit")
-    exited = time.time() - began
-    sc.note(f"{active.instance} exited {exited:.2f}s after the slow handler began")
-    assert active.returncode == 0, active.tail()
-    assert exited <= HOLD + EXIT_AFTER, f"exit took {exited:.2f}s"
+    await _exits_soon_after_the_slow_handler(sc, active, began)
     verdict = await sc.finish()
     verdict.assert_ok()
     assert not verdict.committed_twice and verdict.aborted == 0
@@ -155,12 +150,7 @@ async def test_admin_step_down_while_a_sigterm_drains(single: Scenario, mode: st
     stepped = time.time()
     sc.note(f"SIGTERM {active.instance}, then admin step-down "
             f"{stepped - began:.2f}s into the {HOLD:g}s handler")
-    await sc.wait_for(lambda: active.returncode is not None, HOLD + 15,
-                      "the draining instance to exit")
-    exited = time.time() - began
-    sc.note(f"{active.instance} exited {exited:.2f}s after the slow handler began")
-    assert active.returncode == 0, active.tail()
-    assert exited <= HOLD + EXIT_AFTER, f"exit took {exited:.2f}s"
+    await _exits_soon_after_the_slow_handler(sc, active, began)
     _assert_the_slow_handler_counted(sc, await sc.finish(), active, standby, held, stepped)
 
 
@@ -189,6 +179,17 @@ async def test_admin_step_down_lets_a_running_handler_finish(single: Scenario,
     assert active.alive, active.tail()
     verdict = await sc.finish()
     _assert_the_slow_handler_counted(sc, verdict, active, standby, held, stepped)
+
+
+async def _exits_soon_after_the_slow_handler(sc: Scenario, proc: JoinProc,
+                                             began: float) -> None:
+    """``proc`` drains the slow handler that began at ``began``, then exits 0 at once."""
+    await sc.wait_for(lambda: proc.returncode is not None, HOLD + 15,
+                      "the draining instance to exit")
+    exited = time.time() - began
+    sc.note(f"{proc.instance} exited {exited:.2f}s after the slow handler began")
+    assert proc.returncode == 0, proc.tail()
+    assert exited <= HOLD + EXIT_AFTER, f"exit took {exited:.2f}s"
 
 
 def _assert_the_slow_handler_counted(sc: Scenario, verdict: FaultVerdict, active: JoinProc,

@@ -80,6 +80,14 @@ class Group:
                          what="the member consumer")
         self.server.offer(WQ, MEMBER, count)
 
+    async def pinned_pair(self, offer: int = 1) -> tuple[Member, Member]:
+        """Two instances and ``offer`` messages: (the one pinned, the standby)."""
+        a = await self.start()
+        b = await self.start()
+        await self.offer(offer)
+        await eventually(lambda: a.active or b.active, 5, what="one instance pinned")
+        return (a, b) if a.active else (b, a)
+
     def pin(self) -> str | None:
         return self.server.pinned_id(WQ, MEMBER)
 
@@ -154,11 +162,7 @@ async def test_an_instance_unpinned_by_someone_else_steps_down(group: Group) -> 
     """An admin unpins the holder (UNPIN API): its next renewal sees the pin moved (or
     gone), it steps down with pin-lost and runs nothing more; the next message pins an
     instance again, under a new pin id."""
-    a = await group.start()
-    b = await group.start()
-    await group.offer(1)
-    await eventually(lambda: a.active or b.active, 5, what="one instance pinned")
-    holder = a if a.active else b
+    holder, other = await group.pinned_pair()
     old_pin = group.pin()
     assert isinstance(holder.js, PinnedJetStream)
     await holder.js.unpin(WQ, MEMBER, PRIORITY_GROUP)
@@ -169,7 +173,7 @@ async def test_an_instance_unpinned_by_someone_else_steps_down(group: Group) -> 
     await eventually(lambda: len(group.ran) == 3, 5, what="#2 and #3 run")
     new_pin = group.pin()
     assert new_pin not in (None, old_pin)
-    owner = next(m for m in (a, b) if _pin_of(m) == new_pin)
+    owner = next(m for m in (holder, other) if _pin_of(m) == new_pin)
     assert owner.active and [s for i, s in group.ran[1:]] == [2, 3]
     if owner is holder:
         assert len(group.by(holder)) == ran + 2  # it won again, as a new holder
@@ -193,15 +197,12 @@ async def test_a_requested_step_down_lets_the_running_handler_finish_then_hands_
         patient_group: Group) -> None:
     """An operator asks the holder to step down (the pin id they saw) while its handler
     runs: only the holder answers; it finishes that handler while the pin stays its own
-    (the message runs once, its ack counts), unpins, and stands back while nobody holds
-    the pin, so the next message pins the standby."""
+    (the message runs once, its ack counts) and unpins; the standby's pull, waiting
+    longer than the old holder's next one, gets the pin with the next message."""
     group = patient_group
-    a = await group.start()
-    b = await group.start()
     group.gates[1] = gate = asyncio.Event()
-    await group.offer(1)
+    holder, standby = await group.pinned_pair()
     await eventually(lambda: group.ran, 5, what="#1 started")
-    holder, standby = (a, b) if a.active else (b, a)
     pin = group.pin()
     assert pin is not None and _pin_of(holder) == pin
     assert (await _ask_to_step_down(holder, "not-the-pin")).presence is Presence.SILENT
@@ -226,11 +227,7 @@ async def test_a_requested_step_down_lets_the_running_handler_finish_then_hands_
 async def test_a_standby_does_not_answer_a_step_down_request(group: Group) -> None:
     """Every instance of the member hears the request; only the holder answers (with
     no answer at all, the admin unpins)."""
-    a = await group.start()
-    b = await group.start()
-    await group.offer(1)
-    await eventually(lambda: a.active or b.active, 5, what="one instance pinned")
-    standby = b if a.active else a
+    _, standby = await group.pinned_pair()
     pin = group.pin()
     assert pin is not None
     assert standby._step_down_requested(pin.encode()) is None
