@@ -225,8 +225,7 @@ class Puller:
         ``capacity`` (free handler slots), ask only for what can be taken at once: the
         server serves a request that arrives after an ack faster than one that waited
         for the ack."""
-        room = self._opts.batch if self._capacity is None else self._capacity()
-        want = room - self._pending
+        want = self._free() - self._pending
         return want if want > 0 and want >= (self._opts.batch + 1) // 2 else 0
 
     @property
@@ -249,9 +248,15 @@ class Puller:
     def room(self) -> int:
         """Messages :meth:`refill` would ask for now (0: it would send nothing). A plain
         check, so the per-message paths await no coroutine when nothing is due."""
-        if self._task is None or self._retiring or self._paused:
-            return 0
-        return self._wanted()
+        return self._wanted() if self._asking else 0
+
+    @property
+    def _asking(self) -> bool:
+        return self._task is not None and not (self._retiring or self._paused)
+
+    def _free(self) -> int:
+        """Messages we could take now (the batch, or the free handler slots)."""
+        return self._opts.batch if self._capacity is None else self._capacity()
 
     async def refill(self) -> None:
         """Ask for more if there is room (the dispatcher calls this as messages settle)."""
@@ -318,13 +323,22 @@ class Puller:
                 with contextlib.suppress(Exception):
                     await self._nc.publish(msg.reply, b"-NAK")
                 return
+            newly_pinned = False
             if self._opts.group:
                 pin = msg.headers.get(PIN_ID) if msg.headers else None
                 if pin:
+                    newly_pinned = pin != self.pin_id
                     self.pin_id = pin
             if self._on_message is not None:
                 self._on_message(msg)
             want = self.room
+            if newly_pinned and self._asking:
+                # The server serves only requests that carry the pin id: the ones we sent
+                # before it bring nothing more (a previous holder's handed-back messages
+                # waited a whole pinned TTL for the consumer reset). Ask again, with it;
+                # the old ones stay counted until they expire (``outstanding`` must not
+                # under-count: a reset waits for it).
+                want = max(want, self._free())
             if want:
                 await self._pull(want)
             return

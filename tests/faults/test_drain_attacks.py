@@ -160,9 +160,9 @@ async def test_admin_step_down_lets_a_running_handler_finish(single: Scenario,
     """``cgroupd step-down`` while m1's active instance runs a slow handler: it finishes
     that handler (sync: the claim is gone but its data consumer stays until released;
     pinned: the holder was asked, not unpinned, and keeps the pin while it drains),
-    then the standby takes over and runs the key's later messages after it (nothing
-    started by the old instance once replaced: ``late_starts``). The old instance stays
-    up, as a standby."""
+    then the standby takes over at once and runs the key's later messages after it
+    (nothing started by the old instance once replaced: ``late_starts``). The old
+    instance stays up, as a standby."""
     sc = single
     sc.name = f"admin_step_down_of_a_busy_active_{mode}"
     args = KEYED + (("--exclusivity", "pinned") if mode == "pinned" else ())
@@ -176,6 +176,10 @@ async def test_admin_step_down_lets_a_running_handler_finish(single: Scenario,
                       HOLD + 15, "the standby to take over")
     first = min(r.t_start for r in sc.rows() if r.instance == standby.instance)
     sc.note(f"the standby's first start {first - began:.2f}s after the slow handler began")
+    # Right after the slow handler: a newly pinned standby pulls again with its pin id
+    # (its earlier requests carry none) and gets what the old holder handed back; it
+    # used to wait a pinned TTL (2 s) for a consumer reset.
+    assert first - began <= HOLD + 1.5, f"taken over {first - began:.2f}s after"
     assert active.alive, active.tail()
     verdict = await sc.finish()
     _assert_the_slow_handler_counted(sc, verdict, active, standby, held, stepped)

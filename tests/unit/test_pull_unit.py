@@ -162,6 +162,25 @@ async def test_pin_id_is_learnt_and_sent_back() -> None:
         await h.puller.stop()
 
 
+async def test_a_newly_pinned_puller_asks_again_with_its_pin_id() -> None:
+    """Requests sent before the pin carry no pin id, and the server serves only requests
+    that carry it: once pinned, ask again at once, with it (a previous holder's
+    handed-back messages waited a whole pinned TTL, until the consumer reset)."""
+    h = Harness(PullOptions(batch=8, expires=2.0, heartbeat=0.5, group="PCG"))
+    h.puller = Puller(h.nc, "S", "c", h.puller._opts,  # type: ignore[arg-type]
+                      h.got.append, clock=h.clock, capacity=lambda: 8)
+    await h.puller.start()
+    await asyncio.sleep(0)
+    try:
+        assert [(p["batch"], p.get("id")) for p in h.nc.pulls()] == [(8, None)]
+        await h.send(delivery(1, **{PIN_ID: "pin-1"}))
+        assert [(p["batch"], p.get("id")) for p in h.nc.pulls()] == [(8, None), (8, "pin-1")]
+        await h.send(delivery(2, **{PIN_ID: "pin-1"}))
+        assert len(h.nc.pulls()) == 2, "the pin is known: nothing more to ask"
+    finally:
+        await h.puller.stop()
+
+
 async def test_retiring_naks_what_still_arrives() -> None:
     """After an unpin, a delivery to one of our waiting requests goes back at once."""
     h = Harness(PullOptions(batch=1, expires=2.0, heartbeat=0.5, group="PCG"))
