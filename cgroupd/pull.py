@@ -333,11 +333,12 @@ class Puller:
                 self._on_message(msg)
             want = self.room
             if newly_pinned and self._asking:
-                # The server serves only requests that carry the pin id: the ones we sent
-                # before it bring nothing more (a previous holder's handed-back messages
-                # waited a whole pinned TTL for the consumer reset). Ask again, with it;
-                # the old ones stay counted until they expire (``outstanding`` must not
-                # under-count: a reset waits for it).
+                # Requests we sent before the pin carry no pin id (or an old one), and the
+                # server may serve them no more: a previous holder's handed-back messages
+                # waited a whole pinned TTL for the consumer reset. Ask again, with it.
+                # The old ones stay counted until they end: they may still bring a
+                # delivery, and a reset waits for ``outstanding`` (forgetting them cost
+                # per-key order in the 50-toggle test).
                 want = max(want, self._free())
             if want:
                 await self._pull(want)
