@@ -221,7 +221,7 @@ async def test_create_is_all_or_nothing(nats_server: NatsServer, jetstream: JetS
     await nc.jetstream().add_stream(api.StreamConfig(name="OV", subjects=["ov.>"]))
     refused = await cli(url, "group", "create", "OV", "g", "--partitions", "2",
                         "--filter", "ov.*.*", "--wildcards", "1", "--filter", "ov.>")
-    one_line_error(refused, 1)
+    one_line_error(refused, 1, "creating stream OV-g", "source filters can not overlap")
     assert await record_bytes(jetstream, ELASTIC_BUCKET, "OV", "g") is None
     assert await jetstream.stream_info("OV-g") is None
     assert json.loads((await cli(url, "--json", "group", "ls", "OV")).stdout) == []
@@ -235,8 +235,9 @@ async def test_create_is_all_or_nothing(nats_server: NatsServer, jetstream: JetS
 async def test_a_member_of_a_group_without_its_stream_is_not_ready(
         nats_server: NatsServer, jetstream: JetStream, nc: Client, tmp_path: Path) -> None:
     """A record whose work-queue stream does not exist (left by a failed create): the
-    joined instance answers /readyz 503 saying so (main: 200, standing by forever); once
-    the stream exists, /readyz turns 200 by itself."""
+    joined instance answers /readyz 503 saying so (main: 200, standing by forever), and
+    ``cgroupd status`` names the missing stream (main: "stream not found"); once the
+    stream exists, /readyz turns 200 by itself."""
     await nc.jetstream().add_stream(api.StreamConfig(name="NS", subjects=["ns.>"]))
     config = ElasticGroupConfig(max_members=2, members=("m1",), partitioning_filters=(
         PartitioningFilter("ns.*", (1,)),))
@@ -254,6 +255,8 @@ async def test_a_member_of_a_group_without_its_stream_is_not_ready(
                                     diagnostics=proc.log_tail)
             assert "work-queue stream NS-g does not exist" in body["problem"]
             assert any(e.get("event") == "group cannot be consumed" for e in proc.events())
+            one_line_error(await cli(nats_server.url, "status", "NS", "g"), 1,
+                           "the work-queue stream NS-g of group NS/g does not exist")
             await admin.create_elastic_group(jetstream, "NS", "g", config)
 
             async def ready() -> bool:
