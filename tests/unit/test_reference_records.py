@@ -207,3 +207,22 @@ def test_ranges_agree_with_the_partition_by_partition_assignment(n: int) -> None
             k = p // per if p < len(owned) * per else p - len(owned) * per
             brute.setdefault(owned[k], []).append(p)
         assert expanded == {m: tuple(ps) for m, ps in brute.items()} == assignment(config)
+
+
+def test_spark_read_of_a_whole_subject_group_hashes_the_whole_subject() -> None:
+    """Spark ``mode=read`` on a whole-subject group (partitions computed client side from
+    the origin stream) uses the group's effective filter ``>``: every subject is read,
+    in the partition the server's ``{{Partition(N)}}.>`` gives it, keyed by the subject.
+    (It used to find no filter and read nothing.)"""
+    from cgroupd.admin import StoredGroup
+    from cgroupd.spark.layout import HASHED, Mode, resolve
+    from cgroupd.spark.rows import RowBuilder
+
+    config = elastic_from_json(b'{"max_members":5,"partitioning_filters":null,'
+                               b'"members":["a","b"]}')
+    layout = resolve("S", StoredGroup("S", "g", config, 1), Mode.READ, None, ">")
+    assert layout.kind == HASHED and layout.count == 5
+    rows = RowBuilder(layout)
+    for subject in ("orders.1", "a", "x.y.z", "ключ.7"):
+        described = rows._describe(subject.encode())
+        assert described == (fnv1a_32(subject.encode()) % 5, subject, subject)
