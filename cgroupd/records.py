@@ -9,6 +9,7 @@ not know are kept in ``extra`` so writing the config back keeps them. Writing is
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from cgroupd.config import (
@@ -60,9 +61,18 @@ _STYLES = [WireForm(separators=seps, escape=esc, ascii=asc)
            for asc in (False, True)]
 
 
+def _guess(raw: bytes) -> WireForm:
+    """The likeliest style, from a glance at the text (checked by one dump)."""
+    seps = (", ", ": ") if re.match(rb'\{\s*"[^"]*": ', raw) else (",", ":")
+    escape = (DOTNET_ESCAPE if b"\\u003E" in raw or b"\\u002B" in raw
+              else GO_ESCAPE if re.search(rb"\\u00(3e|3c|26)", raw) else "")
+    return WireForm(separators=seps, escape=escape)
+
+
 def _form(data: bytes | str, obj: dict[str, Any], **kw: Any) -> WireForm:
     raw = (data.encode() if isinstance(data, str) else data).strip()
-    style = next((s for s in _STYLES if dump_record(obj, s) == raw), _STYLES[0])
+    guess = _guess(raw)
+    style = next((s for s in (guess, *_STYLES) if dump_record(obj, s) == raw), _STYLES[0])
     return WireForm(keys=tuple(obj), members=_list_form(obj, "members"),
                     separators=style.separators, escape=style.escape, ascii=style.ascii,
                     **kw)
