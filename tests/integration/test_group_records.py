@@ -158,7 +158,7 @@ async def test_whole_subject_group_partitions_as_the_server_does(
     """``group create`` without --filter: the Go CLI's record, a stream sourcing ``>``
     into ``{{Partition(7)}}.>``; for 500 random subjects (1-4 random tokens, non-ASCII
     among them) the partition the server put each in is the one cgroupd computes
-    client side (Spark mode=read, lag, replay)."""
+    client side (Spark mode=read, lag, replay), and a replay plan counts them there."""
     url = nats_server.url
     js = nc.jetstream()
     await js.add_stream(api.StreamConfig(name="WS", subjects=["ws.>"]))
@@ -194,6 +194,14 @@ async def test_whole_subject_group_partitions_as_the_server_does(
              if partition_of(s, config.effective_filters, 7) != p}
     assert not wrong, list(wrong.items())[:5]
     assert len(set(seen.values())) == 7  # every partition used: the hash is not constant
+    # Once processed (here: purged from the work queue), a replay plan counts what it
+    # would process again, computed client side, in the same partitions.
+    await js.purge_stream("WS-all")
+    plan = await cli(url, "--json", "replay", "WS", "all", "--to-earliest")
+    assert plan.exit_code == 0, plan.output
+    again = {p["partition"]: p["reprocess"] for p in json.loads(plan.stdout)["partitions"]}
+    per_partition = {p: list(seen.values()).count(p) for p in range(7)}
+    assert again == per_partition
 
 
 async def test_whole_subject_group_on_an_older_server_is_refused_clearly(
