@@ -235,12 +235,23 @@ class MemberMapping:
 
     member: str
     partitions: tuple[int, ...]
+    #: ``partitions`` as stored when empty (Go writes a nil list as ``null``).
+    partitions_form: str = field(default=LIST, compare=False, repr=False)
+    #: Keys of the mapping object this version does not know, written back unchanged.
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "partitions", tuple(self.partitions))
 
     def to_json(self) -> dict[str, Any]:
-        return {"member": self.member, "partitions": list(self.partitions)}
+        out: dict[str, Any] = {"member": self.member}
+        if self.partitions or self.partitions_form == LIST:
+            out["partitions"] = list(self.partitions)
+        elif self.partitions_form == NULL:
+            out["partitions"] = None
+        for key, value in self.extra.items():
+            out.setdefault(key, value)
+        return out
 
 
 @dataclass(frozen=True)

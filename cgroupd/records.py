@@ -103,8 +103,10 @@ def _mappings(value: Any) -> tuple[MemberMapping, ...]:
     for item in value:
         if not isinstance(item, dict) or not isinstance(item.get("member"), str):
             raise ConfigError(f"member mapping {item!r} needs a 'member' string")
-        out.append(MemberMapping(item["member"], _int_list(item.get("partitions"),
-                                                           "mapping partitions")))
+        out.append(MemberMapping(
+            item["member"], _int_list(item.get("partitions"), "mapping partitions"),
+            partitions_form=_list_form(item, "partitions"),
+            extra={k: v for k, v in item.items() if k not in ("member", "partitions")}))
     return tuple(out)
 
 
