@@ -226,3 +226,21 @@ def test_spark_read_of_a_whole_subject_group_hashes_the_whole_subject() -> None:
     for subject in ("orders.1", "a", "x.y.z", "ключ.7"):
         described = rows._describe(subject.encode())
         assert described == (fnv1a_32(subject.encode()) % 5, subject, subject)
+
+
+def test_views_of_whole_subject_groups_and_unreadable_records() -> None:
+    """``group info`` says a whole-subject group partitions every subject; ``group ls``
+    marks an unreadable record in its row and keeps the others."""
+    from cgroupd.views import groups_text
+
+    config = elastic_from_json(b'{"max_members":4,"partitioning_filters":null,'
+                               b'"members":["a"]}')
+    text = group_text("S", "g", config)
+    assert "none: every subject, hashed whole" in text and "a       0-3" in text
+    data = group_data("S", "g", config)
+    assert data["whole_subject"] is True and data["filters"] == []
+    rows = [data, {"stream": "S", "group": "bad", "type": "elastic", "error": "not JSON"}]
+    listed = groups_text("S", rows).splitlines()
+    assert listed[1].split()[:4] == ["g", "elastic", "4", "a"]
+    assert listed[2].split()[:3] == ["bad", "elastic", "?"] and "UNREADABLE: not JSON" in \
+        listed[2]
