@@ -4,7 +4,12 @@ Pure core: no I/O. Records are read and written with the exact field names the G
 reference (orbit.go ``pcgroups``) uses, so a group created by either is usable by both. Two
 older shapes are read too: the Go reference's single-``filter`` record and the ADR's
 revision-1 record (``partitioning-wildcards``, ``msg-buffer-size``, ``member-mappings``).
-Fields this version does not know are kept in ``extra`` and written back unchanged.
+Fields this version does not know are kept in ``extra`` and written back unchanged, and
+:class:`WireForm` remembers how a stored record was spelled (``null``/``[]``/missing,
+key order, separators, escapes) so that writing it back changes only what changed: the
+reference and its ports (orbit.java, orbit.net, natsio-pcgroups) each spell "nothing"
+their own way, and the reference's members stop when a fixed setting changes spelling.
+An elastic group without partitioning filters partitions on the whole subject.
 
 Reading is as tolerant as the reference (natsio-pcgroups, orbit.go): ``-1``, ``0``,
 ``null`` or an absent buffering limit all mean "no limit" and are written back as they

@@ -210,6 +210,8 @@ async def test_whole_subject_group_on_an_older_server_is_refused_clearly(
     """A server whose INFO says 2.11: creating a whole-subject group is refused before
     anything is written, naming the version needed; with a filter it goes ahead."""
     await nc.jetstream().add_stream(api.StreamConfig(name="OLD", subjects=["old.>"]))
+    real_version = jetstream.server_version()  # from the server's INFO
+    assert real_version is not None and real_version[:2] >= (2, 12), real_version
     monkeypatch.setattr(JetStream, "server_version", lambda self: (2, 11, 4))
     with pytest.raises(ConfigError, match=r"nats-server >= 2.12.*this server is 2.11.4"):
         await admin.create_elastic_group(jetstream, "OLD", "g", ElasticGroupConfig(2))
