@@ -48,6 +48,9 @@ _FORBIDDEN_IN_NAME = (".", "*", ">", "/", "\\")
 #: partition it holds, and nats-server takes ~0.1 s to create a work-queue consumer with
 #: 1,024 filters, 1-2 s with 4,096 and 5-11 s with 10,000 (2.15, measured).
 MAX_PARTITIONS = 2**31 - 1
+#: Most partitions one member may own for ``cgroupd join`` to consume them (the bound
+#: every group had before records of any size were read): one consumer filter each.
+MAX_MEMBER_PARTITIONS = 1024
 #: Most member names a record may list. The ADR caps the list at ``max_members`` when it
 #: assigns partitions (extra names own nothing), so longer lists only slow every reader.
 MAX_LISTED_MEMBERS = 10_000

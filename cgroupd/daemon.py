@@ -34,7 +34,13 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from cgroupd import admin, events, logs
-from cgroupd.config import STATIC_BUCKET, group_key, work_queue_stream
+from cgroupd.config import (
+    MAX_MEMBER_PARTITIONS,
+    STATIC_BUCKET,
+    GroupConfig,
+    group_key,
+    work_queue_stream,
+)
 from cgroupd.connect import Connection, ConnectionOptions, connect
 from cgroupd.errors import (
     BucketNotFound,
@@ -51,7 +57,8 @@ from cgroupd.loopmonitor import LoopMonitor
 from cgroupd.member import Member, MemberState
 from cgroupd.metrics import Metrics
 from cgroupd.operations import Operations
-from cgroupd.partitions import member_partitions
+from cgroupd.partitions import assignment_ranges, member_partitions
+from cgroupd.records import static_from_json
 from cgroupd.settings import MemberSettings
 from cgroupd.tasks import cancel_and_wait
 
@@ -246,10 +253,27 @@ class Daemon:
             if record is None or record.value is None:
                 raise GroupNotFound(f"no static consumer group {o.group!r} on stream "
                                     f"{o.stream!r}")
+            self._check_size(static_from_json(record.value))
             return True
         # The record says which kind of group this is (Member.start() itself raises
         # GroupNotFound for a missing one; this read only decides elastic or static).
-        return (await admin.get_group(js, o.stream, o.group)).static
+        stored = await admin.get_group(js, o.stream, o.group)
+        self._check_size(stored.config)
+        return stored.static
+
+    def _check_size(self, config: GroupConfig) -> None:
+        """Refuse, clearly, to consume more partitions than one consumer can filter: a
+        reference group may have up to 2**31-1, but each partition a member owns is one
+        filter of its consumer (and one entry in memory)."""
+        o = self.options
+        owned = sum(last - first + 1
+                    for first, last in assignment_ranges(config).get(o.member, ()))
+        if owned > MAX_MEMBER_PARTITIONS:
+            raise StartupError(
+                f"member {o.member} would own {owned} partitions of {o.stream}/{o.group} "
+                f"({config.max_members} in all); cgroupd consumes at most "
+                f"{MAX_MEMBER_PARTITIONS} per member (one consumer filter each: nats-server "
+                "takes seconds to create a consumer with thousands): add members")
 
     async def _check_work_queue(self, js: JetStream) -> None:
         """Whether the elastic group's work-queue stream exists: a record whose stream

@@ -276,3 +276,27 @@ async def test_a_member_of_a_group_without_its_stream_is_not_ready(
                              diagnostics=proc.log_tail)
     finally:
         proc.close()
+
+
+async def test_join_refuses_more_partitions_than_a_consumer_can_filter(
+        nats_server: NatsServer, jetstream: JetStream, nc: Client, tmp_path: Path) -> None:
+    """The largest group the reference can have (2**31-1 partitions, 3 members) is read
+    and listed at once, but ``cgroupd join`` of one of its members exits 1 at once,
+    saying how many partitions it would own and the bound, instead of building a list of
+    715 million consumer filters."""
+    url = nats_server.url
+    await nc.jetstream().add_stream(api.StreamConfig(name="BIG", subjects=["big.>"]))
+    await put_record(jetstream, ELASTIC_BUCKET, "BIG", "g",
+                     (FIXTURES / "go-large-max-members.record").read_bytes())
+    listed = await cli(url, "--json", "group", "ls", "BIG")
+    assert listed.exit_code == 0, listed.output
+    assert json.loads(listed.stdout)[0]["partitions"] == 2**31 - 1
+    proc = JoinProcess(url, tmp_path, "b", "--stream", "BIG", "--group", "g", "--member",
+                       "b", "--handler", "tests.support.handlers.record_handler:handle",
+                       metrics=False)
+    try:
+        assert await proc.wait_exit(30) == 1
+        assert "member b would own 715827882 partitions of BIG/g" in proc.log_text()
+        assert "at most 1024 per member" in proc.log_text()
+    finally:
+        proc.close()
