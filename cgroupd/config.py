@@ -4,7 +4,12 @@ Pure core: no I/O. Records are read and written with the exact field names the G
 reference (orbit.go ``pcgroups``) uses, so a group created by either is usable by both. Two
 older shapes are read too: the Go reference's single-``filter`` record and the ADR's
 revision-1 record (``partitioning-wildcards``, ``msg-buffer-size``, ``member-mappings``).
-Fields this version does not know are kept in ``extra`` and written back unchanged.
+Fields this version does not know are kept in ``extra`` and written back unchanged, and
+:class:`WireForm` remembers how a stored record was spelled (``null``/``[]``/missing,
+key order, separators, escapes) so that writing it back changes only what changed: the
+reference and its ports (orbit.java, orbit.net, natsio-pcgroups) each spell "nothing"
+their own way, and the reference's members stop when a fixed setting changes spelling.
+An elastic group without partitioning filters partitions on the whole subject.
 
 Reading is as tolerant as the reference (natsio-pcgroups, orbit.go): ``-1``, ``0``,
 ``null`` or an absent buffering limit all mean "no limit" and are written back as they
@@ -35,13 +40,17 @@ MAX_NAME_LENGTH = 100
 _NAME_RE = re.compile(r"^[A-Za-z0-9_\-=]+$")
 _FORBIDDEN_IN_NAME = (".", "*", ">", "/", "\\")
 
-#: Most partitions (``max_members``) a group may have. Each member's consumers filter one
-#: subject per partition they hold, and nats-server checks every filter of a work-queue
-#: consumer against every other consumer's: creating one with 1,024 filters takes ~0.1 s,
-#: with 4,096 1-2 s (past the API timeout), with 10,000 5-11 s (nats-server 2.15,
-#: measured). The server itself accepts up to 2**31-1 partitions in a transform, and
-#: the reference sets no bound.
-MAX_PARTITIONS = 1024
+#: Most partitions (``max_members``) a group may have: what the reference allows. Its
+#: records hold any ``uint`` (Go) or ``int`` (Java), but the work-queue stream's
+#: ``{{Partition(N)}}`` transform refuses ``N`` over 2**31-1 (nats-server
+#: ``subject_transform.go``: ``> math.MaxInt32``), so no reference group can have more.
+#: Consuming that many is another matter: each member's consumer filters one subject per
+#: partition it holds, and nats-server takes ~0.1 s to create a work-queue consumer with
+#: 1,024 filters, 1-2 s with 4,096 and 5-11 s with 10,000 (2.15, measured).
+MAX_PARTITIONS = 2**31 - 1
+#: Most partitions one member may own for ``cgroupd join`` to consume them (the bound
+#: every group had before records of any size were read): one consumer filter each.
+MAX_MEMBER_PARTITIONS = 1024
 #: Most member names a record may list. The ADR caps the list at ``max_members`` when it
 #: assigns partitions (extra names own nothing), so longer lists only slow every reader.
 MAX_LISTED_MEMBERS = 10_000
@@ -99,6 +108,67 @@ def _repeated(items: Iterable[object]) -> list[object]:
     return [item for item, n in Counter(items).items() if n > 1]
 
 
+#: How a list field was spelled in a stored record: a JSON list, ``null``, or left out.
+#: Go's ``reflect.DeepEqual`` tells ``null`` (nil) from ``[]``: the reference's members
+#: compare each new record with the one they started on and stop on "a bad change in
+#: the configuration" when a writer turns one into the other.
+LIST, NULL, ABSENT = "list", "null", "absent"
+
+
+@dataclass(frozen=True)
+class WireForm:
+    """How a stored record was written (its key order, ``null`` versus ``[]`` versus a
+    missing list, Go's HTML escaping of ``>``), so that writing it back changes only
+    what the change is about: the reference's writers differ (see docs/interop.md)."""
+
+    #: The record's keys in the order they were written.
+    keys: tuple[str, ...] = ()
+    #: ``partitioning_filters`` (elastic) or ``filters`` (static) as stored: ``LIST``,
+    #: ``NULL`` or ``ABSENT``.
+    filters: str = LIST
+    #: ``members`` as stored when empty (Go leaves it out, older writers put ``[]``).
+    members: str = ABSENT
+    #: A static group's filter as a single ``filter`` string (orbit.java) rather than a
+    #: ``filters`` list.
+    single_filter: bool = False
+    #: JSON text style: item and key separators (Go, Java, .NET: compact; Python's
+    #: ``json.dumps``, natsio-pcgroups: ``", "`` and ``": "``), the escaping of
+    #: HTML-sensitive characters (``GO``: ``\\u003e``, as ``json.Marshal``; ``DOTNET``:
+    #: ``\\u003E`` and ``'`` ``+`` too, as System.Text.Json), non-ASCII as ``\\u`` escapes.
+    separators: tuple[str, str] = (",", ":")
+    escape: str = ""
+    ascii: bool = False
+
+
+#: Escaping styles of :class:`WireForm`.
+GO_ESCAPE, DOTNET_ESCAPE = "go", "dotnet"
+_ESCAPES = {
+    GO_ESCAPE: (("&", "\\u0026"), ("<", "\\u003c"), (">", "\\u003e")),
+    DOTNET_ESCAPE: (("&", "\\u0026"), ("<", "\\u003C"), (">", "\\u003E"),
+                    ("'", "\\u0027"), ("+", "\\u002B")),
+}
+
+
+#: The form of a record cgroupd writes from scratch: orbit.go's (``partitioning_filters``
+#: ``null`` for a whole-subject group, as ``cg elastic create`` without a filter writes it).
+NEW_RECORD = WireForm(filters=NULL)
+
+
+def dump_record(record: dict[str, Any], form: WireForm | None) -> bytes:
+    """A record as JSON text in ``form``'s style, its keys in the order ``form`` saw them
+    (new keys after, in the reference's order)."""
+    form = form or WireForm()
+    if form.keys:
+        order = {k: i for i, k in enumerate(form.keys)}
+        ranked = sorted(enumerate(record), key=lambda ik: (order.get(ik[1], len(order)), ik[0]))
+        record = {k: record[k] for _, k in ranked}
+    text = json.dumps(record, separators=form.separators, ensure_ascii=form.ascii)
+    # These characters occur in JSON text only inside strings: escaping them there is safe.
+    for char, code in _ESCAPES.get(form.escape, ()):
+        text = text.replace(char, code)
+    return text.encode()
+
+
 @dataclass(frozen=True)
 class PartitioningFilter:
     """A subject filter of the origin stream and which of its ``*`` wildcards form the key.
@@ -109,6 +179,11 @@ class PartitioningFilter:
 
     filter: str
     partitioning_wildcards: tuple[int, ...] = ()
+    #: ``partitioning_wildcards`` as stored when empty: ``[]`` (``LIST``), ``null``
+    #: (Go's nil slice) or left out (orbit.java); written back the same way.
+    wildcards_form: str = field(default=LIST, compare=False, repr=False)
+    #: Keys of the filter object this version does not know, written back unchanged.
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "partitioning_wildcards", tuple(self.partitioning_wildcards))
@@ -147,7 +222,19 @@ class PartitioningFilter:
         return self.filter.split(".").count("*")
 
     def to_json(self) -> dict[str, Any]:
-        return {"filter": self.filter, "partitioning_wildcards": list(self.partitioning_wildcards)}
+        out: dict[str, Any] = {"filter": self.filter}
+        if self.partitioning_wildcards or self.wildcards_form == LIST:
+            out["partitioning_wildcards"] = list(self.partitioning_wildcards)
+        elif self.wildcards_form == NULL:
+            out["partitioning_wildcards"] = None
+        for key, value in self.extra.items():
+            out.setdefault(key, value)
+        return out
+
+
+#: The filter of a group with no partitioning filter (whole-subject partitioning): the
+#: reference sources ``>`` into ``{{Partition(N)}}.>`` (nats-server >= 2.12).
+WHOLE_SUBJECT = PartitioningFilter(">")
 
 
 @dataclass(frozen=True)
@@ -156,12 +243,23 @@ class MemberMapping:
 
     member: str
     partitions: tuple[int, ...]
+    #: ``partitions`` as stored when empty (Go writes a nil list as ``null``).
+    partitions_form: str = field(default=LIST, compare=False, repr=False)
+    #: Keys of the mapping object this version does not know, written back unchanged.
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "partitions", tuple(self.partitions))
 
     def to_json(self) -> dict[str, Any]:
-        return {"member": self.member, "partitions": list(self.partitions)}
+        out: dict[str, Any] = {"member": self.member}
+        if self.partitions or self.partitions_form == LIST:
+            out["partitions"] = list(self.partitions)
+        elif self.partitions_form == NULL:
+            out["partitions"] = None
+        for key, value in self.extra.items():
+            out.setdefault(key, value)
+        return out
 
 
 @dataclass(frozen=True)
@@ -176,6 +274,8 @@ class _GroupBase:
     #: Read from a stored record: accept what the reference accepts (repeated member
     #: names, names cgroupd would not create, a mapping to no partitions).
     lenient: bool = field(default=False, compare=False, repr=False)
+    #: How the stored record was spelled (None: a new record, written as orbit.go does).
+    form: WireForm | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # Accept lists from callers; store tuples so configs compare and hash by value.
@@ -202,10 +302,8 @@ class _GroupBase:
         if self.max_members < 1:
             out.append(f"max_members must be at least 1, not {self.max_members}")
         if self.max_members > MAX_PARTITIONS:
-            return [f"max_members is {self.max_members}; cgroupd supports at most "
-                    f"{MAX_PARTITIONS} partitions (a member's consumer filters one subject "
-                    "per partition, and nats-server takes seconds to create a work-queue "
-                    "consumer with thousands of filters)"]
+            return [f"max_members is {self.max_members}; at most {MAX_PARTITIONS} "
+                    "(nats-server's partition(N) transform takes no more)"]
         if len(self.members) > MAX_LISTED_MEMBERS:
             return [f"the group lists {len(self.members)} members; at most "
                     f"{MAX_LISTED_MEMBERS} (only the first max_members of them, sorted, "
@@ -247,8 +345,11 @@ class _GroupBase:
 
     def _membership_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        if self.members:
+        form = self.form or NEW_RECORD
+        if self.members or (form.members == LIST and not self.member_mappings):
             out["members"] = list(self.members)
+        elif form.members == NULL and not self.member_mappings:
+            out["members"] = None
         if self.member_mappings:
             out["member_mappings"] = [m.to_json() for m in self.member_mappings]
         return out
@@ -307,10 +408,18 @@ class ElasticGroupConfig(_GroupBase):
     max_buffered_msgs: int = 0
     max_buffered_bytes: int = 0
 
+    @property
+    def whole_subject(self) -> bool:
+        """No partitioning filter: every subject of the stream, hashed whole."""
+        return not self.partitioning_filters
+
+    @property
+    def effective_filters(self) -> tuple[PartitioningFilter, ...]:
+        """The filters the group's transforms use: its own, or ``>`` hashed whole."""
+        return self.partitioning_filters or (WHOLE_SUBJECT,)
+
     def problems(self) -> list[str]:
         out = self._membership_problems()
-        if not self.partitioning_filters:
-            out.append("an elastic group needs at least one partitioning filter")
         for pf in self.partitioning_filters:
             out.extend(pf.problems())
         dupes = _repeated(pf.filter for pf in self.partitioning_filters)
@@ -334,17 +443,23 @@ class ElasticGroupConfig(_GroupBase):
         )
 
     def to_json(self) -> bytes:
-        record: dict[str, Any] = dict(self.extra)
-        record.update(
-            max_members=self.max_members,
-            partitioning_filters=[pf.to_json() for pf in self.partitioning_filters],
-        )
-        if self.max_buffered_msgs:
-            record["max_buffered_msg"] = self.max_buffered_msgs
-        if self.max_buffered_bytes:
-            record["max_buffered_bytes"] = self.max_buffered_bytes
+        form = self.form or NEW_RECORD
+        record: dict[str, Any] = {"max_members": self.max_members}
+        if self.partitioning_filters or form.filters == LIST:
+            record["partitioning_filters"] = [pf.to_json() for pf in self.partitioning_filters]
+        elif form.filters == NULL:
+            record["partitioning_filters"] = None
+        # "No limit" as it was stored (-1, 0, null) is in ``extra``.
+        for name, value in (("max_buffered_msg", self.max_buffered_msgs),
+                            ("max_buffered_bytes", self.max_buffered_bytes)):
+            if value:
+                record[name] = value
+            elif name in self.extra:
+                record[name] = self.extra[name]
         record.update(self._membership_json())
-        return json.dumps(record, separators=(",", ":")).encode()
+        for key, value in self.extra.items():
+            record.setdefault(key, value)
+        return dump_record(record, self.form)
 
 
 @dataclass(frozen=True)
@@ -368,12 +483,18 @@ class StaticGroupConfig(_GroupBase):
         return self.max_members == other.max_members and self.filters == other.filters
 
     def to_json(self) -> bytes:
-        record: dict[str, Any] = dict(self.extra)
-        record["max_members"] = self.max_members
-        if self.filters:
+        form = self.form or WireForm(filters=ABSENT)  # Go: omitempty
+        record: dict[str, Any] = {"max_members": self.max_members}
+        if form.single_filter and len(self.filters) == 1:
+            record["filter"] = self.filters[0]
+        elif self.filters or form.filters == LIST:
             record["filters"] = list(self.filters)
+        elif form.filters == NULL:
+            record["filters"] = None
         record.update(self._membership_json())
-        return json.dumps(record, separators=(",", ":")).encode()
+        for key, value in self.extra.items():
+            record.setdefault(key, value)
+        return dump_record(record, self.form)
 
 
 GroupConfig: TypeAlias = ElasticGroupConfig | StaticGroupConfig

@@ -16,7 +16,8 @@ HTTP (``--metrics-port``, 0 = off): ``/metrics`` (Prometheus text), ``/healthz``
 NATS is connected, the member runtime and its config watch run, no release is stuck on a
 handler that does not return, and the event loop was not blocked for longer than
 ``JoinOptions.max_loop_lag`` in the last ``LAG_WINDOW`` seconds; 503 with the problems
-otherwise), ``/readyz`` (200 once joined: standby or active).
+otherwise), ``/readyz`` (200 once joined: standby or active, while an elastic group's
+work-queue stream exists; 503 otherwise, its body's ``problem`` saying why).
 
 Operations (advisories, discovery answers, the status and lag loops):
 :mod:`cgroupd.operations`. Who the instance is and what it exposes: :mod:`cgroupd.joinoptions`
@@ -33,10 +34,17 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from cgroupd import admin, events, logs
-from cgroupd.config import STATIC_BUCKET, group_key
+from cgroupd.config import (
+    MAX_MEMBER_PARTITIONS,
+    STATIC_BUCKET,
+    GroupConfig,
+    group_key,
+    work_queue_stream,
+)
 from cgroupd.connect import Connection, ConnectionOptions, connect
 from cgroupd.errors import (
     BucketNotFound,
+    CgroupdError,
     ConfigError,
     GroupNotFound,
     StartupError,
@@ -49,7 +57,8 @@ from cgroupd.loopmonitor import LoopMonitor
 from cgroupd.member import Member, MemberState
 from cgroupd.metrics import Metrics
 from cgroupd.operations import Operations
-from cgroupd.partitions import member_partitions
+from cgroupd.partitions import assignment_ranges, member_partitions
+from cgroupd.records import static_from_json
 from cgroupd.settings import MemberSettings
 from cgroupd.tasks import cancel_and_wait
 
@@ -60,6 +69,8 @@ if TYPE_CHECKING:  # aiohttp is imported only when a webhook or the HTTP server 
 
 log = logs.get_logger("cgroupd.daemon")
 
+#: Seconds between two looks for a missing work-queue stream.
+WORK_QUEUE_RECHECK = 2.0
 #: Bound on a dead-letter publish (waiting for the stream's PubAck).
 DEAD_LETTER_TIMEOUT = 5.0
 
@@ -107,6 +118,9 @@ class Daemon:
         #: Advisories, discovery answers, status and lag loops (once connected).
         self.operations: Operations | None = None
         self._info_sub: Any = None
+        #: Why the group cannot be consumed though this instance runs (its work-queue
+        #: stream does not exist): /readyz answers 503 with it, the status loop says it.
+        self.group_problem: str | None = None
 
     # -- signals --------------------------------------------------------------------
     def _on_signal(self, sig: signal.Signals) -> None:
@@ -145,6 +159,8 @@ class Daemon:
         self.metrics.set_connected(True)
         js = JetStream(self.nc)
         static = await self._group_kind(js)
+        if not static:
+            await self._check_work_queue(js)
         if self.handler_options.webhook is not None:
             import aiohttp
 
@@ -181,6 +197,8 @@ class Daemon:
         if not partitions:
             self._log.warning("this member owns no partitions (not listed in the group?); "
                               "standing by until the membership changes")
+        if self.group_problem is not None:
+            self._spawn(self._watch_work_queue(js), "cgroupd-work-queue-check")
         self._spawn(ops.status_loop(js), "cgroupd-status")
         if self.metrics.exported:  # the lag gauges are all it feeds
             self._spawn(ops.lag_loop(js), "cgroupd-lag")
@@ -235,10 +253,56 @@ class Daemon:
             if record is None or record.value is None:
                 raise GroupNotFound(f"no static consumer group {o.group!r} on stream "
                                     f"{o.stream!r}")
+            self._check_size(static_from_json(record.value))
             return True
         # The record says which kind of group this is (Member.start() itself raises
         # GroupNotFound for a missing one; this read only decides elastic or static).
-        return (await admin.get_group(js, o.stream, o.group)).static
+        stored = await admin.get_group(js, o.stream, o.group)
+        self._check_size(stored.config)
+        return stored.static
+
+    def _check_size(self, config: GroupConfig) -> None:
+        """Refuse, clearly, to consume more partitions than one consumer can filter: a
+        reference group may have up to 2**31-1, but each partition a member owns is one
+        filter of its consumer (and one entry in memory)."""
+        o = self.options
+        owned = sum(last - first + 1
+                    for first, last in assignment_ranges(config).get(o.member, ()))
+        if owned > MAX_MEMBER_PARTITIONS:
+            raise StartupError(
+                f"member {o.member} would own {owned} partitions of {o.stream}/{o.group} "
+                f"({config.max_members} in all); cgroupd consumes at most "
+                f"{MAX_MEMBER_PARTITIONS} per member (one consumer filter each: nats-server "
+                "takes seconds to create a consumer with thousands): add members")
+
+    async def _check_work_queue(self, js: JetStream) -> None:
+        """Whether the elastic group's work-queue stream exists: a record whose stream
+        the server refused (overlapping filters; a whole-subject group on a server older
+        than 2.12) leaves members with nothing to consume, which must not look ready."""
+        o = self.options
+        wq = work_queue_stream(o.stream, o.group)
+        try:
+            missing = await js.stream_info(wq) is None
+        except CgroupdError as exc:  # transient: judged again by the watch
+            self._log.warning("cannot check the work-queue stream", error=str(exc))
+            return
+        was = self.group_problem
+        self.group_problem = (
+            f"the group's work-queue stream {wq} does not exist (the server refused it "
+            "when the group was created, or it was deleted): nothing can be consumed; "
+            f"delete the group and create it again ('cgroupd group create {o.stream} "
+            f"{o.group} ...' says why the server refuses it)") if missing else None
+        if self.group_problem is not None and was is None:
+            self._log.error("group cannot be consumed", problem=self.group_problem)
+        elif self.group_problem is None and was is not None:
+            self._log.info("work-queue stream exists now", stream=wq)
+
+    async def _watch_work_queue(self, js: JetStream) -> None:
+        """Look again every few seconds until the stream exists (then stop: one API call
+        per interval only while something is wrong)."""
+        while self.group_problem is not None:
+            await asyncio.sleep(WORK_QUEUE_RECHECK)
+            await self._check_work_queue(js)
 
     async def _start_member(self, member: Member) -> bool:
         """Start competing; False if a signal came first. Raises if the group is unusable."""
@@ -324,7 +388,8 @@ class Daemon:
 
     @property
     def ready(self) -> bool:
-        return self.member is not None and self.member.state in _READY_STATES
+        return (self.member is not None and self.member.state in _READY_STATES
+                and self.group_problem is None)
 
     async def _start_http(self) -> None:
         from cgroupd.probes import ProbeServer
@@ -344,6 +409,7 @@ class Daemon:
             "state": m.state.value if m is not None else "starting",
             "instance": m.instance_id if m is not None else None,
             "partitions": list(m.partitions) if m is not None else [],
+            **({"problem": self.group_problem} if self.group_problem else {}),
         }
 
 

@@ -3,7 +3,8 @@ error of its kind, or one error for one case.
 
     CgroupdError                      base; ``retriable`` says whether trying again can help
     ├── ConfigError                   bad settings, group config, KV record, name or argument
-    │   └── HandlerLoadError          a ``pkg.module:function`` handler cannot be loaded
+    │   ├── HandlerLoadError          a ``pkg.module:function`` handler cannot be loaded
+    │   └── BadRecord                 a stored group record cannot be read (not a usage error)
     ├── NotFoundError                 something the operation needs does not exist
     │   ├── GroupNotFound             no KV record for <stream>.<group>
     │   ├── StreamNotFound            a stream the operation needs does not exist
@@ -90,6 +91,14 @@ class ConfigError(CgroupdError):
             kept.append(f"and {len(given) - self.MAX_PROBLEMS} more problems")
         self.problems = kept
         super().__init__("; ".join(self.problems))
+
+
+class BadRecord(ConfigError):
+    """A group's stored KV record cannot be read (garbage, or a shape no version reads).
+
+    A ConfigError, so a running member treats it as any bad record; the CLI exits 1, not
+    2: nothing the user typed was wrong. ``group delete --force`` removes such a record.
+    """
 
 
 class GroupNotFound(NotFoundError):

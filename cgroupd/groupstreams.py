@@ -26,11 +26,29 @@ async def ensure_bucket(js: JetStream, bucket: str, origin: StreamInfo) -> None:
         storage=api.StorageType.FILE))
 
 
+#: The first nats-server whose ``partition(N)`` takes no wildcard argument (hashing the
+#: whole subject): what a group without a partitioning filter needs.
+WHOLE_SUBJECT_SERVER = (2, 12)
+
+
 def transforms(config: ElasticGroupConfig) -> list[api.SubjectTransform]:
-    """The subject transforms that put each message's partition first."""
+    """The subject transforms that put each message's partition first: one per filter,
+    or ``>`` into ``{{Partition(N)}}.>`` for a whole-subject group (as the reference)."""
     return [api.SubjectTransform(src=pf.filter,
                                  dest=transform_destination(pf, config.max_members))
-            for pf in config.partitioning_filters]
+            for pf in config.effective_filters]
+
+
+def whole_subject_problem(config: ElasticGroupConfig,
+                          server: tuple[int, int, int] | None) -> str | None:
+    """Why this server cannot hold a whole-subject group (None when it can, or when the
+    group has partitioning filters, or the version is unknown)."""
+    if not config.whole_subject or server is None or server[:2] >= WHOLE_SUBJECT_SERVER:
+        return None
+    return (f"a group without --filter partitions on the whole subject, which needs "
+            f"nats-server >= {'.'.join(map(str, WHOLE_SUBJECT_SERVER))} (its partition(N) "
+            f"transform); this server is {'.'.join(map(str, server))}: give --filter "
+            "SUBJECT (e.g. --filter 'orders.*' --wildcards 1) or upgrade the server")
 
 
 async def ensure_work_queue_stream(js: JetStream, name: str, stream: str, origin: StreamInfo,

@@ -99,6 +99,14 @@ class JetStream:
     def connected(self) -> bool:
         return bool(self.nc.is_connected)
 
+    def server_version(self) -> tuple[int, int, int] | None:
+        """The connected server's version from its INFO (None when unknown)."""
+        try:
+            v = self.nc.connected_server_version
+            return int(v.major), int(v.minor), int(v.patch)
+        except (AttributeError, ValueError, TypeError, IndexError):
+            return None
+
     def _watch_permission_errors(self) -> None:
         """A denied publish gets no API reply, only an async -ERR on the connection; keep
         those so a request that then times out is reported as PermissionDenied."""
@@ -222,10 +230,15 @@ class JetStream:
         with self._translated(f"updating {bucket}/{key}"):
             return int(await kv.update(key, value, last=last))
 
-    async def delete_record(self, bucket: str, key: str) -> None:
+    async def delete_record(self, bucket: str, key: str, last: int | None = None) -> None:
+        """Delete a record; with ``last``, only while it is still at that revision
+        (ConflictError otherwise)."""
         kv = await self.bucket(bucket)
         with self._translated(f"deleting {bucket}/{key}"):
-            await kv.delete(key)
+            try:
+                await kv.delete(key, last=last)
+            except nats.js.errors.KeyWrongLastSequenceError as exc:
+                raise ConflictError(f"{bucket}/{key} changed meanwhile") from exc
 
     async def keys(self, bucket: str) -> list[str]:
         """Keys of live records in a bucket.

@@ -18,24 +18,44 @@ from cgroupd.config import ElasticGroupConfig, GroupConfig, PartitioningFilter
 SYNC_PREFIX = "sync"
 
 
-def assignment(config: GroupConfig) -> dict[str, tuple[int, ...]]:
-    """Partitions of every member that owns at least one, in partition order."""
+def assignment_ranges(config: GroupConfig) -> dict[str, tuple[tuple[int, int], ...]]:
+    """Inclusive ``(first, last)`` partition ranges of every member that owns one, in
+    partition order, computed in time linear in the members (not the partitions: a
+    reference group may have up to 2**31-1). With ``c`` members and ``n`` partitions
+    member ``k`` (sorted) owns the block ``k*per .. (k+1)*per-1`` (``per = n // c``),
+    plus partition ``c*per + k`` when ``k`` is below the remainder ``n - c*per``."""
     if config.member_mappings:
-        return {m.member: tuple(sorted(m.partitions)) for m in config.member_mappings}
+        return {m.member: _ranges(sorted(set(m.partitions))) for m in config.member_mappings}
     n = config.max_members
     members = sorted(set(config.members))[:n]
     if not members:
         return {}
-    owned: dict[str, list[int]] = {m: [] for m in members}
     count = len(members)
     per = n // count
-    for p in range(n):
-        if p < count * per:
-            owner = members[(p // per) % count]
+    extra = n - count * per
+    out: dict[str, tuple[tuple[int, int], ...]] = {}
+    for k, member in enumerate(members):
+        block = ((k * per, (k + 1) * per - 1),)
+        out[member] = block + (((count * per + k,) * 2,) if k < extra else ())
+    return out
+
+
+def _ranges(partitions: list[int]) -> tuple[tuple[int, int], ...]:
+    out: list[tuple[int, int]] = []
+    for p in partitions:
+        if out and out[-1][1] == p - 1:
+            out[-1] = (out[-1][0], p)
         else:
-            owner = members[(p - count * per) % count]
-        owned[owner].append(p)
-    return {m: tuple(ps) for m, ps in owned.items() if ps}
+            out.append((p, p))
+    return tuple(out)
+
+
+def assignment(config: GroupConfig) -> dict[str, tuple[int, ...]]:
+    """Partitions of every member that owns at least one, in partition order."""
+    if config.member_mappings:
+        return {m.member: tuple(sorted(m.partitions)) for m in config.member_mappings}
+    return {m: tuple(p for first, last in spans for p in range(first, last + 1))
+            for m, spans in assignment_ranges(config).items()}
 
 
 def member_partitions(config: GroupConfig, member: str) -> tuple[int, ...]:

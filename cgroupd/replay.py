@@ -276,9 +276,9 @@ async def _plan_elastic(js: JetStream, stored: StoredGroup, target: Target) -> P
     by_partition = owners(config)
     again: Counter[int] = Counter()
     if seq is not None:
-        filters = [pf.filter for pf in config.partitioning_filters]
+        filters = [pf.filter for pf in config.effective_filters]
         async for _, subject in js.scan_subjects(stored.stream, filters, seq):
-            part = partition_of(subject, config.partitioning_filters, n)
+            part = partition_of(subject, config.effective_filters, n)
             if part is not None:
                 again[part] += 1
     else:

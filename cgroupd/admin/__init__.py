@@ -7,6 +7,7 @@ Async functions over the :class:`~cgroupd.jetstream.JetStream` adapter.
 from cgroupd.admin._groups import (
     CAS_ATTEMPTS,
     CAS_MAX_PAUSE,
+    ListedGroup,
     StoredGroup,
     add_members,
     clear_mappings,
@@ -15,6 +16,7 @@ from cgroupd.admin._groups import (
     delete_group,
     drop_members,
     get_group,
+    list_group_records,
     list_groups,
     set_mappings,
 )
@@ -34,6 +36,7 @@ __all__ = [
     "CAS_MAX_PAUSE",
     "ConsumerView",
     "GroupStatus",
+    "ListedGroup",
     "PartitionStatus",
     "StoredGroup",
     "add_members",
@@ -45,6 +48,7 @@ __all__ = [
     "get_group",
     "group_consumers",
     "group_status",
+    "list_group_records",
     "list_groups",
     "owned_partitions",
     "partition_pending",

@@ -25,14 +25,22 @@ from cgroupd.config import (
     work_queue_stream,
 )
 from cgroupd.errors import (
+    BadRecord,
     BucketNotFound,
+    CgroupdError,
     ConfigError,
     ConflictError,
     GroupExists,
     GroupNotFound,
     StreamNotFound,
 )
-from cgroupd.groupstreams import StreamInfo, ensure_bucket, ensure_work_queue_stream
+from cgroupd.groupstreams import (
+    StreamInfo,
+    ensure_bucket,
+    ensure_work_queue_stream,
+    is_work_queue,
+    whole_subject_problem,
+)
 from cgroupd.jetstream import JetStream
 from cgroupd.naming import INSTANCE_KEY, MEMBER_KEY
 from cgroupd.records import elastic_from_json, static_from_json
@@ -69,20 +77,27 @@ async def _origin(js: JetStream, stream: str) -> StreamInfo:
     return info
 
 
-def _decode(bucket: str, value: bytes) -> GroupConfig:
-    return static_from_json(value) if bucket == STATIC_BUCKET else elastic_from_json(value)
+def _decode(bucket: str, value: bytes, stream: str = "", group: str = "") -> GroupConfig:
+    try:
+        return (static_from_json(value) if bucket == STATIC_BUCKET
+                else elastic_from_json(value))
+    except BadRecord:
+        raise
+    except ConfigError as exc:
+        where = f"group {stream}/{group}" if stream else "group"
+        raise BadRecord(f"{where}: its record in {bucket} cannot be read: {exc}") from exc
 
 
 async def _create_record(js: JetStream, bucket: str, stream: str, group: str,
-                         config: GroupConfig, origin: StreamInfo) -> bool:
-    """Store the record if absent. True when created, False when an identical one exists."""
+                         config: GroupConfig, origin: StreamInfo) -> int | None:
+    """Store the record if absent: its revision when created, None when an identical
+    one exists."""
     await ensure_bucket(js, bucket, origin)
     key = group_key(stream, group)
     existing = await js.get_record(bucket, key)
     if existing is None or existing.value is None:
         try:
-            await js.create_record(bucket, key, config.to_json())
-            return True
+            return await js.create_record(bucket, key, config.to_json())
         except ConflictError:
             existing = await js.get_record(bucket, key)
             if existing is None or existing.value is None:
@@ -95,7 +110,7 @@ async def _create_record(js: JetStream, bucket: str, stream: str, group: str,
         raise GroupExists(
             f"group {stream}/{group} already exists with a different configuration; "
             "delete it first or change only its members")
-    return False
+    return None
 
 
 async def _check_other_kind(js: JetStream, stream: str, group: str, creating: str) -> None:
@@ -112,15 +127,39 @@ async def _check_other_kind(js: JetStream, stream: str, group: str, creating: st
 
 async def create_elastic_group(js: JetStream, stream: str, group: str,
                                config: ElasticGroupConfig) -> ElasticGroupConfig:
-    """Create an elastic group and its work-queue stream; an identical re-create is a no-op."""
+    """Create an elastic group and its work-queue stream; an identical re-create is a no-op.
+
+    All or nothing: when the server refuses the work-queue stream (overlapping filters, a
+    transform it does not know), the record this call wrote is removed again and the
+    server's refusal raised, so no member ever joins a group that cannot have a stream.
+    A group without partitioning filters (whole-subject) needs nats-server >= 2.12:
+    refused up front, saying so, on an older one.
+    """
     validate_name("stream", stream)
     validate_name("group", group)
+    problem = whole_subject_problem(config, js.server_version())
+    if problem:
+        raise ConfigError(problem)
     origin = await _origin(js, stream)
     await _check_other_kind(js, stream, group, ELASTIC_BUCKET)
-    await _create_record(js, ELASTIC_BUCKET, stream, group, config, origin)
-    await ensure_work_queue_stream(js, work_queue_stream(stream, group), stream, origin,
-                                   config)
+    created = await _create_record(js, ELASTIC_BUCKET, stream, group, config, origin)
+    try:
+        await ensure_work_queue_stream(js, work_queue_stream(stream, group), stream, origin,
+                                       config)
+    except BaseException:
+        if created is not None:
+            await _undo_record(js, ELASTIC_BUCKET, group_key(stream, group), created)
+        raise
     return config
+
+
+async def _undo_record(js: JetStream, bucket: str, key: str, revision: int) -> None:
+    """Remove the record a failed create wrote, unless someone changed it meanwhile (then
+    it is theirs). Best effort: the create's own error is what the caller sees."""
+    try:
+        await asyncio.shield(js.delete_record(bucket, key, last=revision))
+    except CgroupdError:  # ConflictError: someone else's record now
+        pass
 
 
 async def create_static_group(js: JetStream, stream: str, group: str,
@@ -142,8 +181,40 @@ async def get_group(js: JetStream, stream: str, group: str) -> StoredGroup:
         except BucketNotFound:
             continue
         if record is not None and record.value is not None:
-            return StoredGroup(stream, group, _decode(bucket, record.value), record.revision)
+            return StoredGroup(stream, group, _decode(bucket, record.value, stream, group),
+                               record.revision)
     raise GroupNotFound(f"no consumer group {group!r} on stream {stream!r}")
+
+
+@dataclass(frozen=True)
+class ListedGroup:
+    """One group of a stream as listed: its stored config, or why its record cannot be
+    read (one unreadable record never hides the others)."""
+
+    group: str
+    kind: str  # "elastic" or "static": the bucket the record is in
+    stored: StoredGroup | None
+    error: str | None = None
+
+
+async def list_group_records(js: JetStream, stream: str) -> list[ListedGroup]:
+    """Every group of ``stream``, sorted, each read on its own: an unreadable record is
+    listed with its error instead of failing the listing; a record deleted meanwhile is
+    left out."""
+    out: list[ListedGroup] = []
+    for name, kind in await list_groups(js, stream):
+        bucket = ELASTIC_BUCKET if kind == "elastic" else STATIC_BUCKET
+        record = await js.get_record(bucket, group_key(stream, name))
+        if record is None or record.value is None:
+            continue
+        try:
+            config = _decode(bucket, record.value, stream, name)
+        except BadRecord as exc:
+            out.append(ListedGroup(name, kind, None, str(exc)))
+            continue
+        out.append(ListedGroup(name, kind, StoredGroup(stream, name, config,
+                                                        record.revision)))
+    return out
 
 
 async def list_groups(js: JetStream, stream: str) -> list[tuple[str, str]]:
@@ -161,16 +232,54 @@ async def list_groups(js: JetStream, stream: str) -> list[tuple[str, str]]:
     return sorted(out)
 
 
-async def delete_group(js: JetStream, stream: str, group: str) -> None:
-    """Delete the record (members stop), then the work-queue stream or member consumers."""
-    stored = await get_group(js, stream, group)
+async def delete_group(js: JetStream, stream: str, group: str, force: bool = False) -> None:
+    """Delete the record (members stop), then the work-queue stream or member consumers.
+
+    A record that cannot be read is deleted only with ``force`` (BadRecord otherwise),
+    with what its bucket says the group has: the ``<stream>-<group>`` work queue sourcing
+    ``stream`` (elastic), or the group's member consumers (static).
+    """
+    try:
+        stored = await get_group(js, stream, group)
+    except BadRecord as exc:
+        if not force:
+            raise BadRecord(f"{exc}; 'cgroupd group delete --force' removes it") from exc
+        await _force_delete(js, stream, group)
+        return
     bucket = STATIC_BUCKET if stored.static else ELASTIC_BUCKET
     await js.delete_record(bucket, group_key(stream, group))
     if stored.static:
-        for info in static_group_consumers(group, await js.list_consumers(stream)):
-            await js.delete_consumer(stream, info["name"])
+        await _delete_static_consumers(js, stream, group)
     else:
         await js.delete_stream(work_queue_stream(stream, group))
+
+
+async def _delete_static_consumers(js: JetStream, stream: str, group: str) -> None:
+    for info in static_group_consumers(group, await js.list_consumers(stream)):
+        await js.delete_consumer(stream, info["name"])
+
+
+async def _force_delete(js: JetStream, stream: str, group: str) -> None:
+    """Delete unreadable records of ``stream``/``group`` and what they stand for."""
+    for bucket in (ELASTIC_BUCKET, STATIC_BUCKET):
+        try:
+            record = await js.get_record(bucket, group_key(stream, group))
+        except BucketNotFound:
+            continue
+        if record is None or record.value is None:
+            continue
+        await js.delete_record(bucket, group_key(stream, group))
+        if bucket == STATIC_BUCKET:
+            await _delete_static_consumers(js, stream, group)
+            continue
+        wq = work_queue_stream(stream, group)
+        info = await js.stream_info(wq)
+        sources = (info.config.sources or []) if info is not None else []
+        # Only this group's stream: a work queue sourcing the origin (or, after an
+        # interrupted replay, sourcing nothing).
+        if info is not None and is_work_queue(info) and all(s.name == stream
+                                                             for s in sources):
+            await js.delete_stream(wq)
 
 
 async def _update(js: JetStream, stream: str, group: str,

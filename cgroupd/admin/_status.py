@@ -11,6 +11,7 @@ from typing import Any
 from cgroupd.admin._groups import StoredGroup, get_group, static_group_consumers
 from cgroupd.config import group_key
 from cgroupd.consumerinfo import ConsumerInfo
+from cgroupd.errors import StreamNotFound
 from cgroupd.jetstream import JetStream
 from cgroupd.lag import read_lag
 from cgroupd.lease import Presence
@@ -104,10 +105,25 @@ def _view(info: dict[str, Any]) -> ConsumerView:
 async def group_consumers(js: JetStream, stream: str, group: str) -> list[ConsumerView]:
     """Every consumer on the group's stream that belongs to it, read as member instances."""
     stored = await get_group(js, stream, group)
-    infos = await js.list_consumers(stored.consume_stream)
+    try:
+        infos = await js.list_consumers(stored.consume_stream)
+    except StreamNotFound as exc:
+        raise _missing_stream(stored) from exc
     if stored.static:
         infos = static_group_consumers(group, infos)
     return sorted((_view(i) for i in infos), key=lambda v: v.name)
+
+
+def _missing_stream(stored: StoredGroup) -> StreamNotFound:
+    """The group's stream is gone: say which, and what a missing work queue means."""
+    if stored.static:
+        return StreamNotFound(f"stream {stored.stream!r} of static group "
+                              f"{stored.stream}/{stored.group} does not exist")
+    return StreamNotFound(
+        f"the work-queue stream {stored.consume_stream} of group {stored.stream}/"
+        f"{stored.group} does not exist (the server refused it when the group was "
+        "created, or it was deleted): its members have nothing to consume; delete the "
+        "group and create it again")
 
 
 async def partition_pending(js: JetStream, stream: str, group: str) -> dict[int, int]:

@@ -22,7 +22,7 @@ from cgroupd.cli import demo, groups, join, members, observe, replay
 from cgroupd.cli.context import Globals
 from cgroupd.cli.errors import CliError, UsageError
 from cgroupd.connect import DEFAULT_CONNECT_TIMEOUT, ConnectionOptions
-from cgroupd.errors import CgroupdError, ConfigError
+from cgroupd.errors import BadRecord, CgroupdError, ConfigError
 from cgroupd.exits import FAILURE, INTERRUPTED, PROG, USAGE, error_line
 from cgroupd.handlers import HandlerLoadError
 
@@ -53,7 +53,8 @@ def exit_code_for(exc: BaseException) -> int:
         return int(getattr(exc, "exit_code", USAGE))
     if _state["debug"]:
         traceback.print_exception(exc)
-    if isinstance(exc, (UsageError, ConfigError, HandlerLoadError)):
+    if isinstance(exc, (UsageError, ConfigError, HandlerLoadError)) and not isinstance(
+            exc, BadRecord):  # a stored record is not what the user typed
         _error_line(str(exc))
         return USAGE
     if isinstance(exc, (CliError, CgroupdError)):

@@ -39,7 +39,9 @@ def create(
         help="Number of partitions: the most members that can consume at once.")],
     filter_: Annotated[list[str] | None, typer.Option(
         "--filter", metavar="SUBJECT",
-        help="Subject filter to partition (repeatable). Elastic groups need one.")] = None,
+        help="Subject filter to partition (repeatable). Without one, an elastic group "
+             "partitions every subject of the stream, hashing the whole subject "
+             "(nats-server >= 2.12).")] = None,
     wildcards: Annotated[list[str] | None, typer.Option(
         "--wildcards", metavar="1,2",
         help="Which '*' of the preceding --filter form the key (default: whole "
@@ -68,8 +70,6 @@ def create(
         config = StaticGroupConfig(max_members=partitions, filters=tuple(filter_ or ()),
                                    members=tuple(members or ()))
     else:
-        if not pairs:
-            raise UsageError("an elastic group needs at least one --filter SUBJECT")
         with bad_arguments():
             filters = tuple(PartitioningFilter(f, parse_wildcards(w) if w else ())
                             for f, w in pairs)
@@ -95,13 +95,16 @@ def delete(
     stream: Stream,
     group: Group,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+    force: Annotated[bool, typer.Option(
+        "--force", "-f", help="Also delete a record that cannot be read (with the "
+                              "group's work-queue stream or member consumers).")] = False,
 ) -> None:
     """Delete a group: its members stop, its work-queue stream is removed."""
     check_names(stream=stream, group=group)
     if not yes and not typer.confirm(
             f"Delete consumer group {stream}/{group} and its buffered messages?"):
         raise CliError("not deleted")
-    run_admin(ctx, lambda js: admin.delete_group(js, stream, group))
+    run_admin(ctx, lambda js: admin.delete_group(js, stream, group, force=force))
     emit(ctx, {"stream": stream, "group": group, "deleted": True},
          f"deleted group {stream}/{group}")
 
@@ -113,22 +116,16 @@ def ls(ctx: typer.Context, stream: Stream) -> None:
     async def op(js: JetStream) -> list[dict[str, Any]]:
         if await js.stream_info(stream) is None:
             raise StreamNotFound(f"stream {stream!r} does not exist")
-        out = []
-        for name, _kind_name in await admin.list_groups(js, stream):
-            stored = await admin.get_group(js, stream, name)
-            out.append(views.group_data(stream, name, stored.config, stored.revision))
-        return out
+        return [views.listed_group_data(stream, listed)
+                for listed in await admin.list_group_records(js, stream)]
 
     groups = run_admin(ctx, op)
-
-    def human() -> str:
-        if not groups:
-            return f"no consumer groups on stream {stream}"
-        return views.table(["GROUP", "TYPE", "PARTITIONS", "MEMBERS"],
-                           [(g["group"], g["type"], g["partitions"],
-                             ", ".join(g["assignment"]) or "-") for g in groups])
-
-    emit(ctx, groups, human)
+    emit(ctx, groups, lambda: views.groups_text(stream, groups))
+    bad = [g["group"] for g in groups if g.get("error")]
+    if bad:  # listed all the same (exit 0): one bad record never hides the others
+        typer.echo(f"cgroupd: warning: {len(bad)} group record(s) of {stream} cannot be "
+                   f"read: {', '.join(bad)} ('cgroupd group delete --force' removes one)",
+                   err=True)
 
 
 def info(ctx: typer.Context, stream: Stream, group: Group) -> None:

@@ -13,6 +13,10 @@ from datetime import datetime
 
 from cgroupd.config import MAX_PARTITIONS, MemberMapping, name_problems
 
+#: Most partitions one ``mapping set`` may name: a mapping lists every partition in the
+#: record, so a typo like ``m1=0-2000000000`` would write gigabytes.
+MAX_MAPPED_PARTITIONS = 65_536
+
 _ORDINAL = re.compile(r"-(\d+)$")
 
 
@@ -72,6 +76,9 @@ def parse_partitions(text: str) -> tuple[int, ...]:
         if last >= MAX_PARTITIONS:
             raise ValueError(f"partition {last} is beyond the most a group may have "
                              f"({MAX_PARTITIONS})")
+        if len(out) + last - first + 1 > MAX_MAPPED_PARTITIONS:
+            raise ValueError(f"more than {MAX_MAPPED_PARTITIONS} partitions mapped: a "
+                             "mapping lists each one in the record")
         for p in range(first, last + 1):
             if p in seen:
                 raise ValueError(f"partition {p} is listed twice")

@@ -113,6 +113,6 @@ def resolve(origin: str, stored: StoredGroup | None, mode: Mode, member: str | N
     if mode is Mode.WORKQUEUE:
         return Layout(stored.consume_stream, origin, stored.group, mode, PREFIXED,
                       partitions, config.max_members,
-                      partitioning=config.partitioning_filters)
+                      partitioning=config.effective_filters)
     return Layout(origin, origin, stored.group, mode, HASHED, partitions,
-                  config.max_members, partitioning=config.partitioning_filters)
+                  config.max_members, partitioning=config.effective_filters)

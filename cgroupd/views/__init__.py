@@ -15,6 +15,8 @@ from cgroupd.views._groups import (
     group_data,
     group_kind,
     group_text,
+    groups_text,
+    listed_group_data,
     replay_text,
 )
 from cgroupd.views._status import members_data, members_text, status_data, status_text
@@ -29,6 +31,8 @@ __all__ = [
     "group_data",
     "group_kind",
     "group_text",
+    "groups_text",
+    "listed_group_data",
     "members_data",
     "members_text",
     "ranges",

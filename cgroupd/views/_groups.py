@@ -4,11 +4,22 @@ it."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cgroupd.config import ElasticGroupConfig, GroupConfig, StaticGroupConfig
-from cgroupd.partitions import assignment
+from cgroupd.partitions import assignment, assignment_ranges
 from cgroupd.views._text import ranges, table
+
+if TYPE_CHECKING:
+    from cgroupd.admin import ListedGroup
+
+
+#: Most partitions ``group_data`` lists one by one (``assignment``).
+LISTED_PARTITIONS = 65_536
+
+
+def _span_text(spans: tuple[tuple[int, int], ...]) -> str:
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans) or "-"
 
 
 def group_kind(config: GroupConfig) -> str:
@@ -25,11 +36,17 @@ def group_data(stream: str, group: str, config: GroupConfig,
         "partitions": config.max_members, "members": list(config.members),
         "mappings": [{"member": m.member, "partitions": list(m.partitions)}
                      for m in config.member_mappings],
-        "assignment": {m: list(ps) for m, ps in assignment(config).items()},
     }
+    spans = assignment_ranges(config)
+    # Every partition listed, up to LISTED_PARTITIONS (a reference group may have up to
+    # 2**31-1); "assignment_ranges" always, as inclusive [first, last] pairs.
+    if config.max_members <= LISTED_PARTITIONS:
+        data["assignment"] = {m: list(ps) for m, ps in assignment(config).items()}
+    data["assignment_ranges"] = {m: [list(r) for r in rs] for m, rs in spans.items()}
     if isinstance(config, ElasticGroupConfig):
         data["filters"] = [{"filter": pf.filter, "wildcards": list(pf.partitioning_wildcards)}
                            for pf in config.partitioning_filters]
+        data["whole_subject"] = config.whole_subject
         data["max_buffered_msgs"] = config.max_buffered_msgs
         data["max_buffered_bytes"] = config.max_buffered_bytes
         data["consume_stream"] = f"{stream}-{group}"
@@ -41,12 +58,32 @@ def group_data(stream: str, group: str, config: GroupConfig,
     return data
 
 
+def listed_group_data(stream: str, listed: ListedGroup) -> dict[str, Any]:
+    """One row of ``cgroupd group ls --json``: the group, or why its record is unreadable
+    (``error``; the other rows are still listed)."""
+    if listed.stored is None:
+        return {"stream": stream, "group": listed.group, "type": listed.kind,
+                "error": listed.error}
+    return group_data(stream, listed.group, listed.stored.config, listed.stored.revision)
+
+
+def groups_text(stream: str, groups: list[dict[str, Any]]) -> str:
+    """``cgroupd group ls``: one row per group; an unreadable one says so."""
+    if not groups:
+        return f"no consumer groups on stream {stream}"
+    return table(["GROUP", "TYPE", "PARTITIONS", "MEMBERS"],
+                 [(g["group"], g["type"], "?", f"UNREADABLE: {g['error']}") if g.get("error")
+                  else (g["group"], g["type"], g["partitions"],
+                        ", ".join(g["assignment_ranges"]) or "-") for g in groups])
+
+
 def assignment_text(config: GroupConfig) -> str:
     """Which member owns which partitions, as a table."""
-    owned = assignment(config)
+    owned = assignment_ranges(config)
     if not owned:
         return "no members: no partition is consumed"
-    return table(["MEMBER", "PARTITIONS"], [(m, ranges(ps)) for m, ps in sorted(owned.items())])
+    return table(["MEMBER", "PARTITIONS"],
+                 [(m, _span_text(spans)) for m, spans in sorted(owned.items())])
 
 
 def group_text(stream: str, group: str, config: GroupConfig,
@@ -56,7 +93,7 @@ def group_text(stream: str, group: str, config: GroupConfig,
         filters = ", ".join(
             pf.filter + (f" (wildcards {','.join(map(str, pf.partitioning_wildcards))})"
                          if pf.partitioning_wildcards else " (whole subject)")
-            for pf in config.partitioning_filters)
+            for pf in config.partitioning_filters) or "none: every subject, hashed whole"
         consume = f"{stream}-{group} (work queue)"
     else:
         filters = ", ".join(config.filters) or "-"

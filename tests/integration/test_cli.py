@@ -236,8 +236,9 @@ def test_usage_errors_exit_2_with_one_line(server: NatsServer) -> None:
     assert_one_line_error(cli(url, "member", "add", "USE", "g", "bad.member"), 2,
                           "member name 'bad.member' must not contain .")
     assert_one_line_error(cli(url, "status", "USE", "with space"), 2, "whitespace")
-    assert_one_line_error(cli(url, "group", "create", "USE", "h", "--partitions", "2"), 2,
-                          "needs at least one --filter")
+    assert_one_line_error(cli(url, "group", "create", "USE", "h", "--partitions", "2",
+                              "--static", "--filter", "use.*", "--wildcards", "1"), 2,
+                          "elastic groups only")
     assert_one_line_error(cli(url, "group", "create", "USE", "h", "--partitions", "2",
                               "--wildcards", "1", "--filter", "use.*"), 2, "must follow")
     assert_one_line_error(cli(url, "group", "create", "USE", "h", "--partitions", "2",

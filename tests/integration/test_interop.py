@@ -481,3 +481,101 @@ async def test_pinned_member_filters_are_the_references(peer: PeerProcess,
 
 async def _equal(get: Callable[[], Coroutine[Any, Any, Any]], want: Any) -> bool:
     return bool(await get() == want)
+
+
+# -- whole-subject groups (orbit.go >= 0.2.0: no partitioning filter) --------------------
+async def test_whole_subject_group_written_as_go_writes_it_is_consumed_by_both(
+        peer: PeerProcess, peer_python: str, jetstream: JetStream, nc: Client,
+        nats_server: NatsServer, tmp_path: Path) -> None:
+    """A whole-subject group exactly as orbit.go's ``cg elastic create ORDERS g 4``
+    without a filter leaves it (record ``{"max_members":4,"partitioning_filters":null}``,
+    a work queue sourcing ``>`` into ``{{Partition(4)}}.>``); cgroupd's CLI adds members
+    ``a`` and ``b`` (the record stays Go's, ``null`` included); ``a`` runs as ``cgroupd
+    join``, ``b`` as a natsio-pcgroups instance, side by side: every message processed
+    exactly once, in order per key, each in the partition the server hashed the whole
+    subject to and by its partition's owner."""
+    await orders_stream(jetstream)
+    await jetstream.bucket(ELASTIC_BUCKET, create_with=api.KeyValueConfig(
+        bucket=ELASTIC_BUCKET, history=1))
+    await jetstream.create_record(ELASTIC_BUCKET, group_key("ORDERS", "g"),
+                                  b'{"max_members":4,"partitioning_filters":null}')
+    await nc.jetstream().add_stream(api.StreamConfig(
+        name="ORDERS-g", retention=api.RetentionPolicy.WORK_QUEUE,
+        discard=api.DiscardPolicy.NEW, allow_direct=True,
+        sources=[api.StreamSource(name="ORDERS", subject_transforms=[
+            api.SubjectTransform(src=">", dest="{{Partition(4)}}.>")])]))
+    code, out = await cli(nats_server.url, "member", "add", "ORDERS", "g", "a", "b")
+    assert code == 0, out
+    record = await jetstream.get_record(ELASTIC_BUCKET, group_key("ORDERS", "g"))
+    assert record is not None and record.value == (
+        b'{"max_members":4,"partitioning_filters":null,"members":["a","b"]}')
+    seen = await peer.call("get", kind="elastic", stream="ORDERS", group="g")
+    assert seen["members"] == ["a", "b"] and not seen.get("partitioning_filters")
+
+    records = {m: tmp_path / f"{m}.jsonl" for m in ("a", "b")}
+    proc = JoinProcess(nats_server.url, tmp_path, "a", "--stream", "ORDERS", "--group", "g",
+                       "--member", "a", "--handler", HANDLER, record=records["a"],
+                       metrics=False)
+    member_b = await PeerProcess(peer_python, nats_server.url, tmp_path / "b.log").start()
+    try:
+        await member_b.call("consume", kind="elastic", stream="ORDERS", group="g",
+                            member="b", record=str(records["b"]), max_ack_pending=1)
+
+        def load() -> Record:
+            return Record.load(records.values())
+
+        sent = await publish(nc, 0, 400, keys=40)
+        await eventually(done(load, sent), 60, what="400 messages processed",
+                         diagnostics=proc.log_tail)
+        verdict = check(load(), sent)
+        verdict.assert_ok()
+        assert verdict.duplicates == 0
+        ends = load().ends()
+        assert len(ends) == 400
+        config = (await admin.get_group(jetstream, "ORDERS", "g")).config
+        assert isinstance(config, ElasticGroupConfig) and config.whole_subject
+        for e in ends:
+            assert e["partition"] == partition_of(f"orders.{e['subject']}",
+                                                  config.effective_filters, 4), e
+        by = {e["partition"]: e["instance"].split("-")[0] for e in ends}
+        assert by == {p: "cgroupd" if p in member_partitions(config, "a") else "peer"
+                      for p in range(4)}
+        counts = {who: sum(1 for e in ends if e["instance"].startswith(who))
+                  for who in ("cgroupd", "peer")}
+        assert counts["cgroupd"] > 0 and counts["peer"] > 0, counts
+    finally:
+        proc.close()
+        await member_b.close()
+
+
+async def test_whole_subject_group_created_by_the_peer_is_administered_by_cgroupd(
+        peer: PeerProcess, jetstream: JetStream, nats_server: NatsServer) -> None:
+    """natsio-pcgroups' create_elastic with no filter (its default -1 limits, written with
+    Python's ``", "`` separators): cgroupd lists it as a whole-subject group, adds a
+    member writing back every other byte as the peer wrote it, and the peer reads the
+    change; a whole-subject group cgroupd creates is read by the peer."""
+    await orders_stream(jetstream)
+    await peer.call("create_elastic", stream="ORDERS", group="p", max_members=3, filters=[])
+    before = await jetstream.get_record(ELASTIC_BUCKET, group_key("ORDERS", "p"))
+    assert before is not None and before.value is not None
+    code, out = await cli(nats_server.url, "--json", "group", "info", "ORDERS", "p")
+    assert code == 0, out
+    assert json.loads(out)["whole_subject"] is True
+    code, out = await cli(nats_server.url, "member", "add", "ORDERS", "p", "x")
+    assert code == 0, out
+    after = await jetstream.get_record(ELASTIC_BUCKET, group_key("ORDERS", "p"))
+    assert after is not None and after.value is not None
+    assert after.value == before.value[:-1] + b', "members": ["x"]}', (before, after)
+    seen = await peer.call("get", kind="elastic", stream="ORDERS", group="p")
+    assert seen["members"] == ["x"] and seen["max_buffered_msg"] == -1
+
+    code, out = await cli(nats_server.url, "group", "create", "ORDERS", "ours",
+                          "--partitions", "5", "--member", "y")
+    assert code == 0, out
+    ours = await peer.call("get", kind="elastic", stream="ORDERS", group="ours")
+    assert ours["max_members"] == 5 and ours["members"] == ["y"]
+    assert not ours.get("partitioning_filters")
+    info = await jetstream.stream_info("ORDERS-ours")
+    assert info is not None and info.config.sources
+    assert [(t.src, t.dest) for t in info.config.sources[0].subject_transforms or []] == [
+        (">", "{{Partition(5)}}.>")]
