@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 from typer.testing import CliRunner
 
-from cgroupd import events, views
+from cgroupd import events, replay, views
 from cgroupd.cli import app
 from cgroupd.cli.parsers import parse_duration, parse_time
 from cgroupd.replay import PartitionPlan, Plan, Target, _origin_seq
@@ -220,3 +220,20 @@ def test_discovery_answers_are_cleaned() -> None:
     odd = events.clean_info({**good, "pid": "x", "in_flight": -1, "state": 1, "host": None})
     assert odd is not None and (odd["pid"], odd["in_flight"], odd["state"], odd["host"]) == (
         None, None, None, None)
+
+
+def test_read_document_refuses_what_is_not_a_plan() -> None:
+    """Not JSON, another format, a group entry without positions: one clear message."""
+    with pytest.raises(ValueError, match="is not JSON"):
+        replay.read_document("{", "f")
+    with pytest.raises(ValueError, match="not a cgroupd replay plan"):
+        replay.read_document('{"format": "x"}', "f")
+    with pytest.raises(ValueError, match="group entry 0 is not valid"):
+        replay.read_document(json.dumps({"format": replay.EXPORT_FORMAT, "groups": [
+            {"stream": "S", "group": "g", "type": "elastic", "revision": 1,
+             "partitions": 2}]}), "f")
+    with pytest.raises(ValueError, match="listed twice"):
+        replay.read_document(json.dumps({"format": replay.EXPORT_FORMAT, "groups": [
+            {"stream": "S", "group": "g", "type": "elastic", "revision": 1,
+             "partitions": 2, "positions": [{"partition": 0, "sequence": 3},
+                                            {"partition": 0, "sequence": 4}]}]}), "f")
