@@ -94,6 +94,12 @@ class FakeNats:
             raise ConnectionError("not connected")
         self.published.append((subject, data, reply))
 
+    async def request(self, subject: str, data: bytes = b"", timeout: float = 1.0,
+                      headers: dict[str, str] | None = None) -> FakeMsg:
+        """Published; answered at once with an empty reply (an ack confirmed)."""
+        await self.publish(subject, data)
+        return FakeMsg(data=b"")
+
     def pulls(self) -> list[dict[str, Any]]:
         """Bodies of the pull requests sent so far."""
         return [json.loads(data) for subject, data, _ in self.published
