@@ -237,3 +237,26 @@ def test_read_document_refuses_what_is_not_a_plan() -> None:
             {"stream": "S", "group": "g", "type": "elastic", "revision": 1,
              "partitions": 2, "positions": [{"partition": 0, "sequence": 3},
                                             {"partition": 0, "sequence": 4}]}]}), "f")
+
+
+def test_replay_text_of_a_move() -> None:
+    """A per-partition move (not one replay point) says where each partition is and
+    resumes, what runs again and what is skipped; a clamped shift says so."""
+    plan = Plan("S", "g", False, Target(shift=-2), 3, ("m1",), [
+        PartitionPlan(0, "m1", 3, 2, 0, 1, current=9),
+        PartitionPlan(1, "m1", 12, 0, 0, 0, current=12)],
+        notes=["partition 0: only 1 of its messages are stored before it; from its first "
+               "one, 3"])
+    text = views.replay_text(plan.to_json())
+    assert text.startswith("DRY RUN: would move S/g (elastic) to a shift of -2 per partition")
+    lines = text.splitlines()
+    assert lines[2].split() == ["PARTITION", "MEMBER", "NOW", "AT", "FROM", "SEQ", "AGAIN",
+                                "SKIPPED", "WAITING", "(KEPT", "IN", "ORDER)"]
+    assert lines[3].split() == ["0", "m1", "9", "3", "2", "0", "1"]
+    assert "2 messages would be processed again" in text and "from its first one" in text
+    latest = Plan("S", "g", True, Target(latest=True), 41, ("m1",), [
+        PartitionPlan(0, "m1", 41, 0, 5, current=36)])
+    assert "would move S/g (static) to the latest (skipping what waits)" in \
+        views.replay_text(latest.to_json())
+    assert "0 messages would be processed again, 5 skipped" in views.replay_text(
+        latest.to_json())
