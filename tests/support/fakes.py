@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+import nats.errors
+
 from cgroupd.errors import ConsumerExists, ConsumerNotFound, WorkQueueOverlap
 from cgroupd.jetstream import Record
 from cgroupd.jsapi import ERR_CONSUMER_EXISTS, ERR_CONSUMER_NOT_FOUND, ERR_WQ_NOT_UNIQUE
@@ -96,7 +98,10 @@ class FakeNats:
 
     async def request(self, subject: str, data: bytes = b"", timeout: float = 1.0,
                       headers: dict[str, str] | None = None) -> FakeMsg:
-        """Published; answered at once with an empty reply (an ack confirmed)."""
+        """Published; answered at once with an empty reply (an ack confirmed). Not
+        connected: what nats-py raises then."""
+        if not self.is_connected:
+            raise nats.errors.ConnectionClosedError
         await self.publish(subject, data)
         return FakeMsg(data=b"")
 

@@ -225,7 +225,6 @@ async def test_sync_takeover_after_kill(sync: Timeline) -> None:
     await eventually(lambda: ("start", "b", 2) in sync.events, 10, what="b runs #2")
     assert sync.at("assigned", "b", (0, 1, 2, 3)) < sync.at("start", "b", 2)
     assert "revoked" not in sync.kinds("a")
-    sync.members.remove(a)  # dead: nothing to stop
 
 
 async def test_sync_consumer_deleted_under_a_live_instance_is_lost(sync: Timeline) -> None:
@@ -325,3 +324,28 @@ async def test_a_failing_hook_never_holds_a_hand_over(sync: Timeline, kind: str)
     assert took < 0.3 + 1.0
     assert a.listener.stats["revoked"] == 1
     assert a.listener.stats["revoked_failed" if kind == "raises" else "revoked_timed_out"] == 1
+
+
+async def test_a_hanging_hook_never_holds_a_pinned_hand_over(pinned: Timeline) -> None:
+    """Pinned mode: the holder's ``revoked`` hook hangs; after the listener timeout the
+    holder unpins anyway and the standby runs the next message."""
+    release = asyncio.Event()
+
+    async def hangs(partitions: tuple[int, ...]) -> None:
+        await release.wait()
+
+    settings = dataclasses.replace(PINNED, listener_timeout=0.3)
+    a = await pinned.start("a", settings=settings, on_partitions_revoked=hangs)
+    await eventually(lambda: pinned.server.state(WQ, "m1") is not None, 5,  # type: ignore[attr-defined]
+                     what="the member consumer")
+    pinned.server.offer(WQ, "m1", 1)  # type: ignore[attr-defined]
+    await eventually(lambda: ("ack", "a", 1) in pinned.events, 5, what="a acks #1")
+    await pinned.start("b", settings=PINNED)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await a.stop()
+    assert loop.time() - began < 0.3 + 1.5
+    pinned.server.offer(WQ, "m1", 1)  # type: ignore[attr-defined]
+    await eventually(lambda: ("start", "b", 2) in pinned.events, 10, what="b runs #2")
+    assert a.listener.stats["revoked_timed_out"] == 1
+    release.set()
