@@ -323,3 +323,54 @@ async def _until_ok(url: str, *args: str) -> Any:
         result = await cli(url, "--json", *args)
         return result if result.exit_code == 0 else None
     return await eventually(go, 20, 0.2, f"{' '.join(args)} to succeed")
+
+
+async def test_static_export_edit_and_from_file(fleet: Fleet, jetstream: JetStream) -> None:
+    """A static group's positions exported (``--to-current``), edited by hand and applied:
+    m1's partitions resume at sequence 9, m2's stay; exactly m1's messages from 9 on run
+    again. A file giving one member's partitions different sequences is refused (one
+    consumer, one position), and so is one whose group record changed since."""
+    await jetstream.add_stream(api.StreamConfig(
+        name="ORDERS", subjects=[f"{p}.orders.>" for p in range(4)], allow_direct=True))
+    await admin.create_static_group(jetstream, "ORDERS", "g", StaticGroupConfig(
+        max_members=4, members=("m1", "m2")))
+    for name in ("m1", "m2"):
+        await fleet.add(name, static=True)
+    for i in range(20):
+        await jetstream.js.publish(f"{i % 4}.orders.k{i % 8}", json.dumps({"n": i}).encode())
+    await eventually(lambda: set(range(20)) <= set(completions(fleet.record)), 30,
+                     what="20 processed")
+    await stop_all(fleet)
+    now = await settled_plan(jetstream, Target(current=True))
+    doc = json.loads(replay.export_document([now]))
+    assert [(e["partition"], e["member"]) for e in doc["groups"][0]["positions"]] == [
+        (0, "m1"), (1, "m1"), (2, "m2"), (3, "m2")]
+    for entry in doc["groups"][0]["positions"]:
+        if entry["member"] == "m1":
+            entry["sequence"] = 9
+    [edited] = replay.read_document(json.dumps(doc), "edited.json")
+    p = await replay.plan(jetstream, "ORDERS", "g", edited.target, expected=edited.expected)
+    assert p.blockers == [] and p.members == ("m1", "m2")
+    assert [(r.partition, r.from_sequence, r.reprocess) for r in p.partitions] == [
+        (0, 9, 3), (1, 9, 3), (2, r2 := p.partitions[2].current, 0), (3, r2, 0)]
+
+    split = json.loads(json.dumps(doc))
+    split["groups"][0]["positions"][0]["sequence"] = 5
+    [bad] = replay.read_document(json.dumps(split), "split.json")
+    refused = await replay.plan(jetstream, "ORDERS", "g", bad.target, expected=bad.expected)
+    assert any("share one consumer" in b for b in refused.blockers)
+
+    await replay.execute(jetstream, "ORDERS", "g", edited.target, expected=edited.expected)
+    started = time.time()
+    for name in ("m1", "m2"):
+        await fleet.add(name, static=True)
+    want = {8, 9, 12, 13, 16, 17}
+    await eventually(lambda: want <= set(completions(after(fleet.record, started))), 30,
+                     what="m1's messages from sequence 9 again")
+    await _static_idle(jetstream)
+    assert set(completions(after(fleet.record, started))) == want
+    await stop_all(fleet)
+    await admin.add_members(jetstream, "ORDERS", "g", ["m3"])
+    stale = await replay.plan(jetstream, "ORDERS", "g", edited.target,
+                              expected=edited.expected)
+    assert any("record changed since the plan was made" in b for b in stale.blockers)

@@ -61,12 +61,23 @@ def test_target_needs_exactly_one_point() -> None:
     (["--to-time", "noon"], "not a time"),
     (["--to-earliest", "--execute", "--dry-run"], "not both"),
     (["--to-sequence", "0"], "greater than or equal to 1"),
+    (["--shift-by", "-2", "--to-latest"], "exactly one of"),
+    (["--to-current", "--from-file", "/nonexistent/plan.json"], "cannot read"),
+    (["--to-latest", "--all-groups"], "give a GROUP or --all-groups"),
+    (["--to-latest", "--export", "/nonexistent/dir/plan.json"], "does not exist"),
 ])
 def test_replay_usage_errors(args: list[str], message: str) -> None:
     """Replay arguments are checked before connecting: exit 2 and one line."""
     result = runner.invoke(app, ["--server", "nats://127.0.0.1:1", "replay", "S", "g", *args])
     assert result.exit_code == 2, result.output
     assert message in result.stderr and "Traceback" not in result.output
+
+
+def test_replay_needs_a_group_or_all_groups() -> None:
+    """Without GROUP, --all-groups is required (exit 2, one line)."""
+    result = runner.invoke(app, ["--server", "nats://127.0.0.1:1", "replay", "S",
+                                 "--to-latest"])
+    assert result.exit_code == 2 and "give a GROUP or --all-groups" in result.stderr
 
 
 def test_event_lines() -> None:
