@@ -392,6 +392,26 @@ async def _index(js: JetStream, stored: StoredGroup, since: int
     return tuple(every), {p: tuple(s) for p, s in per.items()}
 
 
+async def _shift_index(js: JetStream, stored: StoredGroup, positions: Mapping[int, int],
+                       shift: int, first: int
+                       ) -> tuple[int, tuple[int, ...], dict[int, tuple[int, ...]]]:
+    """:func:`_index` from far enough back for ``shift``: forward, from the earliest
+    position; back, from a window before it that grows (x4) until every partition has
+    ``-shift`` of its messages before its position, or the window reaches the stream's
+    first message (so a large stream is not read whole for a small shift)."""
+    lo = max(first, min(positions.values(), default=first))
+    if shift >= 0:
+        return (lo, *await _index(js, stored, lo))
+    window = max(1024, -4 * shift * max(1, len(positions)))
+    while True:
+        since = max(first, lo - window)
+        every, per = await _index(js, stored, since)
+        if since == first or all(bisect_left(per[p], at) >= -shift
+                                 for p, at in positions.items()):
+            return since, every, per
+        window *= 4
+
+
 def _shifted(seqs: Sequence[int], position: int, shift: int, end: int, p: int,
              notes: list[str]) -> int:
     """``position`` moved by ``shift`` of partition ``p``'s own messages ``seqs``,
@@ -464,7 +484,8 @@ async def _plan_static(js: JetStream, stored: StoredGroup, target: Target,
             positions[member] = (False, first)
     per: dict[int, tuple[int, ...]] = {}
     if target.shift is not None:
-        _, per = await _index(js, stored, first)
+        at = {p: positions[m][1] for m in names for p in owned[m]}
+        _, _, per = await _shift_index(js, stored, at, target.shift, first)
     moves: dict[str, tuple[bool, int, int]] = {}
     for member in names:
         exists, now = positions[member]
@@ -595,7 +616,7 @@ async def _plan_elastic(js: JetStream, stored: StoredGroup, target: Target,
         notes.append(f"no message of {stored.stream} at or after {target.describe()}: "
                      "nothing to replay")
     targets: dict[int, int] = {}
-    since = first if target.shift is not None else min([end, *current.values()])
+    since = min([end, *current.values()])
     every: tuple[int, ...] = ()
     per: dict[int, tuple[int, ...]] = {p: () for p in range(n)}
     for p in range(n):
@@ -607,7 +628,9 @@ async def _plan_elastic(js: JetStream, stored: StoredGroup, target: Target,
             targets[p] = current[p]
         elif target.positions is not None:
             targets[p] = _clamped(target, p, current[p], first, end, notes)
-    if target.shift is not None or any(targets[p] != current[p] for p in targets):
+    if target.shift is not None:
+        since, every, per = await _shift_index(js, stored, current, target.shift, first)
+    elif any(targets[p] != current[p] for p in targets):
         since = min([since, *targets.values()])
         every, per = await _index(js, stored, since)
     if target.shift is not None:
