@@ -49,7 +49,7 @@ from cgroupd.errors import (
     GroupNotFound,
     StartupError,
 )
-from cgroupd.handlers import HandlerOptions, Publish, build_handler
+from cgroupd.handlers import HandlerOptions, Publish, build_handler, listener_hooks
 from cgroupd.jetstream import JetStream
 from cgroupd.joinoptions import JoinOptions as JoinOptions
 from cgroupd.joinoptions import drain_problems as drain_problems
@@ -174,11 +174,14 @@ class Daemon:
                                          "member": o.member})
         ops = self.operations = Operations(o, self.metrics, self._log,
                                            events.Publisher(self.nc, o.stream, o.group))
+        context = {"stream": o.stream, "group": o.group, "member": o.member}
+        hooks = listener_hooks(self.handler_options, self._session, context)
         member = self.member = ops.member = Member(
             js, o.stream, o.group, o.member, handler.handle, self.settings, static=static,
             instance_id=o.instance_id, on_active=ops.on_active,
             on_standby=ops.on_standby, on_rebalance=ops.on_rebalance,
-            on_handover=ops.on_handover)
+            on_handover=ops.on_handover, **hooks)
+        context["instance"] = member.instance_id
         structlog.contextvars.bind_contextvars(instance=member.instance_id)
         self._info_sub = await js.answer(events.info_subject(o.stream, o.group),
                                          ops.instance_info)

@@ -67,6 +67,10 @@ class WebhookOptions:
     timeout: float = DEFAULT_WEBHOOK_TIMEOUT
     #: Statuses that term the message instead of retrying it.
     non_retryable: frozenset[int] = DEFAULT_NON_RETRYABLE
+    #: Also POST partition listener events (``Cgroupd-Event`` header, JSON body; see
+    #: :class:`WebhookEvents`). Off by default: a webhook that does not expect them would
+    #: take them for messages.
+    events: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "non_retryable", frozenset(self.non_retryable))
@@ -274,6 +278,90 @@ class WebhookHandler:
         if status in self.options.non_retryable:
             raise NonRetryable(detail)
         raise WebhookFailed(detail)
+
+
+# -- partition listener hooks ----------------------------------------------------------
+#: The names a handler module defines to hear of its instance's partitions (see
+#: :mod:`cgroupd.runtime.listener`): called with a tuple of partition numbers.
+LISTENER_HOOKS = ("on_partitions_assigned", "on_partitions_revoked", "on_partitions_lost")
+#: ``Cgroupd-Event`` values of the webhook's listener events, by hook.
+WEBHOOK_EVENTS = {"on_partitions_assigned": "partitions-assigned",
+                  "on_partitions_revoked": "partitions-revoked",
+                  "on_partitions_lost": "partitions-lost"}
+
+
+def module_hooks(reference: str) -> dict[str, Callable[..., Any]]:
+    """The listener hooks defined by the module of the handler ``reference``
+    (``pkg.module:function``): module-level ``on_partitions_assigned`` /
+    ``_revoked`` / ``_lost``, sync or async. One that is not callable is refused."""
+    module_name = reference.partition(":")[0]
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise HandlerLoadError(f"handler module {module_name!r} failed to import: "
+                               f"{type(exc).__name__}: {exc}") from exc
+    hooks: dict[str, Callable[..., Any]] = {}
+    for name in LISTENER_HOOKS:
+        hook = getattr(module, name, None)
+        if hook is None:
+            continue
+        if not callable(hook):
+            raise HandlerLoadError(f"{module_name}.{name} is not callable (a partition "
+                                   "listener hook takes a tuple of partitions)")
+        hooks[name] = hook
+    return hooks
+
+
+class WebhookEvents:
+    """Partition listener events POSTed to the webhook: header ``Cgroupd-Event``
+    (``partitions-assigned``, ``partitions-revoked``, ``partitions-lost``), a JSON body
+    ``{"event", "stream", "group", "member", "instance", "partitions"}``. A 2xx answer
+    returns; anything else raises, which the runtime logs and counts (never retried)."""
+
+    def __init__(self, options: WebhookOptions, session: aiohttp.ClientSession,
+                 context: Mapping[str, str]) -> None:
+        self.options = options
+        self.session = session
+        #: stream, group, member and (once known) instance: read at each event.
+        self.context = context
+
+    def hooks(self) -> dict[str, Callable[[tuple[int, ...]], Awaitable[None]]]:
+        def hook(event: str) -> Callable[[tuple[int, ...]], Awaitable[None]]:
+            async def post(partitions: tuple[int, ...]) -> None:
+                await self.post(event, partitions)
+            return post
+        return {name: hook(event) for name, event in WEBHOOK_EVENTS.items()}
+
+    async def post(self, event: str, partitions: tuple[int, ...]) -> None:
+        import aiohttp
+
+        body = {"event": event, **{k: self.context.get(k) for k in
+                                   ("stream", "group", "member", "instance")},
+                "partitions": list(partitions)}
+        url = self.options.url
+        try:
+            async with self.session.post(
+                    url, json=body, allow_redirects=False,
+                    headers={"Cgroupd-Event": event},
+                    timeout=aiohttp.ClientTimeout(total=self.options.timeout)) as resp:
+                status = resp.status
+        except TimeoutError as exc:
+            raise WebhookFailed(f"webhook {url} timed out on {event}") from exc
+        except aiohttp.ClientError as exc:
+            raise WebhookFailed(f"webhook {url} failed on {event}: {exc}") from exc
+        if not 200 <= status < 300:
+            raise WebhookFailed(f"webhook {url} answered {status} to {event}")
+
+
+def listener_hooks(options: HandlerOptions, session: aiohttp.ClientSession | None,
+                   context: Mapping[str, str]) -> dict[str, Callable[..., Any]]:
+    """The ``Member`` keyword arguments for the daemon's partition listener: the handler
+    module's hooks, or the webhook's events when asked for (``--webhook-events``)."""
+    if options.webhook is not None:
+        if not options.webhook.events or session is None:
+            return {}
+        return dict(WebhookEvents(options.webhook, session, context).hooks())
+    return module_hooks(options.reference) if options.reference else {}
 
 
 # -- dead letters and measurement ------------------------------------------------------

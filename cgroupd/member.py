@@ -197,9 +197,14 @@ class Member(ConfigWatch, SyncElection, PinnedElection, Rebalance, PinnedRebalan
         self.partitions = gen.partitions
         self._transition(MemberState.ACTIVE, partitions=list(gen.partitions))
         self._log.info("became active", partitions=list(gen.partitions))
+        await self._assigned(gen, gen.partitions)
         if self.on_active is not None:
             await self._callback(self.on_active, gen.partitions)
         if self.settings.exclusivity is Exclusivity.SYNC:
+            # Paused since the generation began (pinned mode: until the takeover).
+            assert gen.dispatcher is not None
+            if not gen.ended.done():
+                gen.dispatcher.resume()
             for work in (self._rebalance_loop, self._verify_loop):
                 self._spawn(gen, work(gen), work.__name__)
         else:

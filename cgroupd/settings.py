@@ -119,6 +119,11 @@ class MemberSettings:
     incremental_rebalance: bool = True
     #: Pinned mode: the server unpins an instance that did not pull for this long.
     pinned_ttl: float = 2.0
+    #: The longest a partition listener hook (``on_partitions_assigned`` / ``_revoked`` /
+    #: ``_lost``) is waited for; one still running then is logged, counted and left
+    #: behind, so a hanging hook delays a hand-over by at most this (see
+    #: :mod:`cgroupd.runtime.listener`).
+    listener_timeout: float = 5.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -140,7 +145,7 @@ class MemberSettings:
         # nanosecond conversions and sleeps at run time: refuse them here.
         for name in ("ack_wait", "retry_interval", "inactive_threshold", "pull_expires",
                      "heartbeat", "pinned_ttl", "lease", "presence_interval",
-                     "presence_answer_every"):
+                     "presence_answer_every", "listener_timeout"):
             value = getattr(self, name)
             if not math.isfinite(value) or value <= 0:
                 problems.append(f"{name} must be positive and finite (seconds), not {value}")

@@ -234,12 +234,15 @@ async def scan_subjects(nc: Client, stream: str, filters: list[str], start_seq: 
                         break  # no more now, or the batch is done
                     raise ApiError(int(status.code), 0, f"scanning {stream}: "
                                    f"{status.code} {status.description}")
+                # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>, or
+                # with <domain>.<account hash> after ACK (and a token at the end).
                 tokens = (msg.reply or "").split(".")
                 if len(tokens) < 9:
                     continue
+                at = 2 if len(tokens) == 9 else 4
                 received += 1
-                yield int(tokens[-5]), msg.subject
-                if int(tokens[-1]) == 0:
+                yield int(tokens[at + 3]), msg.subject
+                if int(tokens[at + 6]) == 0:
                     return
                 if received >= batch:
                     break

@@ -112,6 +112,10 @@ def join(
     webhook_timeout: Annotated[float, typer.Option(
         "--webhook-timeout", envvar="CGROUPD_WEBHOOK_TIMEOUT", metavar="SEC",
         help="Bound on one webhook request.")] = DEFAULT_WEBHOOK_TIMEOUT,
+    webhook_events: Annotated[bool, typer.Option(
+        "--webhook-events", envvar="CGROUPD_WEBHOOK_EVENTS",
+        help="Also POST partition listener events to the webhook (header Cgroupd-Event: "
+             "partitions-assigned|revoked|lost, a JSON body).")] = False,
     ordering: Annotated[OrderingName | None, _setting(
         "--ordering", "CGROUPD_ORDERING", "partition: in order per partition, partitions "
         "concurrently; key: in order per key, keys concurrently; stream: the whole member "
@@ -180,6 +184,9 @@ def join(
     assert stream is not None and group is not None
     if handler is not None and webhook is not None:
         raise UsageError("give one of --handler or --webhook, not both")
+    if webhook_events and webhook is None:
+        raise UsageError("--webhook-events needs --webhook (a --handler module defines "
+                         "on_partitions_assigned/_revoked/_lost instead)")
     if hostname_members is not None:
         if member is not None:
             raise UsageError("give --member or --member-from-hostname, not both")
@@ -203,7 +210,8 @@ def join(
         dead_letter = DeadLetterOptions(max_deliver, dead_letter_subject)
         hook = None
         if webhook is not None:
-            hook = WebhookOptions(webhook, webhook_timeout, parse_statuses(non_retryable))
+            hook = WebhookOptions(webhook, webhook_timeout, parse_statuses(non_retryable),
+                                  events=webhook_events)
     function = None
     if handler is not None:
         # Like other app servers, find handler modules relative to where we run.

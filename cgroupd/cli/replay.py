@@ -1,24 +1,29 @@
-"""``cgroupd replay``: process messages again from a point (Kafka's reset offsets)."""
+"""``cgroupd replay``: move where a group's partitions resume (Kafka's reset offsets)."""
 
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
 from cgroupd import replay, views
 from cgroupd.cli.context import check_names, emit, run_admin
-from cgroupd.cli.errors import UsageError
-from cgroupd.cli.options import Group, Stream
+from cgroupd.cli.errors import CliError, UsageError
+from cgroupd.cli.options import Stream
 from cgroupd.cli.parsers import parse_duration, parse_time
 from cgroupd.jetstream import JetStream
+
+TARGETS = ("--to-earliest, --to-sequence, --to-time, --by-duration, --to-latest, "
+           "--to-current, --shift-by or --from-file")
 
 
 def replay_(
     ctx: typer.Context,
     stream: Stream,
-    group: Group,
+    group: Annotated[str | None, typer.Argument(
+        metavar="[GROUP]", help="Group name (leave out with --all-groups).")] = None,
     to_earliest: Annotated[bool, typer.Option(
         "--to-earliest", help="From the oldest message still stored.")] = False,
     to_sequence: Annotated[int | None, typer.Option(
@@ -31,6 +36,25 @@ def replay_(
     by_duration: Annotated[str | None, typer.Option(
         "--by-duration", metavar="DURATION",
         help="From this long ago: 90s, 1h30m, 2d or PT1H30M.")] = None,
+    to_latest: Annotated[bool, typer.Option(
+        "--to-latest", help="To the end: skip every message that waits now.")] = False,
+    to_current: Annotated[bool, typer.Option(
+        "--to-current", help="Where each partition is now (changes nothing; with "
+                             "--export, saves the positions).")] = False,
+    shift_by: Annotated[int | None, typer.Option(
+        "--shift-by", metavar="N",
+        help="Move each partition by N of its own messages (negative: back, to process "
+             "them again); clamped at the stream's first message and at the end.")] = None,
+    from_file: Annotated[Path | None, typer.Option(
+        "--from-file", metavar="FILE", dir_okay=False,
+        help="The positions in a plan written by --export; refused if the group or its "
+             "stream changed since.")] = None,
+    all_groups: Annotated[bool, typer.Option(
+        "--all-groups", help="Every group of the stream (all of them, or none).")] = False,
+    export: Annotated[Path | None, typer.Option(
+        "--export", metavar="FILE", dir_okay=False,
+        help="Write the plan (where each partition resumes) to FILE as JSON, for review "
+             "and --from-file.")] = None,
     members: Annotated[list[str] | None, typer.Option(
         "--member", metavar="M", help="Static groups: only this member (repeatable).")] = None,
     execute: Annotated[bool, typer.Option(
@@ -38,29 +62,77 @@ def replay_(
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Only show the plan (the default).")] = False,
 ) -> None:
-    """Process messages again from a point ("reset offsets"): a static group's member
-    consumers move there, an elastic group's work-queue stream is sourced again from
-    there. Shows per partition what would be processed again; changes nothing without
-    --execute, and refuses while the group's instances run."""
-    check_names(stream=stream, group=group, member=members or [])
+    """Move where a group's partitions resume ("reset offsets"): a static group's member
+    consumers move there, an elastic group's work-queue stream is sourced again. Shows per
+    partition where it is, where it resumes and what is processed again or skipped;
+    changes nothing without --execute, and refuses while the group's instances run.
+    Exact meaning of each option, next to Kafka's: docs/replay.md."""
+    check_names(stream=stream, group=[group] if group else [], member=members or [])
     if execute and dry_run:
         raise UsageError("give --execute or --dry-run, not both")
+    if all_groups == (group is not None):
+        raise UsageError("give a GROUP or --all-groups (not both)")
+    if all_groups and members:
+        raise UsageError("--member names members of one group; leave it out with "
+                         "--all-groups")
+    if export is not None and not export.parent.is_dir():
+        raise UsageError(f"--export: directory {export.parent} does not exist")
+    imported = _read_file(from_file, stream, group) if from_file is not None else None
     try:
         when = (parse_time(to_time) if to_time is not None else
                 time.time() - parse_duration(by_duration) if by_duration is not None
                 else None)
-        target = replay.Target(earliest=to_earliest, sequence=to_sequence, time=when)
+        given = sum([to_earliest, to_sequence is not None, when is not None, to_latest,
+                     to_current, shift_by is not None, imported is not None])
+        if given != 1:
+            raise ValueError("exactly one")
+        target = (replay.Target(current=True) if imported is not None else
+                  replay.Target(earliest=to_earliest, sequence=to_sequence, time=when,
+                                latest=to_latest, current=to_current, shift=shift_by))
     except ValueError as exc:
-        raise UsageError(
-            str(exc) if "exactly one" not in str(exc) else
-            "give exactly one of --to-earliest, --to-sequence, --to-time or --by-duration"
-        ) from exc
+        raise UsageError(str(exc) if "exactly one" not in str(exc) else
+                         f"give exactly one of {TARGETS}") from exc
 
-    async def op(js: JetStream) -> replay.Plan:
+    async def op(js: JetStream) -> list[replay.Plan]:
+        if imported is not None:
+            plans = [await replay.plan(js, stream, i.group, i.target, members or None,
+                                       i.expected) for i in imported]
+        elif all_groups:
+            plans = await replay.plan_all(js, stream, target)
+        else:
+            assert group is not None
+            plans = [await replay.plan(js, stream, group, target, members or None)]
         if execute:
-            return await replay.execute(js, stream, group, target, members or None)
-        return await replay.plan(js, stream, group, target, members or None)
+            return await replay.execute_all(js, plans)
+        return plans
 
     done = run_admin(ctx, op)
-    data = done.to_json()
-    emit(ctx, data, lambda: views.replay_text(data))
+    if export is not None:
+        try:
+            export.write_text(replay.export_document(done))
+        except OSError as exc:
+            raise CliError(f"--export: cannot write {export}: {exc.strerror}") from exc
+    if len(done) == 1 and not all_groups:
+        data: Any = done[0].to_json()
+        emit(ctx, data, lambda: views.replay_text(data))
+        return
+    rendered = [p.to_json() for p in done]
+    emit(ctx, {"stream": stream, "plans": rendered},
+         lambda: "\n\n".join(views.replay_text(p) for p in rendered))
+
+
+def _read_file(path: Path, stream: str, group: str | None) -> list[replay.Imported]:
+    """The entries of an exported plan for ``stream`` (and ``group``, when given)."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise UsageError(f"--from-file: cannot read {path}: {exc.strerror}") from exc
+    try:
+        entries = replay.read_document(text, str(path))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    picked = [e for e in entries if e.stream == stream and group in (None, e.group)]
+    if not picked:
+        raise UsageError(f"{path} has no plan for {stream}/{group or '*'} (it has "
+                         f"{', '.join(sorted({f'{e.stream}/{e.group}' for e in entries}))})")
+    return picked

@@ -11,4 +11,5 @@
     rebalance_pinned incremental rebalance on the shared member consumer (pinned)
     selfcheck        self-check, lease and fencing before each handler start
     release          stepping down and giving up consumers or the pin
+    listener         Kafka's rebalance listener: partitions assigned, revoked, lost
 """

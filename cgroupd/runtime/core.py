@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from cgroupd import jsapi, logs
@@ -43,6 +43,7 @@ from cgroupd.naming import (
 from cgroupd.partitions import key_function
 from cgroupd.pull import PullEnd, Puller, PullOptions
 from cgroupd.runtime.generation import Generation
+from cgroupd.runtime.listener import ASSIGNED, LOST, REVOKED, PartitionListener, PartitionsCallback
 from cgroupd.runtime.pinned_acks import PinnedAcks
 from cgroupd.runtime.state import (
     ALLOWED,
@@ -78,6 +79,9 @@ class MemberCore:
         on_standby: StandbyCallback | None = None,
         on_rebalance: RebalanceCallback | None = None,
         on_handover: StandbyCallback | None = None,
+        on_partitions_assigned: PartitionsCallback | None = None,
+        on_partitions_revoked: PartitionsCallback | None = None,
+        on_partitions_lost: PartitionsCallback | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -99,6 +103,9 @@ class MemberCore:
         #: successor: what it says then reaches the server before any successor can act.
         #: Must return quickly (in pinned mode the unpin waits for it).
         self.on_handover = on_handover
+        #: Kafka's rebalance listener: see :mod:`cgroupd.runtime.listener`.
+        self.listener = PartitionListener(on_partitions_assigned, on_partitions_revoked,
+                                          on_partitions_lost, self.settings.listener_timeout)
         self._sleep = sleep
         self._clock = clock
         self.state = MemberState.JOINING
@@ -205,6 +212,9 @@ class MemberCore:
             on_settled=lambda: self._refill(gen), log=self._log, stats=self.stats,
             hand_back_on_close=pinned, completed=self._completed)
         gen.dispatcher.accept = set(partitions)
+        # Opened once the listener heard of the partitions (Member._run_active; pinned
+        # mode: the takeover): nothing starts before on_partitions_assigned returned.
+        gen.dispatcher.pause()
         if pinned and self.static:
             gen.dispatcher.ack_not_owned = True
             gen.dispatcher.skip = lambda m: gen.skip.covers(m.partition, m.stream_sequence)
@@ -283,6 +293,21 @@ class MemberCore:
                 gen.end(StepDown.ERROR, f"{name} failed: {t.exception()!r}")
 
         task.add_done_callback(done)
+
+    async def _assigned(self, gen: Generation, partitions: Iterable[int]) -> None:
+        """The listener hears that ``partitions`` are ours, before their first message."""
+        new = set(partitions) - gen.announced
+        gen.announced |= new
+        await self.listener.call(ASSIGNED, new, self._log)
+
+    async def _gone(self, gen: Generation, partitions: Iterable[int], lost: bool = False
+                    ) -> None:
+        """The listener hears that ``partitions`` (of those it was told are ours) go:
+        revoked (after their last message settled, before anyone else can get them), or
+        lost (no clean hand-over)."""
+        gone = set(partitions) & gen.announced
+        gen.announced -= gone
+        await self.listener.call(LOST if lost else REVOKED, gone, self._log)
 
     async def _callback(self, cb: Callable[..., Awaitable[None] | None], arg: Any) -> None:
         try:

@@ -57,6 +57,10 @@ class Generation:
     claimed_at: float = 0.0
     verifying: asyncio.Future[bool | None] | None = None
 
+    #: The partitions the listener was told are ours (on_partitions_assigned) and not yet
+    #: that they went: what a step-down revokes (or loses).
+    announced: set[int] = field(default_factory=set)
+
     ended: asyncio.Future[tuple[StepDown, str]] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
     #: The reason reported for the end, when it differs from the first one given

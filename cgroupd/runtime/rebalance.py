@@ -199,6 +199,7 @@ class Rebalance(MemberCore):
             if not await self._acks_confirmed(gen):
                 return False
             gen.dispatcher.accept = set(kept)
+            await self._gone(gen, lost)  # settled, confirmed; still claimed by us
             await self._update_filters(self.sync_consumer, sync_filters(kept))
             gen.partitions = kept
             self._move_steps["released"] = self._clock()
@@ -224,6 +225,7 @@ class Rebalance(MemberCore):
                 if self._clock() > deadline:
                     return False
                 await self._sleep(0.05)
+            await self._assigned(gen, gained)  # before their consumer delivers any
             if not gen.data:
                 await self._claim_data_consumer(gen, target)
             elif not await self._replace_data_consumer(gen, target):
@@ -302,6 +304,7 @@ class Rebalance(MemberCore):
                 return False
             dispatcher.accept = set()
             self._move_steps["deleted"] = self._clock()
+            await self._gone(gen, gen.partitions)  # settled, confirmed; still claimed
             await self._update_filters(self.sync_consumer, [idle_filter(self.member)])
             gen.partitions = ()
             self._move_steps["released"] = self._clock()

@@ -112,6 +112,7 @@ class PinnedRebalance(MemberCore):
                 released[str(p)] = max(done, int(released.get(str(p), 0)))
             meta[RELEASED_KEY] = json.dumps(released, separators=(",", ":"), sort_keys=True)
         gen.dispatcher.accept = set(kept)
+        await self._gone(gen, lost)  # settled, confirmed; still held by our filters
         await self._update_config(self.sync_consumer, self._member_filters(kept, claiming),
                                   meta)
         return True
@@ -121,6 +122,7 @@ class PinnedRebalance(MemberCore):
         starts = await self._claim_partitions(gen, kept, gained)
         if starts is None:
             return False
+        await self._assigned(gen, gained)  # the reset below makes them deliver
         return await self._quiet_reset(gen, kept, starts)
 
     async def _quiet_reset(self, gen: Generation, kept: set[int],

@@ -16,6 +16,11 @@ from cgroupd.runtime.state import StepDown
 from cgroupd.settings import PRIORITY_GROUP, Exclusivity
 from cgroupd.tasks import cancel_and_wait
 
+#: Step-downs without a clean hand-over: the listener hears ``on_partitions_lost``.
+#: (Our consumer or pin was taken or deleted, our lease lapsed, the group went, a bug.)
+LOST = frozenset({StepDown.SYNC_LOST, StepDown.DATA_LOST, StepDown.PIN_LOST,
+                  StepDown.STALLED, StepDown.GROUP_DELETED, StepDown.ERROR})
+
 
 class Release(MemberCore):
     """One job of :class:`cgroupd.member.Member` (see the module docstring)."""
@@ -128,6 +133,9 @@ class Release(MemberCore):
                 await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
 
     async def _hand_over(self, gen: Generation) -> None:
+        """Nothing more starts and our settlements are confirmed; our consumers (or the
+        pin) are still ours: the listener hears its partitions go, then on_handover."""
+        await self._gone(gen, gen.announced, lost=gen.reason() in LOST)
         if self.on_handover is not None:
             await self._callback(self.on_handover, gen.reason().value)
 

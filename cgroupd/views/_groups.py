@@ -122,16 +122,26 @@ def group_text(stream: str, group: str, config: GroupConfig,
 def replay_text(plan: dict[str, Any]) -> str:
     """A replay plan (dry run) or its result, one row per partition."""
     executed = plan["executed"]
-    head = (f"{'replayed' if executed else 'DRY RUN: would replay'} {plan['stream']}/"
-            f"{plan['group']} ({plan['type']}) from {plan['target']}"
-            + (f" (sequence {plan['sequence']})" if plan["sequence"] is not None else ""))
+    target = plan["target"]
+    point = not target.startswith(("the latest", "the current", "a shift", "the positions"))
+    if point:
+        head = (f"{'replayed' if executed else 'DRY RUN: would replay'} {plan['stream']}/"
+                f"{plan['group']} ({plan['type']}) from {target}"
+                + (f" (sequence {plan['sequence']})" if plan["sequence"] is not None else ""))
+    else:
+        head = (f"{'moved' if executed else 'DRY RUN: would move'} {plan['stream']}/"
+                f"{plan['group']} ({plan['type']}) to {target}")
     elastic = plan["type"] == "elastic"
-    headers = ["PARTITION", "MEMBER", "FROM SEQ", "AGAIN",
-               "WAITING (KEPT IN ORDER)" if elastic else "SKIPPED"]
+
+    def seq(value: Any) -> str:
+        return "-" if value is None else str(value)
+
+    headers = ["PARTITION", "MEMBER", "NOW AT", "FROM SEQ", "AGAIN", "SKIPPED"]
+    headers += ["WAITING (KEPT IN ORDER)"] if elastic else []
     rows = table(headers, [
-        (p["partition"], p["member"] or "-",
-         p["from_sequence"] if p["from_sequence"] is not None else "-", p["reprocess"],
-         p["dropped_pending"] if elastic else p["skip"]) for p in plan["partitions"]])
+        (p["partition"], p["member"] or "-", seq(p.get("current")), seq(p["from_sequence"]),
+         p["reprocess"], p["skip"], *([p["dropped_pending"]] if elastic else []))
+        for p in plan["partitions"]])
     total = sum(p["reprocess"] for p in plan["partitions"])
     skipped = sum(p["skip"] for p in plan["partitions"])
     verb = "are" if executed else "would be"

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+import nats.errors
+
 from cgroupd.errors import ConsumerExists, ConsumerNotFound, WorkQueueOverlap
 from cgroupd.jetstream import Record
 from cgroupd.jsapi import ERR_CONSUMER_EXISTS, ERR_CONSUMER_NOT_FOUND, ERR_WQ_NOT_UNIQUE
@@ -93,6 +95,15 @@ class FakeNats:
         if not self.is_connected:
             raise ConnectionError("not connected")
         self.published.append((subject, data, reply))
+
+    async def request(self, subject: str, data: bytes = b"", timeout: float = 1.0,
+                      headers: dict[str, str] | None = None) -> FakeMsg:
+        """Published; answered at once with an empty reply (an ack confirmed). Not
+        connected: what nats-py raises then."""
+        if not self.is_connected:
+            raise nats.errors.ConnectionClosedError
+        await self.publish(subject, data)
+        return FakeMsg(data=b"")
 
     def pulls(self) -> list[dict[str, Any]]:
         """Bodies of the pull requests sent so far."""

@@ -111,3 +111,11 @@ def test_member_from_hostname_option(monkeypatch: pytest.MonkeyPatch) -> None:
     # Ordinal 4 of 3 members is m1: shown here through the name check of the prefix.
     assert_one_line_error(cli(None, *join, "--member-from-hostname", "3",
                               "--member-prefix", "a."), 2, "member name 'a.1'")
+
+
+def test_webhook_events_needs_a_webhook() -> None:
+    """--webhook-events without --webhook is a usage error naming the handler module's
+    hooks instead."""
+    join = ["join", "--stream", "S", "--group", "g", "--member", "m1", "--handler",
+            "tests.support.handlers.listener_handler:handle", "--webhook-events"]
+    assert_one_line_error(cli(None, *join), 2, "--webhook-events needs --webhook")

@@ -537,3 +537,55 @@ def test_tls_options_build_an_ssl_context(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot load TLS files"):
         connect_kwargs(ConnectionOptions(tls_ca=bad))
 
+
+
+def test_a_handler_modules_listener_hooks() -> None:
+    """``cgroupd join --handler mod:fn`` uses the module's on_partitions_* functions: all
+    three of listener_handler, none of record_handler; a hook name bound to something not
+    callable is refused with its name."""
+    import sys
+    import types
+
+    from cgroupd.handlers import LISTENER_HOOKS, listener_hooks, module_hooks
+
+    found = module_hooks("tests.support.handlers.listener_handler:handle")
+    assert sorted(found) == sorted(LISTENER_HOOKS)
+    assert module_hooks("tests.support.handlers.record_handler:handle") == {}
+    spec = HandlerOptions(function=lambda m: None,
+                          reference="tests.support.handlers.listener_handler:handle")
+    assert sorted(listener_hooks(spec, None, {})) == sorted(LISTENER_HOOKS)
+    bad = types.ModuleType("cgroupd_test_bad_hooks")
+    bad.on_partitions_lost = 3  # type: ignore[attr-defined]
+    sys.modules[bad.__name__] = bad
+    try:
+        with pytest.raises(HandlerLoadError, match="on_partitions_lost is not callable"):
+            module_hooks(f"{bad.__name__}:handle")
+    finally:
+        del sys.modules[bad.__name__]
+
+
+async def test_webhook_listener_events() -> None:
+    """With ``events``, each hook POSTs ``Cgroupd-Event`` and a JSON body naming the
+    instance and the partitions; a non-2xx answer raises (the runtime logs and counts
+    it); without ``events`` the webhook gets none."""
+    from cgroupd.handlers import listener_hooks
+
+    server = await WebhookServer(script={"None": [503]}).start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            context = {"stream": "S", "group": "g", "member": "m1"}
+            quiet = HandlerOptions(webhook=WebhookOptions(server.url))
+            assert listener_hooks(quiet, session, context) == {}
+            hooks = listener_hooks(HandlerOptions(webhook=WebhookOptions(
+                server.url, events=True)), session, context)
+            context["instance"] = "i1"
+            with pytest.raises(WebhookFailed, match="answered 503 to partitions-revoked"):
+                await hooks["on_partitions_revoked"]((2, 3))
+            await hooks["on_partitions_assigned"]((0, 1))
+        assert [h.headers["Cgroupd-Event"] for h in server.hits] == [
+            "partitions-revoked", "partitions-assigned"]
+        assert json.loads(server.hits[1].body) == {
+            "event": "partitions-assigned", "stream": "S", "group": "g", "member": "m1",
+            "instance": "i1", "partitions": [0, 1]}
+    finally:
+        await server.stop()

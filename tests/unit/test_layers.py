@@ -25,7 +25,7 @@ LAYERS: dict[str, set[str]] = {
                 "runtime.config_watch", "runtime.core",
                 "runtime.election_pinned", "runtime.election_sync", "runtime.generation",
                 "runtime.pinned_acks", "runtime.rebalance", "runtime.rebalance_pinned",
-                "runtime.release", "runtime.selfcheck", "runtime.state"},
+                "runtime.listener", "runtime.release", "runtime.selfcheck", "runtime.state"},
     # What users and operators touch: the public package, the CLI and daemon, Spark.
     "edges": {"__init__", "__main__", "cli", "daemon", "demo", "handlers", "metrics",
               "cli.application", "cli.context", "cli.demo", "cli.errors", "cli.groups",

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 from typer.testing import CliRunner
 
-from cgroupd import events, views
+from cgroupd import events, replay, views
 from cgroupd.cli import app
 from cgroupd.cli.parsers import parse_duration, parse_time
 from cgroupd.replay import PartitionPlan, Plan, Target, _origin_seq
@@ -61,12 +61,23 @@ def test_target_needs_exactly_one_point() -> None:
     (["--to-time", "noon"], "not a time"),
     (["--to-earliest", "--execute", "--dry-run"], "not both"),
     (["--to-sequence", "0"], "greater than or equal to 1"),
+    (["--shift-by", "-2", "--to-latest"], "exactly one of"),
+    (["--to-current", "--from-file", "/nonexistent/plan.json"], "cannot read"),
+    (["--to-latest", "--all-groups"], "give a GROUP or --all-groups"),
+    (["--to-latest", "--export", "/nonexistent/dir/plan.json"], "does not exist"),
 ])
 def test_replay_usage_errors(args: list[str], message: str) -> None:
     """Replay arguments are checked before connecting: exit 2 and one line."""
     result = runner.invoke(app, ["--server", "nats://127.0.0.1:1", "replay", "S", "g", *args])
     assert result.exit_code == 2, result.output
     assert message in result.stderr and "Traceback" not in result.output
+
+
+def test_replay_needs_a_group_or_all_groups() -> None:
+    """Without GROUP, --all-groups is required (exit 2, one line)."""
+    result = runner.invoke(app, ["--server", "nats://127.0.0.1:1", "replay", "S",
+                                 "--to-latest"])
+    assert result.exit_code == 2 and "give a GROUP or --all-groups" in result.stderr
 
 
 def test_event_lines() -> None:
@@ -220,3 +231,43 @@ def test_discovery_answers_are_cleaned() -> None:
     odd = events.clean_info({**good, "pid": "x", "in_flight": -1, "state": 1, "host": None})
     assert odd is not None and (odd["pid"], odd["in_flight"], odd["state"], odd["host"]) == (
         None, None, None, None)
+
+
+def test_read_document_refuses_what_is_not_a_plan() -> None:
+    """Not JSON, another format, a group entry without positions: one clear message."""
+    with pytest.raises(ValueError, match="is not JSON"):
+        replay.read_document("{", "f")
+    with pytest.raises(ValueError, match="not a cgroupd replay plan"):
+        replay.read_document('{"format": "x"}', "f")
+    with pytest.raises(ValueError, match="group entry 0 is not valid"):
+        replay.read_document(json.dumps({"format": replay.EXPORT_FORMAT, "groups": [
+            {"stream": "S", "group": "g", "type": "elastic", "revision": 1,
+             "partitions": 2}]}), "f")
+    with pytest.raises(ValueError, match="listed twice"):
+        replay.read_document(json.dumps({"format": replay.EXPORT_FORMAT, "groups": [
+            {"stream": "S", "group": "g", "type": "elastic", "revision": 1,
+             "partitions": 2, "positions": [{"partition": 0, "sequence": 3},
+                                            {"partition": 0, "sequence": 4}]}]}), "f")
+
+
+def test_replay_text_of_a_move() -> None:
+    """A per-partition move (not one replay point) says where each partition is and
+    resumes, what runs again and what is skipped; a clamped shift says so."""
+    plan = Plan("S", "g", False, Target(shift=-2), 3, ("m1",), [
+        PartitionPlan(0, "m1", 3, 2, 0, 1, current=9),
+        PartitionPlan(1, "m1", 12, 0, 0, 0, current=12)],
+        notes=["partition 0: only 1 of its messages are stored before it; from its first "
+               "one, 3"])
+    text = views.replay_text(plan.to_json())
+    assert text.startswith("DRY RUN: would move S/g (elastic) to a shift of -2 per partition")
+    lines = text.splitlines()
+    assert lines[2].split() == ["PARTITION", "MEMBER", "NOW", "AT", "FROM", "SEQ", "AGAIN",
+                                "SKIPPED", "WAITING", "(KEPT", "IN", "ORDER)"]
+    assert lines[3].split() == ["0", "m1", "9", "3", "2", "0", "1"]
+    assert "2 messages would be processed again" in text and "from its first one" in text
+    latest = Plan("S", "g", True, Target(latest=True), 41, ("m1",), [
+        PartitionPlan(0, "m1", 41, 0, 5, current=36)])
+    assert "would move S/g (static) to the latest (skipping what waits)" in \
+        views.replay_text(latest.to_json())
+    assert "0 messages would be processed again, 5 skipped" in views.replay_text(
+        latest.to_json())
