@@ -50,6 +50,7 @@ from cgroupd.member import Member, MemberState
 from cgroupd.metrics import Metrics
 from cgroupd.operations import Operations
 from cgroupd.partitions import member_partitions
+from cgroupd.redact import redact_url
 from cgroupd.settings import MemberSettings
 from cgroupd.tasks import cancel_and_wait
 
@@ -302,7 +303,7 @@ class Daemon:
     async def _reconnected(self) -> None:
         self.metrics.set_connected(True)
         url = self.nc.connected_url if self.nc is not None else None
-        self._log.info("nats reconnected", server=url.geturl() if url else None)
+        self._log.info("nats reconnected", server=redact_url(url.geturl()) if url else None)
 
     # -- HTTP -----------------------------------------------------------------------
     @property

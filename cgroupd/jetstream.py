@@ -50,8 +50,10 @@ class JetStream:
 
     def __init__(self, nc: Client, timeout: float = jsapi.API_TIMEOUT) -> None:
         self.nc = nc
-        self.js = nc.jetstream(timeout=timeout)
-        self.jsm = nc.jetstream(timeout=timeout)._jsm
+        # The JetStream domain's API prefix that connect() recorded for this client.
+        self.api = jsapi.api(nc)
+        self.js = nc.jetstream(timeout=timeout, prefix=self.api)
+        self.jsm = self.js._jsm
         self._kv: dict[str, KeyValue] = {}
         self._denials: list[tuple[float, str]] = []
         self._pullers: weakref.WeakSet[Puller] = weakref.WeakSet()
