@@ -11,7 +11,7 @@ import json
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,10 +92,10 @@ async def admin_round_trip(args: list[str], run: Run, env: dict[str, str] | None
 
 async def join_handles_one(args: list[str], options: ConnectionOptions, tmp: Path, run: Run,
                            env: dict[str, str] | None = None,
-                           during: Callable[[int], None] | None = None) -> None:
+                           during: Callable[[Path], Awaitable[None]] | None = None) -> None:
     """A ``cgroupd ARGS join`` process handles one published message; its log, /metrics
-    and /proc/<pid>/cmdline go into ``run``. ``during(pid)`` runs while it is active
-    (after the message was handled), e.g. a server restart."""
+    and /proc/<pid>/cmdline go into ``run``. ``during(log_path)`` runs while it is
+    active (after the message was handled), e.g. a server restart."""
     record = tmp / "handled.jsonl"
     record.touch()
     log_path = tmp / "join.log"
@@ -116,7 +116,7 @@ async def join_handles_one(args: list[str], options: ConnectionOptions, tmp: Pat
         await eventually(lambda: "hello" in record.read_text(), 30,
                          what="the message to be handled")
         if during is not None:
-            during(proc.pid)
+            await during(log_path)
         async with aiohttp.ClientSession() as session:
             for path in ("/metrics", "/healthz", "/readyz"):
                 async with session.get(f"http://127.0.0.1:{port}{path}") as resp:
