@@ -116,18 +116,18 @@ def read_context(name: str, env: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
-def with_context(given: Mapping[str, Any], name: str | None, env: Mapping[str, str],
+def with_context(given: Mapping[str, Any], context: str | None, env: Mapping[str, str],
                  **defaults: Any) -> ConnectionOptions:
-    """ConnectionOptions from ``given`` on top of context ``name`` (None: the selected
-    one, if any), on top of ``defaults`` (client name, timeouts).
+    """ConnectionOptions from ``given`` on top of the named ``context`` (None: the
+    selected one, if any), on top of ``defaults`` (client name, timeouts).
 
     ``given``: the ConnectionOptions fields set explicitly (command line, environment,
     Spark options); they win. One explicit credential replaces all of the context's, an
     explicit client certificate replaces the context's certificate and key.
     """
-    if name is None:
-        name = selected_context(env)
-    base = read_context(name, env) if name is not None else {}
+    if context is None:
+        context = selected_context(env)
+    base = read_context(context, env) if context is not None else {}
     if given.keys() & set(CREDENTIALS):
         base = {k: v for k, v in base.items() if k not in CREDENTIALS}
     if given.keys() & set(_CLIENT_CERT):
