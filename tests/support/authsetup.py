@@ -5,6 +5,11 @@ client certificates (openssl), and server configurations that require each of th
 The JWT writer is the minimum nats-server 2.x accepts: three base64url parts (no padding),
 header ``{"typ":"JWT","alg":"ed25519-nkey"}``, claims with ``iss``/``sub``/``nats.type``
 and ``version: 2``, signed by the issuer's nkey seed.
+
+Operator mode needs a system account for JetStream: without one nats-server 2.15.1 exits
+with "Can't start JetStream: setting up internal jetstream subscriptions failed: system
+account not setup". Naming it in the operator JWT (``system_account``) is enough; the
+config line says it again for readers.
 """
 
 from __future__ import annotations
