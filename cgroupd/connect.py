@@ -157,6 +157,10 @@ def _require_tls(nc: Client) -> None:
 
     def connect_command() -> bytes:
         if not _is_tls(nc):
+            # Closed here: nats-py's reconnect loop goes on to the next attempt without
+            # closing a transport that failed this way.
+            if nc._transport is not None:
+                nc._transport.close()
             raise TlsNotOffered()
         line: bytes = build()
         return line

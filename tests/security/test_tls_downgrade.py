@@ -16,8 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.authsetup import make_pki
+from cgroupd.connect import ConnectionOptions, connect
+from tests.support.authsetup import make_pki, tls_config
 from tests.support.cli import restore_logging  # noqa: F401 - autouse fixture
+from tests.support.natsserver import NatsServer
+from tests.support.polling import eventually
 from tests.support.secure import run_cli
 
 PASSWORD = "pw-downgrade-7Qx"
@@ -31,14 +34,16 @@ class FakeServer:
         self.received = bytearray()
         self.connections = 0
         self._server: asyncio.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
 
-    async def start(self) -> int:
-        self._server = await asyncio.start_server(self._client, "127.0.0.1", 0)
+    async def start(self, port: int = 0) -> int:
+        self._server = await asyncio.start_server(self._client, "127.0.0.1", port)
         return int(self._server.sockets[0].getsockname()[1])
 
     async def _client(self, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        self._writers.append(writer)
         info = {"server_id": "FAKE", "version": "2.15.1", "proto": 1, "host": "127.0.0.1",
                 "port": 4222, "headers": True, "max_payload": 1048576, "auth_required": True,
                 "tls_required": False, "tls_available": False}
@@ -59,6 +64,12 @@ class FakeServer:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        for writer in self._writers:  # handlers the test's end would leave unfinished
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except ConnectionError:
+                pass
 
 
 @pytest.fixture
@@ -106,3 +117,38 @@ async def test_the_fake_server_gets_credentials_without_tls(
                             "--connect-timeout", "1", "--user", "member", "--password",
                             PASSWORD, "group", "ls", "ORDERS")
     assert b"CONNECT" in server.received and PASSWORD.encode() in server.received
+
+
+async def test_a_reconnect_to_a_server_without_tls_sends_nothing(tmp_path: Path) -> None:
+    """A client connected over TLS to a real server (user and password) loses it; what
+    answers on that address next offers no TLS: the client keeps trying and never sends
+    CONNECT to it."""
+    pki = make_pki(tmp_path)
+    with NatsServer(workdir=tmp_path / "nats", extra_config=(
+            tls_config(pki, verify=False)
+            + f'authorization {{ user: member, password: "{PASSWORD}" }}')) as server:
+        port = server.port
+        nc = await connect(ConnectionOptions(servers=(f"tls://127.0.0.1:{port}",),
+                                             tls_ca=pki.ca, user="member", password=PASSWORD,
+                                             reconnect_wait=0.1))
+        fake = FakeServer()
+        try:
+            assert nc.is_connected
+            server.stop()
+            await eventually(lambda: _listen(fake, port), 10, what="the fake on the port")
+            await eventually(lambda: fake.connections >= 3 or b"CONNECT" in fake.received,
+                             20, what="the client to try the fake server again and again")
+            assert b"CONNECT" not in fake.received, bytes(fake.received)
+            assert PASSWORD.encode() not in fake.received
+            assert not nc.is_connected
+        finally:
+            await nc.close()
+            await fake.stop()
+
+
+async def _listen(fake: FakeServer, port: int) -> bool:
+    try:
+        await fake.start(port)
+    except OSError:
+        return False
+    return True
