@@ -48,7 +48,10 @@ def set_api_prefix(nc: Client, prefix: str) -> None:
 
 def api(nc: Client) -> str:
     """The JetStream API prefix of ``nc``: ``$JS.API`` unless a domain was chosen."""
-    return _PREFIXES.get(nc, API)
+    try:
+        return _PREFIXES.get(nc, API)
+    except TypeError:  # not weakly referenceable (a stand-in for a client): never set
+        return API
 
 # JetStream err_codes this package reacts to (nats-server errors.json).
 ERR_STREAM_NOT_FOUND = 10059
