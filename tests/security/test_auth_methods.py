@@ -10,6 +10,7 @@ On main before this change ``--creds`` and ``--nkey`` failed with ``No module na
 from __future__ import annotations
 
 import asyncio
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,10 @@ import pytest
 
 from cgroupd.connect import ConnectionOptions
 from tests.support.authsetup import make_operator, make_pki, new_seed, public_key, tls_config
-from tests.support.cli import restore_logging  # noqa: F401 - autouse fixture
+from tests.support.cli import (
+    ROOT,
+    restore_logging,  # noqa: F401 - autouse fixture
+)
 from tests.support.natsserver import NatsServer, running_server
 from tests.support.secure import Run, admin_round_trip, join_handles_one, make_stream, run_cli
 
@@ -102,3 +106,12 @@ async def test_every_auth_method_runs_the_command_line(kind: str, tmp_path: Path
         ca = ["--tls-ca", str(m.options.tls_ca)] if m.options.tls_ca else []
         bare = await asyncio.to_thread(run_cli, "--server", url, *ca, "group", "ls", "ORDERS")
         assert bare.exit_code != 0, bare.output
+
+
+def test_nkeys_is_a_runtime_dependency() -> None:
+    """A fresh install (and the image, which installs the package's dependencies) gets
+    nkeys: nats-py imports it for --creds and --nkey but does not depend on it."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = {dep.split(">")[0].split("=")[0].split("<")[0].strip().lower()
+             for dep in project["dependencies"]}
+    assert "nkeys" in names, project["dependencies"]
