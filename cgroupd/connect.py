@@ -160,7 +160,7 @@ def _require_tls(nc: Client) -> None:
             # Closed here: nats-py's reconnect loop goes on to the next attempt without
             # closing a transport that failed this way.
             if nc._transport is not None:
-                nc._transport.close()
+                nc._transport.close()  # type: ignore[no-untyped-call]
             raise TlsNotOffered()
         line: bytes = build()
         return line
