@@ -27,8 +27,11 @@ ENV VENV=/opt/cgroupd \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY cgroupd/ ./cgroupd/
+# nkeys (with PyNaCl) signs --creds/--nkey connections: the import check fails the build
+# if a dependency change ever drops it (nats-py imports it lazily, only when connecting).
 RUN python -m venv "$VENV" \
     && "$VENV/bin/pip" install . \
+    && "$VENV/bin/python" -c "import nkeys, nacl.signing" \
     && "$VENV/bin/cgroupd" --help > /dev/null
 
 # -- runtime: the virtualenv only, as an unprivileged user --------------------------------

@@ -6,6 +6,15 @@ reconnect forever) and connects with a bounded first attempt: an unreachable or 
 server fails within ``connect_timeout`` with one readable :class:`ServerUnreachable`,
 instead of nats-py's endless initial retry loop (it retries forever when
 ``max_reconnect_attempts`` is -1, which is what a daemon wants *after* the first connect).
+
+TLS intended means TLS or no connection. nats-py (measured on 2.16.0) upgrades to TLS only
+when the server's INFO says ``tls_required`` (or with ``tls_handshake_first``), whatever
+the URL scheme or the TLS context given; a server, or a man in the middle, that answers
+"no TLS" would get ``CONNECT`` with the user and password, token or URL userinfo in clear.
+:func:`_require_tls` closes that: the CONNECT line is built (``Client._connect_command``,
+called right before it is written, on the first connect and on every reconnect) only on a
+connection that is TLS by then; otherwise the attempt fails with :class:`TlsNotOffered`
+and nothing is sent.
 """
 
 from __future__ import annotations
@@ -21,10 +30,12 @@ from typing import Any
 
 import nats.errors
 from nats.aio.client import Client
+from nats.aio.transport import TcpTransport
 
-from cgroupd import logs
+from cgroupd import jsapi, logs
 from cgroupd.errors import ConfigError, PermissionDenied, ServerUnreachable
 from cgroupd.natsload import enable_websockets
+from cgroupd.redact import redact_text, redact_url
 
 log = logs.get_logger("cgroupd.connect")
 
@@ -57,6 +68,15 @@ class ConnectionOptions:
     reconnect_wait: float = DEFAULT_RECONNECT_WAIT
     #: Client name shown in the server's connection list.
     name: str = "cgroupd"
+    #: TLS handshake before the server's INFO (server ``tls { handshake_first: true }``).
+    tls_first: bool = False
+    #: JetStream domain: every API request goes to ``$JS.<domain>.API``.
+    js_domain: str | None = None
+    #: A JetStream API prefix given as such (a ``nats`` context's ``jetstream_api_prefix``).
+    js_api_prefix: str | None = None
+    #: Prefix of reply subjects instead of ``_INBOX`` (a ``nats`` context's
+    #: ``inbox_prefix``; the ``--inbox-prefix`` option sets the same field).
+    inbox_prefix: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "servers", tuple(self.servers))
@@ -72,6 +92,11 @@ class ConnectionOptions:
             problems.append("a password needs a user")
         if sum(x is not None for x in (self.creds, self.nkey_seed, self.token, self.user)) > 1:
             problems.append("choose one of credentials file, nkey seed, token, user/password")
+        if self.js_domain is not None and not _is_token(self.js_domain):
+            problems.append(f"JetStream domain {self.js_domain!r} must be one subject token "
+                            "(no spaces, '.', '*' or '>')")
+        if self.js_api_prefix is not None and self.js_domain is not None:
+            problems.append("give a JetStream domain or an API prefix, not both")
         if problems:
             raise ConfigError(problems)
 
@@ -83,8 +108,64 @@ class ConnectionOptions:
 
     @property
     def uses_tls(self) -> bool:
-        return (self.tls_ca is not None or self.tls_cert is not None
-                or any(s.startswith("tls://") for s in self.server_list))
+        """Whether TLS was asked for: then no credential is ever sent without it."""
+        return (self.tls_ca is not None or self.tls_cert is not None or self.tls_first
+                or any(s.startswith(("tls://", "wss://")) for s in self.server_list))
+
+    @property
+    def api_prefix(self) -> str:
+        """The JetStream API prefix: ``$JS.API``, or ``$JS.<domain>.API`` with a domain."""
+        if self.js_api_prefix is not None:
+            return self.js_api_prefix.rstrip(".")
+        if self.js_domain is not None:
+            return f"$JS.{self.js_domain}.API"
+        return jsapi.API
+
+    @property
+    def where(self) -> str:
+        """The servers, for messages: any userinfo replaced by ``***``."""
+        return ", ".join(redact_url(s) for s in self.server_list)
+
+
+def _is_token(text: str) -> bool:
+    return bool(text) and not any(c.isspace() or c in ".*>" for c in text)
+
+
+class TlsNotOffered(nats.errors.Error):
+    """TLS was asked for but this connection is not TLS: nothing was sent on it."""
+
+    def __str__(self) -> str:
+        return ("the server did not offer TLS although TLS was asked for (tls:// URL, "
+                "--tls-* option or CA): refusing to send credentials in clear")
+
+
+def _is_tls(nc: Client) -> bool:
+    """Whether ``nc``'s current transport is encrypted (TLS, or a ``wss://`` websocket)."""
+    transport = nc._transport
+    if isinstance(transport, TcpTransport):
+        writer = transport._io_writer
+        return writer is not None and writer.get_extra_info("ssl_object") is not None
+    server = nc._current_server
+    return server is not None and server.uri.scheme == "wss"
+
+
+def _require_tls(nc: Client) -> None:
+    """Make ``nc`` refuse to send CONNECT on a connection that is not TLS (see the module
+    docstring: the seam is nats-py 2.16's ``_connect_command``, which builds the line
+    holding the credentials right before it is written)."""
+    build = nc._connect_command
+
+    def connect_command() -> bytes:
+        if not _is_tls(nc):
+            # Closed here: nats-py's reconnect loop goes on to the next attempt without
+            # closing a transport that failed this way.
+            if nc._transport is not None:
+                nc._transport.close()  # type: ignore[no-untyped-call]
+            raise TlsNotOffered()
+        line: bytes = build()
+        return line
+
+    nc._connect_command = connect_command  # type: ignore[method-assign]
 
 
 def ssl_context(options: ConnectionOptions) -> ssl.SSLContext:
@@ -134,6 +215,10 @@ def connect_kwargs(options: ConnectionOptions) -> dict[str, Any]:
         kwargs["password"] = options.password or ""
     if options.uses_tls:
         kwargs["tls"] = ssl_context(options)
+    if options.tls_first:
+        kwargs["tls_handshake_first"] = True
+    if options.inbox_prefix is not None:
+        kwargs["inbox_prefix"] = options.inbox_prefix
     return kwargs
 
 
@@ -148,7 +233,7 @@ def describe(exc: BaseException | None) -> str:
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
         return "timed out"
     text = str(exc).strip() or type(exc).__name__
-    return text.removeprefix("nats: ")
+    return redact_text(text.removeprefix("nats: "))
 
 
 Callback = Callable[[], Awaitable[None]]
@@ -181,13 +266,16 @@ async def connect(options: ConnectionOptions, *,
     async def error_cb(exc: Exception) -> None:
         # Replaces nats-py's default, which logs a full traceback for every attempt.
         errors.append(exc)
-        if (not connected and isinstance(exc, nats.errors.AuthorizationError)
+        if (not connected and isinstance(exc, (nats.errors.AuthorizationError, TlsNotOffered))
                 and not refused.done()):
             refused.set_result(exc)
         if connected:
             log.warning("nats error", error=describe(exc))
 
     nc = client if client is not None else Client()
+    jsapi.set_api_prefix(nc, options.api_prefix)
+    if options.uses_tls:
+        _require_tls(nc)
     attempt = asyncio.create_task(
         nc.connect(error_cb=error_cb, disconnected_cb=disconnected_cb,
                    reconnected_cb=reconnected_cb, **kwargs))
@@ -215,7 +303,9 @@ async def connect(options: ConnectionOptions, *,
         await nc.close()
     refused.cancel()
     reason = failure or (errors[-1] if errors else None)
-    where = ", ".join(options.server_list)
+    where = options.where
+    if isinstance(reason, TlsNotOffered):
+        raise ServerUnreachable(f"cannot connect to {where}: {reason}")
     if isinstance(reason, nats.errors.AuthorizationError):
         raise PermissionDenied(f"{where}: {describe(reason)}")
     raise ServerUnreachable(f"cannot connect to {where}: {describe(reason)}")

@@ -59,6 +59,7 @@ from cgroupd.metrics import Metrics
 from cgroupd.operations import Operations
 from cgroupd.partitions import assignment_ranges, member_partitions
 from cgroupd.records import static_from_json
+from cgroupd.redact import redact_url
 from cgroupd.settings import MemberSettings
 from cgroupd.tasks import cancel_and_wait
 
@@ -369,7 +370,7 @@ class Daemon:
     async def _reconnected(self) -> None:
         self.metrics.set_connected(True)
         url = self.nc.connected_url if self.nc is not None else None
-        self._log.info("nats reconnected", server=url.geturl() if url else None)
+        self._log.info("nats reconnected", server=redact_url(url.geturl()) if url else None)
 
     # -- HTTP -----------------------------------------------------------------------
     @property

@@ -1,11 +1,13 @@
 """Exit codes and the one-line error format every ``cgroupd`` process shares.
 
-Its own module, importing nothing, because two processes print them: the typer CLI and
+Its own module, importing only the redaction, because two processes print them: the typer CLI and
 the lean process ``cgroupd join`` turns into (:mod:`cgroupd.joinrun`), which must not
 import the CLI. One definition keeps a user's scripts and log filters seeing one format.
 """
 
 from __future__ import annotations
+
+from cgroupd.redact import redact_text
 
 PROG = "cgroupd"
 #: Exit codes: success is 0.
@@ -15,6 +17,7 @@ INTERRUPTED = 130
 
 
 def error_line(message: object) -> str:
-    """``cgroupd: error: <message>`` on one line (whitespace and newlines collapsed)."""
-    text = " ".join(str(message).split()) or "error"
+    """``cgroupd: error: <message>`` on one line (whitespace and newlines collapsed, URL
+    userinfo replaced: whatever raised it, no password reaches the terminal)."""
+    text = redact_text(" ".join(str(message).split())) or "error"
     return f"{PROG}: error: {text}"

@@ -45,13 +45,29 @@ class Record:
     revision: int
 
 
+class _PrefixedPublish:
+    """A nats-py JetStream context whose ``publish`` goes to ``<prefix>.<subject>``."""
+
+    def __init__(self, js: Any, prefix: str) -> None:
+        self._js = js
+        self._prefix = prefix
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._js, name)
+
+    async def publish(self, subject: str, *args: Any, **kwargs: Any) -> Any:
+        return await self._js.publish(f"{self._prefix}.{subject}", *args, **kwargs)
+
+
 class JetStream:
     """Streams, group records and consumers over one NATS connection."""
 
     def __init__(self, nc: Client, timeout: float = jsapi.API_TIMEOUT) -> None:
         self.nc = nc
-        self.js = nc.jetstream(timeout=timeout)
-        self.jsm = nc.jetstream(timeout=timeout)._jsm
+        # The JetStream domain's API prefix that connect() recorded for this client.
+        self.api = jsapi.api(nc)
+        self.js = nc.jetstream(timeout=timeout, prefix=self.api)
+        self.jsm = self.js._jsm
         self._kv: dict[str, KeyValue] = {}
         self._denials: list[tuple[float, str]] = []
         self._pullers: weakref.WeakSet[Puller] = weakref.WeakSet()
@@ -186,6 +202,11 @@ class JetStream:
                 raise
             with self._translated(f"creating bucket {name}"):
                 kv = await self.js.create_key_value(config=create_with)
+        if self.api != jsapi.API:
+            # nats-py 2.16 publishes KV writes to $KV.<bucket>.<key> whatever the domain;
+            # from a leaf node those reach no stream. Address them as nats.go does, to
+            # <api prefix>.$KV.<bucket>.<key>, which the domain's servers map back.
+            kv._js = _PrefixedPublish(kv._js, self.api)  # type: ignore[assignment]
         self._kv[name] = kv
         return kv
 

@@ -3,11 +3,25 @@
 typer (and the pydantic it coerces option values with) costs a ``join`` process about
 8 MB of its ~40 MB, for work that is over once the arguments are checked. So the CLI
 parses and checks everything (the same help, errors and exit codes as every command),
-then replaces its own process image (same pid, same signals) with ``python -m
-cgroupd.joinrun FD``, handing over what it decided through an inherited pipe (never on
-the command line or in the environment: it may hold a password or token). This module
-imports nothing of the CLI: it loads the handler again, runs the daemon, and turns what
-the daemon raises into one line on stderr and an exit code, as the CLI does.
+then replaces its own process image (same pid, same signals) with ``python -P -m
+cgroupd.joinrun FD``, handing over what it decided through an inherited file descriptor
+(never on the command line or in the environment: it may hold a password or token). This
+module imports nothing of the CLI: it loads the handler again, runs the daemon, and turns
+what the daemon raises into one line on stderr and an exit code, as the CLI does.
+
+Process hygiene (issue 25 row 12):
+
+- ``-P``: the working directory is not put first on ``sys.path``, so a ``secrets.py`` or
+  ``pickle.py`` planted where ``join`` is started cannot shadow the standard library or an
+  installed package. Handler modules are still found in the working directory, as
+  documented (the image's ``/app``), but it goes *last* on ``sys.path``
+  (:func:`add_working_directory`): a handler module can be found there, a standard
+  module name cannot be taken over.
+- The new command line names the member (``ps`` says which instance this is) and nothing
+  else: no ``--password``, ``--token``, URL userinfo or webhook credentials.
+- The spec goes through an anonymous in-memory file (``memfd``; an unlinked temporary
+  file elsewhere), read from its start: any size, where a pipe blocks the writer past its
+  64 KiB buffer before the reader exists.
 """
 
 from __future__ import annotations
@@ -44,19 +58,55 @@ class JoinSpec:
     debug: bool
 
 
+def add_working_directory() -> None:
+    """Let handler modules be imported from the working directory, after everything else
+    (standard library, installed packages): a module planted there cannot shadow them."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.append(cwd)
+
+
+def _spec_file(data: bytes) -> int:
+    """An inheritable descriptor of an anonymous file holding ``data``, at offset 0."""
+    try:
+        fd = os.memfd_create("cgroupd-join", 0)  # Linux: never on disk, never named
+    except (AttributeError, OSError):
+        import tempfile
+
+        with tempfile.TemporaryFile() as tmp:  # unlinked at once on POSIX
+            fd = os.dup(tmp.fileno())
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.set_inheritable(fd, True)
+    return fd
+
+
+def _package_root_path() -> dict[str, str]:
+    """The environment that lets ``-P -m cgroupd.joinrun`` find this cgroupd when only
+    the working directory made it importable (``python -m cgroupd`` in a checkout)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cwd = os.getcwd()
+    if root != cwd or any(os.path.abspath(p) == root for p in sys.path if p not in ("", cwd)):
+        return {}
+    current = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": root if not current else f"{current}{os.pathsep}{root}"}
+
+
 def exec_join(spec: JoinSpec) -> None:
     """Replace this process with a lean one running ``spec`` (does not return)."""
-    data = pickle.dumps(spec)
-    read, write = os.pipe()
-    # Small (well under a pipe's buffer): written whole before the exec, never blocks.
-    os.write(write, data)
-    os.close(write)
-    os.set_inheritable(read, True)
+    fd = _spec_file(pickle.dumps(spec))
     sys.stdout.flush()
     sys.stderr.flush()
-    # The original arguments follow, unread: `ps` still says which member this is.
-    os.execv(sys.executable, [sys.executable, "-m", "cgroupd.joinrun", str(read),
-                              *sys.argv[1:]])
+    # Only who this is, for `ps`: never the original arguments (they may hold secrets).
+    shown = ["join", "--stream", spec.options.stream, "--group", spec.options.group,
+             "--member", spec.options.member]
+    if spec.options.instance_id is not None:
+        shown += ["--instance-id", spec.options.instance_id]
+    env = {**os.environ, **_package_root_path()}
+    os.execve(sys.executable, [sys.executable, "-P", "-m", "cgroupd.joinrun", str(fd),
+                               *shown], env)
 
 
 def read_spec(fd: int) -> JoinSpec:
@@ -83,8 +133,7 @@ def run(spec: JoinSpec) -> int:
     try:
         function = None
         if spec.handler is not None:
-            if os.getcwd() not in sys.path:
-                sys.path.insert(0, os.getcwd())
+            add_working_directory()
             function = load_handler(spec.handler)
         handler = HandlerOptions(function=function, reference=spec.handler,
                                  webhook=spec.webhook, dead_letter=spec.dead_letter)

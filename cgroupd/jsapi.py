@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +33,25 @@ from cgroupd.errors import (
     WorkQueueOverlap,
 )
 
+#: The JetStream API prefix of the default domain.
 API = "$JS.API"
+
+#: The API prefix each connection was made for (``$JS.<domain>.API`` with a JetStream
+#: domain): set once by :func:`cgroupd.connect.connect`, read by every subject built here.
+_PREFIXES: weakref.WeakKeyDictionary[Client, str] = weakref.WeakKeyDictionary()
+
+
+def set_api_prefix(nc: Client, prefix: str) -> None:
+    """Address every request over ``nc`` to ``prefix`` (a JetStream domain's API)."""
+    _PREFIXES[nc] = prefix
+
+
+def api(nc: Client) -> str:
+    """The JetStream API prefix of ``nc``: ``$JS.API`` unless a domain was chosen."""
+    try:
+        return _PREFIXES.get(nc, API)
+    except TypeError:  # not weakly referenceable (a stand-in for a client): never set
+        return API
 
 # JetStream err_codes this package reacts to (nats-server errors.json).
 ERR_STREAM_NOT_FOUND = 10059
@@ -133,13 +152,13 @@ async def create_consumer(
     body: dict[str, Any] = {"stream_name": stream, "config": {**config, "name": name}}
     if action:
         body["action"] = action
-    return await request(nc, f"{API}.CONSUMER.CREATE.{stream}.{name}", body)
+    return await request(nc, f"{api(nc)}.CONSUMER.CREATE.{stream}.{name}", body)
 
 
 async def delete_consumer(nc: Client, stream: str, name: str) -> bool:
     """Delete a consumer; False if it did not exist."""
     try:
-        await request(nc, f"{API}.CONSUMER.DELETE.{stream}.{name}")
+        await request(nc, f"{api(nc)}.CONSUMER.DELETE.{stream}.{name}")
     except ApiError as exc:
         if exc.err_code == ERR_CONSUMER_NOT_FOUND or exc.code == 404:
             return False
@@ -150,7 +169,7 @@ async def delete_consumer(nc: Client, stream: str, name: str) -> bool:
 async def consumer_info(nc: Client, stream: str, name: str) -> dict[str, Any] | None:
     """Consumer info, or None if the consumer does not exist."""
     try:
-        return await request(nc, f"{API}.CONSUMER.INFO.{stream}.{name}")
+        return await request(nc, f"{api(nc)}.CONSUMER.INFO.{stream}.{name}")
     except ApiError as exc:
         if exc.err_code == ERR_CONSUMER_NOT_FOUND or exc.code == 404:
             return None
@@ -161,7 +180,7 @@ async def list_consumers(nc: Client, stream: str) -> list[dict[str, Any]]:
     """Infos of every consumer on a stream (paged)."""
     out: list[dict[str, Any]] = []
     while True:
-        reply = await request(nc, f"{API}.CONSUMER.LIST.{stream}", {"offset": len(out)})
+        reply = await request(nc, f"{api(nc)}.CONSUMER.LIST.{stream}", {"offset": len(out)})
         page = reply.get("consumers") or []
         out.extend(page)
         if not page or len(out) >= int(reply.get("total", 0)):
@@ -173,14 +192,14 @@ async def reset_consumer(nc: Client, stream: str, consumer: str,
     """Move a consumer back to stream sequence ``seq`` (0: just past its ack floor), as if
     nothing above it had been delivered: its pending messages are dropped and delivered
     again, in stream order (server >= 2.14). The reply is the consumer info after it."""
-    return await request(nc, f"{API}.CONSUMER.RESET.{stream}.{consumer}",
+    return await request(nc, f"{api(nc)}.CONSUMER.RESET.{stream}.{consumer}",
                          {"seq": seq} if seq else {})
 async def message_stored(nc: Client, stream: str, seq: int,
                          timeout: float = API_TIMEOUT) -> bool:
     """Whether ``stream`` holds the message with sequence ``seq`` (work-queue streams
     delete a message once a consumer acknowledged it)."""
     try:
-        await request(nc, f"{API}.STREAM.MSG.GET.{stream}", {"seq": seq}, timeout)
+        await request(nc, f"{api(nc)}.STREAM.MSG.GET.{stream}", {"seq": seq}, timeout)
     except ApiError as exc:
         if exc.err_code == ERR_NO_MESSAGE_FOUND or exc.code == 404:
             return False
@@ -190,12 +209,12 @@ async def message_stored(nc: Client, stream: str, seq: int,
 
 async def unpin(nc: Client, stream: str, consumer: str, group: str) -> None:
     """Clear a pinned client so the server picks another (priority groups ADR)."""
-    await request(nc, f"{API}.CONSUMER.UNPIN.{stream}.{consumer}", {"group": group})
+    await request(nc, f"{api(nc)}.CONSUMER.UNPIN.{stream}.{consumer}", {"group": group})
 
 
-def pull_subject(stream: str, consumer: str) -> str:
+def pull_subject(stream: str, consumer: str, prefix: str = API) -> str:
     """Subject a pull request is published to."""
-    return f"{API}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+    return f"{prefix}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
 
 
 @functools.lru_cache(maxsize=1024)
@@ -248,8 +267,8 @@ DIRECT_TRAILER = (b"Nats-Stream: ", b"Nats-Subject: ", b"Nats-Sequence: ",
 _TRAILER_START = b"\r\n" + DIRECT_TRAILER[0]
 
 
-def direct_get_subject(stream: str) -> str:
-    return f"{API}.DIRECT.GET.{stream}"
+def direct_get_subject(stream: str, prefix: str = API) -> str:
+    return f"{prefix}.DIRECT.GET.{stream}"
 
 
 
@@ -356,7 +375,7 @@ async def get_message(nc: Client, stream: str, seq: int, next_by_subj: str | Non
     if next_by_subj is not None:
         body["next_by_subj"] = next_by_subj
     try:
-        reply = await request(nc, f"{API}.STREAM.MSG.GET.{stream}", body, timeout)
+        reply = await request(nc, f"{api(nc)}.STREAM.MSG.GET.{stream}", body, timeout)
     except ApiError as exc:
         if exc.code == 404 and exc.err_code != ERR_STREAM_NOT_FOUND:
             return None
@@ -371,11 +390,11 @@ async def get_message(nc: Client, stream: str, seq: int, next_by_subj: str | Non
 async def stream_state(nc: Client, stream: str,
                        timeout: float = API_TIMEOUT) -> dict[str, Any]:
     """A stream's info as JSON (``config``, ``state``, ``created``), from its leader."""
-    return await request(nc, f"{API}.STREAM.INFO.{stream}", None, timeout)
+    return await request(nc, f"{api(nc)}.STREAM.INFO.{stream}", None, timeout)
 
 
 async def stream_names(nc: Client, subject: str,
                        timeout: float = API_TIMEOUT) -> list[str]:
     """Names of the streams whose subjects capture ``subject``."""
-    reply = await request(nc, f"{API}.STREAM.NAMES", {"subject": subject}, timeout)
+    reply = await request(nc, f"{api(nc)}.STREAM.NAMES", {"subject": subject}, timeout)
     return [str(n) for n in reply.get("streams") or []]

@@ -26,6 +26,7 @@ import sys
 from typing import Any, TextIO
 
 from cgroupd.lazyimport import import_without
+from cgroupd.redact import redact_text
 
 import_without("structlog", "rich")
 
@@ -93,9 +94,21 @@ def _to_stdlib(_logger: Any, _method: str, event: dict[str, Any]) -> Any:
                      "extra": {"cgroupd": {"event": message, **fields}}}
 
 
+def redact_secrets(_logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]:
+    """Hide the userinfo of every URL in a log line's text fields (``server``, ``url``,
+    ``error``, the event itself): the last guard, whatever a caller passed in."""
+    for key, value in event.items():
+        if isinstance(value, str):
+            event[key] = redact_text(value)
+        elif isinstance(value, BaseException) and key != "exc_info":
+            event[key] = redact_text(str(value))
+    return event
+
+
 _STDLIB_CHAIN: list[Any] = [
     structlog.stdlib.filter_by_level,  # first: a filtered-out debug line costs nothing more
     structlog.contextvars.merge_contextvars,
+    redact_secrets,
     _to_stdlib,
 ]
 
@@ -146,6 +159,7 @@ def configure(level: str = "info", json: bool | None = None) -> None:
         json = not sys.stderr.isatty()
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
+        redact_secrets,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]

@@ -108,7 +108,7 @@ class Puller:
         self._opts = options
         self._on_message = on_message
         self._clock = clock
-        self._subject = jsapi.pull_subject(stream, consumer)
+        self._subject = jsapi.pull_subject(stream, consumer, jsapi.api(nc))
         self._inbox = ""
         self._sub: Subscription | None = None
         self._pending = 0

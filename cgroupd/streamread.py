@@ -21,10 +21,10 @@ from nats.aio.msg import Msg
 
 from cgroupd.errors import ApiError, CgroupdError, DirectGetUnavailable, ServerUnreachable
 from cgroupd.jsapi import (
-    API,
     API_TIMEOUT,
     DESCRIPTION,
     STATUS,
+    api,
     create_consumer,
     delete_consumer,
     direct_get_subject,
@@ -122,7 +122,7 @@ async def first_matches(nc: Client, stream: str, queries: list[tuple[str, int]],
             body["seq"] = start
         async with gate:
             try:
-                await nc.publish(direct_get_subject(stream), json.dumps(body).encode(),
+                await nc.publish(direct_get_subject(stream, api(nc)), json.dumps(body).encode(),
                                  reply=f"{inbox}.{key}")
                 return await asyncio.wait_for(fut, timeout)
             except TimeoutError as exc:
@@ -182,7 +182,7 @@ async def msg_get(nc: Client, stream: str, seq: int = 0,
         if start_time is None:
             body.setdefault("seq", 0)
     try:
-        reply = await request(nc, f"{API}.STREAM.MSG.GET.{stream}", body)
+        reply = await request(nc, f"{api(nc)}.STREAM.MSG.GET.{stream}", body)
     except ApiError as exc:
         if exc.code == 404:
             return None
@@ -218,7 +218,7 @@ async def scan_subjects(nc: Client, stream: str, filters: list[str], start_seq: 
     sub = await nc.subscribe(inbox)
     try:
         while True:
-            await nc.publish(pull_subject(stream, name),
+            await nc.publish(pull_subject(stream, name, api(nc)),
                              json.dumps({"batch": batch, "no_wait": True}).encode(),
                              reply=inbox)
             received = 0

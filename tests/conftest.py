@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from tests.support.natsserver import (
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    _without_the_developers_nats_context()
     config.addinivalue_line("markers", "cluster: uses a 3-node nats-server cluster (nats_cluster)")
     config.addinivalue_line(
         "markers", "slow: takes seconds (failover, timeouts); deselect with -m 'not slow'"
@@ -140,3 +143,15 @@ def closing() -> Iterator[list[Any]]:
     finally:
         for thing in things:
             thing.close()
+
+
+def _without_the_developers_nats_context() -> None:
+    """cgroupd starts from the ``nats`` CLI's selected context (``context.txt``) or
+    ``NATS_CONTEXT``, as ``nats`` does: on a machine that has one, tests would connect
+    with its servers, credentials and TLS. Point them at an empty config directory then
+    (only then: other tools read ``XDG_CONFIG_HOME`` too)."""
+    from cgroupd.natscontext import CONTEXT_ENV, config_dir
+
+    os.environ.pop(CONTEXT_ENV, None)
+    if (config_dir(os.environ) / "context.txt").exists():
+        os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="cgroupd-tests-xdg-")

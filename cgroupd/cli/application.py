@@ -7,6 +7,7 @@ exit code; :func:`exit_code_for` decides what the user sees.
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -21,10 +22,11 @@ from cgroupd import logs
 from cgroupd.cli import demo, groups, join, members, observe, replay
 from cgroupd.cli.context import Globals
 from cgroupd.cli.errors import CliError, UsageError
-from cgroupd.connect import DEFAULT_CONNECT_TIMEOUT, ConnectionOptions
+from cgroupd.connect import DEFAULT_CONNECT_TIMEOUT
 from cgroupd.errors import BadRecord, CgroupdError, ConfigError
 from cgroupd.exits import FAILURE, INTERRUPTED, PROG, USAGE, error_line
 from cgroupd.handlers import HandlerLoadError
+from cgroupd.natscontext import with_context
 
 _state = {"debug": False}
 
@@ -172,6 +174,19 @@ def _main(
         "--tls-key", "CGROUPD_TLS_KEY", "Key of --tls-cert.")] = None,
     tls_ca: Annotated[Path | None, _file(
         "--tls-ca", "CGROUPD_TLS_CA", "CA bundle that signed the server certificate.")] = None,
+    tls_first: Annotated[bool, typer.Option(
+        "--tls-first", envvar="CGROUPD_TLS_FIRST",
+        help="TLS handshake before the server's INFO (server tls handshake_first).")
+    ] = False,
+    context: Annotated[str | None, typer.Option(
+        "--context", envvar=["CGROUPD_CONTEXT", "NATS_CONTEXT"], metavar="NAME",
+        help="Start from this `nats` CLI context (~/.config/nats/context/NAME.json); "
+             "options given here override it. Default: the selected context, if any.")
+    ] = None,
+    js_domain: Annotated[str | None, typer.Option(
+        "--js-domain", envvar="CGROUPD_JS_DOMAIN", metavar="DOMAIN",
+        help="JetStream domain: API requests go to $JS.DOMAIN.API (leaf nodes, hubs).")
+    ] = None,
     connect_timeout: Annotated[float, typer.Option(
         "--connect-timeout", envvar="CGROUPD_CONNECT_TIMEOUT", min=0.1, metavar="SEC",
         help="Give up connecting after this long.")] = DEFAULT_CONNECT_TIMEOUT,
@@ -181,10 +196,12 @@ def _main(
 ) -> None:
     _state["debug"] = debug
     logs.configure("debug" if debug else "warning")
-    connection = ConnectionOptions(
-        servers=tuple(server or ()), creds=creds, nkey_seed=nkey, token=token, user=user,
-        password=password, tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
-        connect_timeout=connect_timeout)
+    explicit = {"servers": tuple(server or ()), "creds": creds, "nkey_seed": nkey,
+                "token": token, "user": user, "password": password, "tls_cert": tls_cert,
+                "tls_key": tls_key, "tls_ca": tls_ca, "tls_first": tls_first,
+                "js_domain": js_domain}
+    connection = with_context({k: v for k, v in explicit.items() if v}, context, os.environ,
+                              connect_timeout=connect_timeout)
     ctx.obj = Globals(connection, json_output, debug)
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import sys
 from enum import Enum, StrEnum
 from typing import Annotated, Any
 
@@ -29,7 +28,7 @@ from cgroupd.handlers import (
     load_handler,
     parse_statuses,
 )
-from cgroupd.joinrun import EXEC_ENV, JoinSpec, exec_join
+from cgroupd.joinrun import EXEC_ENV, JoinSpec, add_working_directory, exec_join
 from cgroupd.ordering import Ordering
 from cgroupd.partitions import key_function
 from cgroupd.settings import Exclusivity, MemberSettings
@@ -214,9 +213,9 @@ def join(
                                   events=webhook_events)
     function = None
     if handler is not None:
-        # Like other app servers, find handler modules relative to where we run.
-        if os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())
+        # Like other app servers, find handler modules where we run (last on the path:
+        # a module planted there never shadows the standard library).
+        add_working_directory()
         function = load_handler(handler)
     options = JoinOptions(stream, group, member, static=static, instance_id=instance_id,
                           metrics_port=metrics_port, metrics_host=metrics_host,

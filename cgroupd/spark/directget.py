@@ -99,7 +99,7 @@ class DirectGet:
         self.nc = nc
         self.stream = stream
         self._stream_b = stream.encode()
-        self._subject = jsapi.direct_get_subject(stream)
+        self._subject = jsapi.direct_get_subject(stream, jsapi.api(nc))
         self.timeout = timeout
         self._prefix = b""
         self._sub: Subscription | None = None

@@ -12,6 +12,7 @@ format: ``15m``, ``30s``, ``500ms``; a bare number is milliseconds).
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from cgroupd import logs
 from cgroupd.config import name_problems
 from cgroupd.connect import DEFAULT_CONNECT_TIMEOUT, DEFAULT_SERVER, ConnectionOptions, connect
 from cgroupd.errors import ConfigError
+from cgroupd.natscontext import CONTEXT_ENV, with_context
 from cgroupd.spark.layout import Mode
 from cgroupd.spark.wire import ReaderClient
 
@@ -42,7 +44,7 @@ DEFAULT_MAX_TRIGGER_DELAY = 15 * 60.0
 DEFAULT_IDLE_WAIT = 0.5
 
 CONNECTION_OPTIONS = ("servers", "creds", "nkeySeed", "token", "user", "password", "tlsCert",
-                      "tlsKey", "tlsCa", "connectTimeout")
+                      "tlsKey", "tlsCa", "tlsFirst", "connectTimeout", "context", "jsDomain")
 SOURCE_OPTIONS = (
     *CONNECTION_OPTIONS, "stream", "group", "member", "mode", "subject", "startingOffsets",
     "startingTimestamp", "endingOffsets", "failOnDataLoss", "maxOffsetsPerTrigger",
@@ -96,21 +98,37 @@ _CONNECTION_FIELDS = {"creds": "creds", "nkeySeed": "nkey_seed", "tlsCert": "tls
                       "tlsKey": "tls_key", "tlsCa": "tls_ca"}
 
 
-def parse_connection(opts: Mapping[str, str]) -> tuple[ConnectionOptions, list[str]]:
+def parse_connection(opts: Mapping[str, str],
+                     env: Mapping[str, str] | None = None
+                     ) -> tuple[ConnectionOptions, list[str]]:
     """``servers`` (comma-separated), at most one of ``creds`` | ``nkeySeed`` | ``token`` |
-    ``user`` + ``password``, ``tlsCert`` + ``tlsKey``, ``tlsCa``, ``connectTimeout``."""
+    ``user`` + ``password``, ``tlsCert`` + ``tlsKey``, ``tlsCa``, ``tlsFirst``,
+    ``connectTimeout``, ``jsDomain``, ``context``.
+
+    As the CLI does (read where the query is defined, the driver): without ``servers``,
+    ``NATS_URL``; without ``context``, ``NATS_CONTEXT``, then the ``nats`` CLI's selected
+    context; options given explicitly override the context's.
+    """
+    env = os.environ if env is None else env
     problems: list[str] = []
-    servers = tuple(s.strip() for s in opts.get("servers", DEFAULT_SERVER).split(",")
-                    if s.strip())
-    if not servers:
+    raw_servers = opts.get("servers") or env.get("NATS_URL") or ""
+    servers = tuple(s.strip() for s in raw_servers.split(",") if s.strip())
+    if "servers" in opts and not servers:
         problems.append("servers must name at least one NATS server")
     timeout = _float(opts, "connectTimeout", DEFAULT_CONNECT_TIMEOUT, problems)
-    paths: dict[str, Path | None] = {}
+    given: dict[str, object] = {"servers": servers} if servers else {}
     for option, field in _CONNECTION_FIELDS.items():
         raw = opts.get(option.lower())
-        paths[field] = Path(raw) if raw else None
-        if raw and not Path(raw).is_file():
-            problems.append(f"{option} file {raw!r} does not exist")
+        if raw:
+            given[field] = Path(raw)
+            if not Path(raw).is_file():
+                problems.append(f"{option} file {raw!r} does not exist")
+    for option, field in (("token", "token"), ("user", "user"), ("password", "password"),
+                          ("jsDomain", "js_domain")):
+        if opts.get(option.lower()):
+            given[field] = opts[option.lower()]
+    if _bool(opts, "tlsFirst", False, problems):
+        given["tls_first"] = True
     # The rules ConnectionOptions enforces, in this format's option names.
     if sum(bool(opts.get(k)) for k in ("creds", "nkeyseed", "token", "user")) > 1:
         problems.append("choose one of creds, token, nkeySeed, user/password")
@@ -118,17 +136,16 @@ def parse_connection(opts: Mapping[str, str]) -> tuple[ConnectionOptions, list[s
         problems.append("password needs user")
     if bool(opts.get("tlscert")) != bool(opts.get("tlskey")):
         problems.append("give both tlsCert and tlsKey (mutual TLS), or neither")
+    fallback = ConnectionOptions(servers=servers or (DEFAULT_SERVER,), name="cgroupd-spark")
     if problems:
-        return ConnectionOptions(servers=servers or (DEFAULT_SERVER,)), problems
+        return fallback, problems
     try:
-        conn = ConnectionOptions(
-            servers=servers or (DEFAULT_SERVER,), token=opts.get("token"),
-            user=opts.get("user"), password=opts.get("password"),
-            connect_timeout=timeout if timeout > 0 else DEFAULT_CONNECT_TIMEOUT,
-            name="cgroupd-spark", **paths)  # type: ignore[arg-type]
+        conn = with_context(given, opts.get("context") or env.get(CONTEXT_ENV) or None, env,
+                            connect_timeout=timeout if timeout > 0 else DEFAULT_CONNECT_TIMEOUT,
+                            name="cgroupd-spark")
     except ConfigError as exc:
         problems.extend(exc.problems)
-        conn = ConnectionOptions(servers=servers or (DEFAULT_SERVER,), name="cgroupd-spark")
+        conn = fallback
     return conn, problems
 
 

@@ -169,7 +169,7 @@ def row_digest(subject: str, headers: Mapping[str, str], body: bytes) -> str:
 async def _publish(options: SinkOptions, batches: Iterator[pa.RecordBatch],
                    prefix: str) -> PublishReport:
     nc = await connect(options.connection, reconnect=False)
-    js = nc.jetstream(timeout=options.publish_timeout)
+    js = nc.jetstream(timeout=options.publish_timeout, prefix=jsapi.api(nc))
     report = PublishReport()
     window: list[asyncio.Task[Any]] = []
 

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "cgroupd"
 LAYERS: dict[str, set[str]] = {
     # No I/O: configs, names, rules, errors.
     "core": {"config", "consumerinfo", "errors", "exits", "lazyimport", "logs", "naming",
-             "ordering", "partitions", "pinning", "records", "settings", "tasks"},
+             "ordering", "partitions", "pinning", "records", "redact", "settings", "tasks"},
     # The only modules that talk to nats-py and build $JS.API requests.
     "adapter": {"adapter", "connect", "events", "jetstream", "jsapi", "lease", "message",
                 "groupstreams", "jserrors", "natsload", "pull", "streamread"},
@@ -30,7 +30,8 @@ LAYERS: dict[str, set[str]] = {
     "edges": {"__init__", "__main__", "cli", "daemon", "demo", "handlers", "metrics",
               "cli.application", "cli.context", "cli.demo", "cli.errors", "cli.groups",
               "cli.join", "cli.members", "cli.observe", "cli.options", "cli.parsers",
-              "cli.replay", "embedded", "joinoptions", "joinrun", "loopmonitor", "operations",
+              "cli.replay", "embedded", "joinoptions", "joinrun", "loopmonitor", "natscontext",
+              "operations",
               "probes",
               "spark", "spark.directget", "spark.driver", "spark.layout", "spark.lease",
               "spark.offsets", "spark.options", "spark.rows", "spark.source", "spark.wire",
