@@ -1,0 +1,111 @@
+"""What the NATS server refused this instance, kept for ``/healthz`` and the metrics.
+
+A denied publish (an ack to ``$JS.ACK.…``, a presence answer, a dead letter) gets no
+reply at all: the server only sends an asynchronous ``-ERR 'Permissions Violation for
+Publish to "…"'`` on the connection, which nats-py hands to the error callback. Without
+this a member whose user may not ack keeps ``/healthz`` at 200 while every message it
+handles is redelivered forever (issue 25 row 10). Pure bookkeeping, no I/O: the daemon
+feeds it the error texts and asks it for problems.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+#: A denial makes ``/healthz`` fail until this long after the last one (seconds): long
+#: enough to span the quiet between acks of a slow stream and presence probe rounds.
+DENIAL_WINDOW = 60.0
+
+_VIOLATION = re.compile(r'permissions violation for (publish|subscription) to "?([^"\s\']+)',
+                        re.IGNORECASE)
+
+#: What a kind of subject is for, said in the health problem.
+CONSEQUENCE = {
+    "ack": "acks are not applied: every handled message will be redelivered",
+    "control": "cgroupd control subjects (presence, step-down, events): the instance cannot "
+               "prove it is alive or see its peers, so it flaps between active and standby",
+    "api": "JetStream API: consumers, group records or stream reads fail",
+    "inbox": "replies to this instance's requests are lost",
+    "dead_letter": "dead letters cannot be stored: given-up messages stay in the stream",
+    "other": "this operation fails",
+}
+
+
+def kind_of(subject: str, dead_letter_subject: str | None = None) -> str:
+    """The kind of a denied subject: ack, control, api, inbox, dead_letter or other."""
+    if subject.startswith("$JS.ACK."):
+        return "ack"
+    if dead_letter_subject is not None and subject == dead_letter_subject:
+        return "dead_letter"
+    if subject.startswith("_CGROUPD."):
+        return "control"
+    if subject.startswith(("$JS.", "$KV.")):
+        return "api"
+    if subject.startswith("_INBOX."):
+        return "inbox"
+    return "other"
+
+
+def shown_subject(subject: str, kind: str) -> str:
+    """The subject as one problem line names it: an ack subject up to its consumer (the
+    sequence numbers after it would make every ack a problem of its own)."""
+    tokens = subject.split(".")
+    if kind == "ack" and len(tokens) > 4:
+        return ".".join(tokens[:4]) + ".>"
+    if kind in ("inbox", "control", "api") and len(tokens) > 3:
+        return ".".join(tokens[:3]) + ".>"
+    return subject
+
+
+@dataclass
+class _Seen:
+    count: int
+    last: float
+
+
+class Denials:
+    """The permission violations of one connection, by operation and subject."""
+
+    def __init__(self, *, dead_letter_subject: str | None = None,
+                 window: float = DENIAL_WINDOW,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._dead_letter = dead_letter_subject
+        self._window = window
+        self._clock = clock
+        self._seen: dict[tuple[str, str, str], _Seen] = {}
+
+    def record(self, error: str) -> tuple[str, str] | None:
+        """Note a client error's text; ``(operation, kind)`` when it was a denial."""
+        m = _VIOLATION.search(error)
+        if m is None:
+            return None
+        operation = "publish" if m.group(1).lower() == "publish" else "subscribe"
+        subject = m.group(2)
+        kind = kind_of(subject, self._dead_letter)
+        key = (operation, kind, shown_subject(subject, kind))
+        seen = self._seen.get(key)
+        now = self._clock()
+        if seen is None:
+            if len(self._seen) >= 32:  # bounded: drop the oldest
+                del self._seen[min(self._seen, key=lambda k: self._seen[k].last)]
+            self._seen[key] = _Seen(1, now)
+        else:
+            seen.count += 1
+            seen.last = now
+        return operation, kind
+
+    def problems(self) -> list[str]:
+        """One line per denied operation within the window (empty: none)."""
+        now = self._clock()
+        out = []
+        for (operation, kind, subject), seen in sorted(self._seen.items()):
+            ago = now - seen.last
+            if ago > self._window:
+                continue
+            out.append(f"NATS permission denied: {operation} to {subject} ({seen.count} "
+                       f"times, last {ago:.0f}s ago): {CONSEQUENCE[kind]}; grant this "
+                       f"user {operation} permission on it")
+        return out
