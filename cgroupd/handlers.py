@@ -30,7 +30,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 from cgroupd import logs
 from cgroupd.calling import call_handler, handler_failure, is_async
@@ -67,13 +67,13 @@ Publish = Callable[[str, bytes, dict[str, str]], Awaitable[None]]
 # -- options ---------------------------------------------------------------------------
 def safe_url(url: str) -> str:
     """``url`` as it may be shown (logs, errors, dead letters): no userinfo, and a query
-    string (often a signature or token) reduced to ``?…``."""
+    string (often a signature or token) reduced to ``?...``."""
     try:
         parts = urlsplit(url)
     except ValueError:
         return "<unparsable URL>"
     netloc = parts.netloc.rpartition("@")[2]
-    return urlunsplit((parts.scheme, netloc, parts.path, "…" if parts.query else "", ""))
+    return urlunsplit((parts.scheme, netloc, parts.path, "..." if parts.query else "", ""))
 
 
 @dataclass(frozen=True)
@@ -429,6 +429,7 @@ class WebhookHandler:
         """``text`` with every credential value (and the URL's password) replaced."""
         basic = self.options.basic_auth
         values = self._auth.secrets() + ([basic[1]] if basic and len(basic[1]) >= 4 else [])
+        values += [v for _, v in parse_qsl(urlsplit(self.options.url).query) if len(v) >= 4]
         for value in sorted(values, key=len, reverse=True):
             text = text.replace(value, "***")
         return text

@@ -2,7 +2,8 @@
 
 A denied publish (an ack to ``$JS.ACK.…``, a presence answer, a dead letter) gets no
 reply at all: the server only sends an asynchronous ``-ERR 'Permissions Violation for
-Publish to "…"'`` on the connection, which nats-py hands to the error callback. Without
+Publish to "…"'`` on the connection, which nats-py hands to the error callback
+(lower-cased, subject included). Without
 this a member whose user may not ack keeps ``/healthz`` at 200 while every message it
 handles is redelivered forever (issue 25 row 10). Pure bookkeeping, no I/O: the daemon
 feeds it the error texts and asks it for problems.
@@ -34,24 +35,30 @@ CONSEQUENCE = {
 }
 
 
+#: Subject prefixes by kind, as nats-py reports them (it lower-cases the server's error
+#: text, subject included) and as a problem line names them.
+_PREFIXES = (("$js.ack.", "$JS.ACK.", "ack"), ("_cgroupd.", "_CGROUPD.", "control"),
+             ("$js.", "$JS.", "api"), ("$kv.", "$KV.", "api"),
+             ("_inbox.", "_INBOX.", "inbox"))
+
+
 def kind_of(subject: str, dead_letter_subject: str | None = None) -> str:
     """The kind of a denied subject: ack, control, api, inbox, dead_letter or other."""
-    if subject.startswith("$JS.ACK."):
-        return "ack"
-    if dead_letter_subject is not None and subject == dead_letter_subject:
+    lower = subject.lower()
+    if dead_letter_subject is not None and lower == dead_letter_subject.lower():
         return "dead_letter"
-    if subject.startswith("_CGROUPD."):
-        return "control"
-    if subject.startswith(("$JS.", "$KV.")):
-        return "api"
-    if subject.startswith("_INBOX."):
-        return "inbox"
-    return "other"
+    return next((kind for prefix, _, kind in _PREFIXES if lower.startswith(prefix)), "other")
 
 
 def shown_subject(subject: str, kind: str) -> str:
-    """The subject as one problem line names it: an ack subject up to its consumer (the
-    sequence numbers after it would make every ack a problem of its own)."""
+    """The subject as one problem line names it: its well-known prefix in its own case,
+    and an ack subject only up to its consumer (the sequence numbers after it would make
+    every ack a problem of its own)."""
+    lower = subject.lower()
+    for prefix, shown, _ in _PREFIXES:
+        if lower.startswith(prefix):
+            subject = shown + subject[len(prefix):]
+            break
     tokens = subject.split(".")
     if kind == "ack" and len(tokens) > 4:
         return ".".join(tokens[:4]) + ".>"
