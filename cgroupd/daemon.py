@@ -361,6 +361,7 @@ class Daemon:
 
     async def _reconnected(self) -> None:
         self.metrics.set_connected(True)
+        self.denials.reconnected()
         url = self.nc.connected_url if self.nc is not None else None
         self._log.info("nats reconnected", server=url.geturl() if url else None)
 

@@ -38,7 +38,7 @@ CONSEQUENCE = {
 #: Subject prefixes by kind, as nats-py reports them (it lower-cases the server's error
 #: text, subject included) and as a problem line names them.
 _PREFIXES = (("$js.ack.", "$JS.ACK.", "ack"), ("_cgroupd.", "_CGROUPD.", "control"),
-             ("$js.", "$JS.", "api"), ("$kv.", "$KV.", "api"),
+             ("$js.api.", "$JS.API.", "api"), ("$js.", "$JS.", "api"), ("$kv.", "$KV.", "api"),
              ("_inbox.", "_INBOX.", "inbox"))
 
 
@@ -104,13 +104,19 @@ class Denials:
             seen.last = now
         return operation, kind
 
+    def reconnected(self) -> None:
+        """The client subscribed again: denied subscriptions will say so again."""
+        self._seen = {k: v for k, v in self._seen.items() if k[0] != "subscribe"}
+
     def problems(self) -> list[str]:
-        """One line per denied operation within the window (empty: none)."""
+        """One line per denied operation: a publish within the window, a subscription
+        until the next reconnect (the server refuses a subscription once; it stays
+        missing, while a denied publish is refused each time it is tried)."""
         now = self._clock()
         out = []
         for (operation, kind, subject), seen in sorted(self._seen.items()):
             ago = now - seen.last
-            if ago > self._window:
+            if operation == "publish" and ago > self._window:
                 continue
             out.append(f"NATS permission denied: {operation} to {subject} ({seen.count} "
                        f"times, last {ago:.0f}s ago): {CONSEQUENCE[kind]}; grant this "

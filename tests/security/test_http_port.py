@@ -205,3 +205,43 @@ async def test_join_with_256_files_answers_probes_under_a_2000_connection_flood(
 
 async def _get_ok(port: int) -> bool:
     return (await _get(port))[0] == 200
+
+
+async def test_a_large_answer_is_written_whole_and_an_unread_one_times_out() -> None:
+    """An answer bigger than the socket buffers (5 MB) reaches a client that reads it;
+    a client that never reads its answer loses the connection at the timeout."""
+    async with _probes([], read_timeout=1.0) as (server, _):
+        big = b"x" * 5_000_000
+        server.answer = lambda method, path: (200, "text/plain", big)  # type: ignore[method-assign]
+        port = server.port  # type: ignore[attr-defined]
+        status, body = await _get(port, b"GET /metrics HTTP/1.1\r\n\r\n")
+        assert status == 200 and body == big
+        _reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1024)
+        writer.write(b"GET /metrics HTTP/1.1\r\n\r\n")
+        await eventually(lambda: server.open_connections == 1, 2, what="held")
+        # Never read: the server's writes stall on full buffers until its deadline.
+        await eventually(lambda: server.open_connections == 0, 3, what="closed at timeout")
+        writer.close()
+
+
+async def test_listens_on_ipv6_loopback_and_refuses_a_port_in_use() -> None:
+    """Any address getaddrinfo knows (here ::1); a port in use is a StartupError."""
+    from cgroupd.errors import StartupError
+
+    metrics = Metrics("ORDERS", "g", "m1")
+    server = ProbeServer(metrics, problems=list, ready=lambda: True, state=dict)
+    port = find_free_port()
+    try:
+        await server.start("::1", port)
+    except StartupError:
+        pytest.skip("no IPv6 loopback here")
+    try:
+        reader, writer = await asyncio.open_connection("::1", port)
+        writer.write(b"GET /readyz HTTP/1.1\r\n\r\n")
+        assert (await reader.read()).startswith(b"HTTP/1.1 200 OK\r\n")
+        writer.close()
+        other = ProbeServer(metrics, problems=list, ready=lambda: True, state=dict)
+        with pytest.raises(StartupError, match="cannot listen on ::1"):
+            await other.start("::1", port)
+    finally:
+        await server.stop()

@@ -1,0 +1,65 @@
+"""Issue 25 row 10, the bookkeeping alone (no server): which denials make /healthz fail,
+how they are named, and for how long."""
+
+from __future__ import annotations
+
+from cgroupd.healthwatch import Denials, kind_of, shown_subject
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_denials_are_classified_grouped_and_expire() -> None:
+    """Each ack of one consumer is one problem line (not one per sequence), counted;
+    the line names the subject and the missing permission and goes 60 s after the last
+    denial; errors that are no permission violation are ignored."""
+    clock = Clock()
+    denials = Denials(dead_letter_subject="DLQ.Orders", clock=clock)
+    for seq in range(3):
+        assert denials.record(
+            f"nats: permissions violation for publish to "
+            f"\"$js.ack.orders-g.m1-abc.1.{seq}.{seq}.1700000000000000000.0\"") == (
+                "publish", "ack")
+    assert denials.record("nats: permissions violation for subscription to "
+                          "\"_cgroupd.presence.orders.g.m1.abc\"") == ("subscribe", "control")
+    assert denials.record("nats: permissions violation for publish to \"dlq.orders\"") == (
+        "publish", "dead_letter")
+    assert denials.record("nats: stale connection") is None
+    problems = denials.problems()
+    assert len(problems) == 3
+    ack = next(p for p in problems if "$JS.ACK." in p)
+    assert ack.startswith("NATS permission denied: publish to $JS.ACK.orders-g.m1-abc.> "
+                          "(3 times, last 0s ago): acks are not applied")
+    assert ack.endswith("grant this user publish permission on it")
+    assert any("subscribe to _CGROUPD.presence.orders.>" in p and "flaps" in p for p in problems)
+    clock.now += 59
+    assert len(denials.problems()) == 3
+    clock.now += 2
+    # A denied publish is refused again when it is tried again: gone after the window.
+    # A denied subscription stays missing: it stays until the client subscribes again.
+    [problem] = denials.problems()
+    assert "subscribe to _CGROUPD.presence" in problem
+    denials.reconnected()
+    assert denials.problems() == []
+
+
+def test_kinds_and_shown_subjects() -> None:
+    assert kind_of("$JS.API.CONSUMER.CREATE.S") == "api"
+    assert kind_of("$kv.bucket.key") == "api"
+    assert kind_of("_INBOX.abc.def") == "inbox"
+    assert kind_of("orders.k1") == "other"
+    assert shown_subject("$js.api.consumer.create.s", "api") == "$JS.API.consumer.>"
+    assert shown_subject("orders.k1", "other") == "orders.k1"
+
+
+def test_the_number_of_remembered_subjects_is_bounded() -> None:
+    """A flood of distinct denied subjects keeps at most 32 lines."""
+    denials = Denials()
+    for i in range(1000):
+        denials.record(f"nats: permissions violation for publish to \"x.{i}\"")
+    assert len(denials.problems()) == 32
