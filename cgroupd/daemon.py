@@ -45,8 +45,8 @@ from cgroupd.errors import (
     GroupNotFound,
     StartupError,
 )
-from cgroupd.handlers import HandlerOptions, Publish, build_handler
-from cgroupd.healthwatch import Denials
+from cgroupd.handlers import HandlerOptions, HandlerWrapper, Publish, build_handler
+from cgroupd.healthwatch import AckWatch, Denials
 from cgroupd.jetstream import JetStream
 from cgroupd.joinoptions import JoinOptions as JoinOptions
 from cgroupd.joinoptions import drain_problems as drain_problems
@@ -134,6 +134,7 @@ class Daemon:
         self.loop_monitor = LoopMonitor()
         #: What the server refused this instance (for /healthz; issue 25 row 10).
         self.denials = Denials(dead_letter_subject=handler.dead_letter.subject)
+        self.acks = AckWatch()
         self.nc: Connection | None = None
         self.member: Member | None = None
         self._stop = asyncio.Event()
@@ -144,6 +145,7 @@ class Daemon:
         self._closing = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._probes: ProbeServer | None = None
+        self._handler: HandlerWrapper | None = None
         self._session: aiohttp.ClientSession | None = None
         self._log = log.bind(stream=options.stream, group=options.group,
                              member=options.member)
@@ -198,7 +200,7 @@ class Daemon:
                                                ssl=ssl_context if ssl_context else True))
         publish = (jetstream_publisher(js, on_decoy=self.metrics.dead_letter_id_taken)
                    if self.handler_options.dead_letter.subject is not None else None)
-        handler = build_handler(self.handler_options, session=self._session,
+        handler = self._handler = build_handler(self.handler_options, session=self._session,
                                 publish=publish, metrics=self.metrics,
                                 context={"stream": o.stream, "group": o.group,
                                          "member": o.member})
@@ -378,6 +380,10 @@ class Daemon:
         if self.member is not None:
             out += self.member.health()
         out += self.denials.problems()
+        if self._handler is not None and self.member is not None:
+            lost = self.acks.problem(self._handler.acked, self.member.stats["resettled"])
+            if lost is not None:
+                out.append(lost)
         lag = self.loop_monitor.worst()
         if lag > self.options.max_loop_lag:
             out.append(f"event loop blocked for {lag:.1f}s within the last "

@@ -541,6 +541,9 @@ class HandlerWrapper:
         self._log = log.bind(**self.context)
         #: This process's secret for dead-letter ids (never leaves it).
         self._id_key = secrets.token_bytes(32)
+        #: Messages handled to an ack (the daemon compares the runtime's count of acks
+        #: that did not take effect with it: cgroupd.healthwatch.AckWatch).
+        self.acked = 0
 
     async def __call__(self, message: Message) -> None:
         await self.handle(message)
@@ -569,6 +572,8 @@ class HandlerWrapper:
         finally:
             if message.outcome is not None and outcome != "dead_letter":
                 outcome = message.outcome.value
+            if outcome == "ack":
+                self.acked += 1
             if self.metrics is not None:
                 self.metrics.message_finished(outcome, self._clock() - started)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -122,3 +123,36 @@ class Denials:
                        f"times, last {ago:.0f}s ago): {CONSEQUENCE[kind]}; grant this "
                        f"user {operation} permission on it")
         return out
+
+
+class AckWatch:
+    """Acks that do not take effect, whatever the reason: messages delivered again after
+    this instance acked them (the member runtime counts them, ``resettled``, and sends
+    the ack again). One or two after a reconnect are normal; at least
+    :attr:`MIN_LOST` in the window that are at least half as many as the messages handled
+    to an ack in it mean the acks keep failing."""
+
+    WINDOW = 300.0
+    MIN_LOST = 3
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        #: (time, acked, resettled) samples: one at or before the window's start (the
+        #: baseline), then at most one a second.
+        self._samples: deque[tuple[float, int, int]] = deque([(clock(), 0, 0)])
+
+    def problem(self, acked: int, resettled: int) -> str | None:
+        """The problem line given the totals now (empty: none)."""
+        now = self._clock()
+        if now - self._samples[-1][0] >= 1.0:
+            self._samples.append((now, acked, resettled))
+        while len(self._samples) > 1 and self._samples[1][0] <= now - self.WINDOW:
+            self._samples.popleft()
+        since, acked_before, lost_before = self._samples[0]
+        lost, done = resettled - lost_before, acked - acked_before
+        if lost < self.MIN_LOST or 2 * lost < done:
+            return None
+        return (f"acks are not taking effect: {lost} messages were delivered again after "
+                f"this instance acked them in the last {now - since:.0f}s (for {done} "
+                "handled): a user without publish permission on $JS.ACK.>, or acks lost "
+                "on the way")

@@ -72,6 +72,14 @@ class _IgnoredInput:
         for kind, key in IGNORED_INPUT.items():
             family.add_metric([*self._labels, kind], counts.get(key, 0))
         yield family
+        # From the same runtime counts: settlements that did not take effect.
+        resent = CounterMetricFamily(
+            PREFIX + "acks_not_applied", "Messages delivered to this instance again after "
+            "it had acked (or termed) them: the settlement did not take effect (sent again; "
+            "a user without publish permission on $JS.ACK.>, or acks lost on the way).",
+            labels=list(LABELS))
+        resent.add_metric(self._labels, counts.get("resettled", 0))
+        yield resent
 
 
 class _Series:

@@ -63,3 +63,29 @@ def test_the_number_of_remembered_subjects_is_bounded() -> None:
     for i in range(1000):
         denials.record(f"nats: permissions violation for publish to \"x.{i}\"")
     assert len(denials.problems()) == 32
+
+
+def test_acks_that_do_not_take_effect_are_a_problem_once_most_come_back() -> None:
+    """Messages delivered again after they were acked: a few among many acks (a
+    reconnect) are no problem; three that are at least half of the window's acks are,
+    and the problem goes once the window has passed without more."""
+    from cgroupd.healthwatch import AckWatch
+
+    clock = Clock()
+    watch = AckWatch(clock)
+    clock.now += 10
+    assert watch.problem(acked=100, resettled=2) is None, "2 lost: a reconnect"
+    clock.now += 10
+    assert watch.problem(acked=100, resettled=40) is None, "40 of 100: not most"
+    clock.now += 10
+    problem = watch.problem(acked=100, resettled=60)
+    assert problem is not None and problem.startswith(
+        "acks are not taking effect: 60 messages were delivered again after this instance "
+        "acked them in the last 30s (for 100 handled)")
+    clock.now += 290
+    assert watch.problem(acked=100, resettled=60) is not None, "still within the window"
+    clock.now += 300
+    assert watch.problem(acked=100, resettled=60) is None, "none more in the window"
+    clock.now += 400
+    problem = watch.problem(acked=100, resettled=90)
+    assert problem is not None and "30 messages" in problem and "for 0 handled" in problem

@@ -59,14 +59,14 @@ async def test_a_member_that_may_not_ack_is_unhealthy_and_counted(
         server: NatsServer, tmp_path: Path) -> None:
     """Every ack is denied: /healthz goes 503 naming ``publish to $JS.ACK.ORDERS...``
     and the missing permission, and the counter counts each denied ack (one per handled
-    message at least)."""
+    message at least); the redelivered messages are seen as acks not taking effect."""
     admin = await nats.connect(_url(server, "admin"), **client_options())
     try:
         await make_group(JetStream(admin), partitions=2, members=("m1",))
         record = tmp_path / "handled.jsonl"
         proc = JoinProcess(_url(server, "noack"), tmp_path, "noack", "--stream", "ORDERS",
                            "--group", "g", "--member", "m1", "--handler", HANDLER,
-                           record=record)
+                           "--ack-wait", "1", record=record)
         try:
             async with aiohttp.ClientSession() as http:
                 await eventually(lambda: proc.metric(http, "cgroupd_member_active"), 20,
@@ -82,9 +82,20 @@ async def test_a_member_that_may_not_ack_is_unhealthy_and_counted(
 
                 problems = await eventually(unhealthy, 15, what="/healthz 503",
                                             diagnostics=proc.log_tail)
-                [problem] = problems
+                problem = problems[0]
                 assert "NATS permission denied: publish to $JS.ACK.orders-g.m1-" in problem
                 assert "acks are not applied" in problem and "grant" in problem
+
+                # The messages come back (ack wait 1 s): seen as acks not taking effect,
+                # whatever the cause, counted and named in /healthz as well.
+                async def lost_acks() -> list[str]:
+                    _, problems = await _health(proc, http)
+                    return [p for p in problems if p.startswith("acks are not taking effect")]
+
+                await eventually(lost_acks, 20, what="lost acks in /healthz",
+                                 diagnostics=proc.log_tail)
+                lost = await proc.metric(http, "cgroupd_acks_not_applied_total")
+                assert lost is not None and lost >= 3
 
                 async def counted() -> float:
                     n = await proc.metric(http, "cgroupd_permission_violations_total",
