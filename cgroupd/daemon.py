@@ -348,10 +348,16 @@ class Daemon:
 
         async def on_error(exc: Exception) -> None:
             seen = self.denials.record(str(exc))
-            if seen is not None:
-                self.metrics.permission_violation(*seen)
-            if chained is not None:
-                await chained(exc)
+            if seen is None:
+                if chained is not None:
+                    await chained(exc)
+                return
+            # Not chained (connect()'s callback logs every error): one warning per
+            # denied operation a minute, not one per message.
+            self.metrics.permission_violation(*seen)
+            fields = self.denials.to_log()
+            if fields is not None:
+                self._log.warning("NATS permission denied", **fields)
 
         nc._error_cb = on_error
 

@@ -72,6 +72,14 @@ def shown_subject(subject: str, kind: str) -> str:
 class _Seen:
     count: int
     last: float
+    #: When it was last logged, and the count then.
+    logged: float = -1e18
+    logged_count: int = 0
+
+
+#: Each denied operation is logged once, then at most this often (with a count): a
+#: denied ack would otherwise log one warning per message.
+LOG_EVERY = 60.0
 
 
 class Denials:
@@ -84,9 +92,11 @@ class Denials:
         self._window = window
         self._clock = clock
         self._seen: dict[tuple[str, str, str], _Seen] = {}
+        self._latest: tuple[str, str, str] | None = None
 
     def record(self, error: str) -> tuple[str, str] | None:
-        """Note a client error's text; ``(operation, kind)`` when it was a denial."""
+        """Note a client error's text; ``(operation, kind)`` when it was a denial
+        (:meth:`to_log` then says whether to log it)."""
         m = _VIOLATION.search(error)
         if m is None:
             return None
@@ -103,7 +113,20 @@ class Denials:
         else:
             seen.count += 1
             seen.last = now
+        self._latest = key
         return operation, kind
+
+    def to_log(self) -> dict[str, object] | None:
+        """The fields to log for the denial just recorded, or None when the same one was
+        logged less than LOG_EVERY ago (``times``: how many since it was last logged)."""
+        seen = self._seen.get(self._latest) if self._latest is not None else None
+        if seen is None or seen.last - seen.logged < LOG_EVERY:
+            return None
+        operation, kind, subject = self._latest  # type: ignore[misc]
+        fields: dict[str, object] = {"operation": operation, "subject": subject, "kind": kind,
+                                     "times": seen.count - seen.logged_count}
+        seen.logged, seen.logged_count = seen.last, seen.count
+        return fields
 
     def reconnected(self) -> None:
         """The client subscribed again: denied subscriptions will say so again."""

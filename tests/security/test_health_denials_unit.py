@@ -89,3 +89,19 @@ def test_acks_that_do_not_take_effect_are_a_problem_once_most_come_back() -> Non
     clock.now += 400
     problem = watch.problem(acked=100, resettled=90)
     assert problem is not None and "30 messages" in problem and "for 0 handled" in problem
+
+
+def test_a_denial_is_logged_once_a_minute_with_a_count() -> None:
+    """Not one log line per denied ack: the first, then one a minute saying how many."""
+    clock = Clock()
+    denials = Denials(clock=clock)
+    ack = "nats: permissions violation for publish to \"$js.ack.s.c.1.{}.1.1.0\""
+    logged = []
+    for i in range(100):
+        clock.now += 1
+        denials.record(ack.format(i))
+        if (fields := denials.to_log()) is not None:
+            logged.append(fields)
+    assert [f["times"] for f in logged] == [1, 60]
+    assert logged[0] == {"operation": "publish", "subject": "$JS.ACK.s.c.>", "kind": "ack",
+                         "times": 1}
