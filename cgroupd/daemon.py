@@ -200,10 +200,10 @@ class Daemon:
                                                ssl=ssl_context if ssl_context else True))
         publish = (jetstream_publisher(js, on_decoy=self.metrics.dead_letter_id_taken)
                    if self.handler_options.dead_letter.subject is not None else None)
-        handler = self._handler = build_handler(self.handler_options, session=self._session,
-                                publish=publish, metrics=self.metrics,
-                                context={"stream": o.stream, "group": o.group,
-                                         "member": o.member})
+        handler = self._handler = build_handler(
+            self.handler_options, session=self._session, publish=publish,
+            metrics=self.metrics, context={"stream": o.stream, "group": o.group,
+                                           "member": o.member})
         ops = self.operations = Operations(o, self.metrics, self._log,
                                            events.Publisher(self.nc, o.stream, o.group))
         member = self.member = ops.member = Member(

@@ -108,6 +108,12 @@ class WebhookOptions:
         if not self.url.startswith(("http://", "https://")):
             problems.append(f"webhook URL {self.display_url!r} must start with http:// or "
                             "https://")
+        else:
+            try:
+                if not urlsplit(self.url).hostname:
+                    problems.append(f"webhook URL {self.display_url!r} names no host")
+            except ValueError:
+                problems.append(f"webhook URL {self.display_url!r} is not a valid URL")
         if self.header_file is not None and self.token_file is not None:
             problems.append("give one of --webhook-header-file or --webhook-token-file")
         if self.key_file is not None and self.cert_file is None:
