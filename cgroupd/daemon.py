@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import signal
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -46,10 +48,18 @@ from cgroupd.errors import (
     BucketNotFound,
     CgroupdError,
     ConfigError,
+    DeadLetterFailed,
     GroupNotFound,
     StartupError,
 )
-from cgroupd.handlers import HandlerOptions, Publish, build_handler, listener_hooks
+from cgroupd.handlers import (
+    HandlerOptions,
+    HandlerWrapper,
+    Publish,
+    build_handler,
+    listener_hooks,
+)
+from cgroupd.healthwatch import AckWatch, Denials
 from cgroupd.jetstream import JetStream
 from cgroupd.joinoptions import JoinOptions as JoinOptions
 from cgroupd.joinoptions import drain_problems as drain_problems
@@ -78,13 +88,49 @@ DEAD_LETTER_TIMEOUT = 5.0
 _READY_STATES = (MemberState.STANDBY, MemberState.ACTIVE)
 
 
-def jetstream_publisher(js: JetStream, timeout: float = DEAD_LETTER_TIMEOUT) -> Publish:
-    """A confirmed (PubAck) publish, for dead letters; raises when not stored."""
+def jetstream_publisher(js: JetStream, timeout: float = DEAD_LETTER_TIMEOUT,
+                        on_decoy: Callable[[], None] | None = None) -> Publish:
+    """A confirmed (PubAck) publish, for dead letters; raises when not stored.
+
+    A PubAck that says ``duplicate`` means the stream holds *some* message with our
+    ``Nats-Msg-Id``: ours from an earlier attempt whose ack was lost, or a decoy someone
+    else published under it. The stored message is read back and compared; anything but
+    ours (or one that cannot be read) is published again under a fresh random id, so a
+    dead letter is never dropped as a duplicate of something else (issue 25 row 5).
+    """
 
     async def publish(subject: str, data: bytes, headers: dict[str, str]) -> None:
-        await js.publish(subject, data, headers=headers, timeout=timeout)
+        msg_id = headers.get("Nats-Msg-Id", "")
+        stream, seq, duplicate = await js.publish_stored(subject, data, headers, timeout)
+        if not duplicate or await _is_ours(js, stream, seq, data, headers):
+            return
+        if on_decoy is not None:
+            on_decoy()
+        log.warning("a dead letter's id was taken by another message; publishing it under "
+                    "a new id (is the dead-letter subject write-protected?)",
+                    dead_letter_subject=subject, stream=stream, stored_seq=seq)
+        for _ in range(3):
+            fresh = {**headers, "Nats-Msg-Id": f"{msg_id}-{secrets.token_hex(16)}"}
+            stream, seq, duplicate = await js.publish_stored(subject, data, fresh, timeout)
+            if not duplicate:
+                return
+        raise DeadLetterFailed(f"dead letter to {subject} not stored: every id was taken")
 
     return publish
+
+
+async def _is_ours(js: JetStream, stream: str, seq: int, data: bytes,
+                   headers: dict[str, str]) -> bool:
+    """Whether ``stream``'s message ``seq`` is this dead letter (False when unreadable)."""
+    try:
+        stored = await js.get_message(stream, seq)
+    except CgroupdError as exc:
+        log.warning("cannot read back a duplicate dead letter; publishing it again",
+                    stream=stream, seq=seq, error=str(exc))
+        return False
+    return (stored is not None and stored.data == data
+            and all((stored.headers.get(k) or "").strip() == v.strip()
+                    for k, v in headers.items()))
 
 
 class Daemon:
@@ -103,6 +149,9 @@ class Daemon:
         self.metrics.exported = bool(options.metrics_port)
         self.metrics.count_ignored_input(lambda: self.member.stats if self.member else {})
         self.loop_monitor = LoopMonitor()
+        #: What the server refused this instance (for /healthz; issue 25 row 10).
+        self.denials = Denials(dead_letter_subject=handler.dead_letter.subject)
+        self.acks = AckWatch()
         self.nc: Connection | None = None
         self.member: Member | None = None
         self._stop = asyncio.Event()
@@ -113,6 +162,7 @@ class Daemon:
         self._closing = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._probes: ProbeServer | None = None
+        self._handler: HandlerWrapper | None = None
         self._session: aiohttp.ClientSession | None = None
         self._log = log.bind(stream=options.stream, group=options.group,
                              member=options.member)
@@ -157,6 +207,7 @@ class Daemon:
         o = self.options
         self.nc = await connect(self.connection, disconnected_cb=self._disconnected,
                                 reconnected_cb=self._reconnected)
+        self._watch_denials(self.nc)
         self.metrics.set_connected(True)
         js = JetStream(self.nc)
         static = await self._group_kind(js)
@@ -165,14 +216,16 @@ class Daemon:
         if self.handler_options.webhook is not None:
             import aiohttp
 
+            ssl_context = self.handler_options.webhook.ssl_context()
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=max(10, 2 * self.settings.max_in_flight)))
-        publish = (jetstream_publisher(js)
+                connector=aiohttp.TCPConnector(limit=max(10, 2 * self.settings.max_in_flight),
+                                               ssl=ssl_context if ssl_context else True))
+        publish = (jetstream_publisher(js, on_decoy=self.metrics.dead_letter_id_taken)
                    if self.handler_options.dead_letter.subject is not None else None)
-        handler = build_handler(self.handler_options, session=self._session,
-                                publish=publish, metrics=self.metrics,
-                                context={"stream": o.stream, "group": o.group,
-                                         "member": o.member})
+        handler = self._handler = build_handler(
+            self.handler_options, session=self._session, publish=publish,
+            metrics=self.metrics, context={"stream": o.stream, "group": o.group,
+                                           "member": o.member})
         ops = self.operations = Operations(o, self.metrics, self._log,
                                            events.Publisher(self.nc, o.stream, o.group))
         context = {"stream": o.stream, "group": o.group, "member": o.member}
@@ -361,6 +414,26 @@ class Daemon:
         task.add_done_callback(self._tasks.discard)
 
     # -- connection ---------------------------------------------------------------
+    def _watch_denials(self, nc: Connection) -> None:
+        """Chain nats-py's error callback (set by connect()): permission violations
+        (a denied publish gets no reply, only this) go to /healthz and the metrics."""
+        chained = nc._error_cb
+
+        async def on_error(exc: Exception) -> None:
+            seen = self.denials.record(str(exc))
+            if seen is None:
+                if chained is not None:
+                    await chained(exc)
+                return
+            # Not chained (connect()'s callback logs every error): one warning per
+            # denied operation a minute, not one per message.
+            self.metrics.permission_violation(*seen)
+            fields = self.denials.to_log()
+            if fields is not None:
+                self._log.warning("NATS permission denied", **fields)
+
+        nc._error_cb = on_error
+
     async def _disconnected(self) -> None:
         self.metrics.set_connected(False)
         # nats-py also calls this for failed first attempts: only a lost connection counts.
@@ -369,6 +442,7 @@ class Daemon:
 
     async def _reconnected(self) -> None:
         self.metrics.set_connected(True)
+        self.denials.reconnected()
         url = self.nc.connected_url if self.nc is not None else None
         self._log.info("nats reconnected", server=redact_url(url.geturl()) if url else None)
 
@@ -384,6 +458,11 @@ class Daemon:
             out.append("not connected to NATS")
         if self.member is not None:
             out += self.member.health()
+        out += self.denials.problems()
+        if self._handler is not None and self.member is not None:
+            lost = self.acks.problem(self._handler.acked, self.member.stats["resettled"])
+            if lost is not None:
+                out.append(lost)
         lag = self.loop_monitor.worst()
         if lag > self.options.max_loop_lag:
             out.append(f"event loop blocked for {lag:.1f}s within the last "
@@ -400,10 +479,13 @@ class Daemon:
 
         o = self.options
         probes = ProbeServer(self.metrics, problems=self.problems, ready=lambda: self.ready,
-                             state=self._state)
+                             state=self._state, read_timeout=o.http_read_timeout,
+                             max_connections=o.http_max_connections)
         await probes.start(o.metrics_host, o.metrics_port)
         self._probes = probes
-        self._log.info("http listening", host=o.metrics_host, port=o.metrics_port)
+        self._log.info("http listening", host=o.metrics_host, port=o.metrics_port,
+                       read_timeout=o.http_read_timeout,
+                       max_connections=probes.max_connections)
 
     def _state(self) -> dict[str, Any]:
         m = self.member

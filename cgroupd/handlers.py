@@ -19,12 +19,18 @@ No nats-py here: dead letters go through a ``publish`` callable the daemon provi
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import importlib
 import math
+import os
+import secrets
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 from cgroupd import logs
 from cgroupd.calling import call_handler, handler_failure, is_async
@@ -32,6 +38,7 @@ from cgroupd.dispatch import run_in_thread
 from cgroupd.errors import (
     ConfigError,
     DeadLetterFailed,
+    HandlerError,
     NonRetryable,
     WebhookFailed,
 )
@@ -58,11 +65,28 @@ Publish = Callable[[str, bytes, dict[str, str]], Awaitable[None]]
 
 
 # -- options ---------------------------------------------------------------------------
+def safe_url(url: str) -> str:
+    """``url`` as it may be shown (logs, errors, dead letters): no userinfo, and a query
+    string (often a signature or token) reduced to ``?...``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    netloc = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, netloc, parts.path, "..." if parts.query else "", ""))
+
+
 @dataclass(frozen=True)
 class WebhookOptions:
-    """Where and how to POST messages."""
+    """Where and how to POST messages.
 
-    url: str
+    Credentials never travel in what is shown: ``url`` may carry ``user:password@`` (sent
+    as HTTP Basic auth, never logged: :attr:`display_url` is what logs and errors say), and
+    ``header_file`` / ``token_file`` name files read at start and again whenever they
+    change (a rotated Kubernetes Secret needs no restart).
+    """
+
+    url: str = field(repr=False)
     #: Bound on one request, connect to last byte (seconds).
     timeout: float = DEFAULT_WEBHOOK_TIMEOUT
     #: Statuses that term the message instead of retrying it.
@@ -71,12 +95,35 @@ class WebhookOptions:
     #: :class:`WebhookEvents`). Off by default: a webhook that does not expect them would
     #: take them for messages.
     events: bool = False
+    #: A file of ``Name: value`` lines sent with every request (e.g. ``Authorization:
+    #: Bearer …``, ``X-Api-Key: …``).
+    header_file: str | None = None
+    #: A file holding a token sent as ``Authorization: Bearer <token>``.
+    token_file: str | None = None
+    #: CA bundle (PEM) that verifies the webhook's certificate (default: the system's).
+    ca_file: str | None = None
+    #: Client certificate (PEM, may hold the key too) and its key, for mutual TLS.
+    cert_file: str | None = None
+    key_file: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "non_retryable", frozenset(self.non_retryable))
         problems = []
         if not self.url.startswith(("http://", "https://")):
-            problems.append(f"webhook URL {self.url!r} must start with http:// or https://")
+            problems.append(f"webhook URL {self.display_url!r} must start with http:// or "
+                            "https://")
+        else:
+            try:
+                if not urlsplit(self.url).hostname:
+                    problems.append(f"webhook URL {self.display_url!r} names no host")
+            except ValueError:
+                problems.append(f"webhook URL {self.display_url!r} is not a valid URL")
+        if self.header_file is not None and self.token_file is not None:
+            problems.append("give one of --webhook-header-file or --webhook-token-file")
+        if self.key_file is not None and self.cert_file is None:
+            problems.append("--webhook-key needs --webhook-cert")
+        if self.basic_auth is not None and (self.header_file or self.token_file):
+            problems.append("give the webhook's credentials once: in the URL or in a file")
         if not math.isfinite(self.timeout) or self.timeout <= 0:
             problems.append(f"webhook timeout must be a positive number of seconds, "
                             f"not {self.timeout}")
@@ -85,6 +132,135 @@ class WebhookOptions:
             problems.append(f"non-retryable statuses must be within 300..599, not {bad}")
         if problems:
             raise ConfigError("; ".join(problems))
+
+    @property
+    def display_url(self) -> str:
+        return safe_url(self.url)
+
+    @property
+    def endpoint(self) -> str:
+        """The URL requested: without its userinfo (that goes in the Authorization header)."""
+        parts = urlsplit(self.url)
+        return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+    @property
+    def basic_auth(self) -> tuple[str, str] | None:
+        """``(user, password)`` of the URL's userinfo, percent-decoded; None without."""
+        try:
+            parts = urlsplit(self.url)
+        except ValueError:
+            return None
+        if "@" not in parts.netloc:
+            return None
+        return unquote(parts.username or ""), unquote(parts.password or "")
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS settings of ``--webhook-ca/--webhook-cert``; None: aiohttp's default
+        (the system's CAs). ConfigError names a file that does not load."""
+        if self.ca_file is None and self.cert_file is None:
+            return None
+        try:
+            ctx = ssl.create_default_context(cafile=self.ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"--webhook-ca {self.ca_file}: {_os_error(exc)}") from exc
+        if self.cert_file is not None:
+            try:
+                ctx.load_cert_chain(self.cert_file, self.key_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(f"--webhook-cert {self.cert_file}: {_os_error(exc)}"
+                                  ) from exc
+        return ctx
+
+
+def _os_error(exc: BaseException) -> str:
+    """An OSError's reason without the file's contents (an SSLError may quote them)."""
+    if isinstance(exc, ssl.SSLError):
+        return f"not a usable certificate or key ({exc.reason or 'unreadable'})"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return type(exc).__name__
+
+
+class AuthHeaders:
+    """The credential headers of a webhook, re-read when their file changes (checked with
+    one ``stat`` per request); the last good ones stay when a rewrite cannot be read."""
+
+    def __init__(self, options: WebhookOptions) -> None:
+        self._path = options.header_file or options.token_file
+        self._token = options.token_file is not None
+        self._seen: tuple[int, int] | None = None
+        self.headers: dict[str, str] = {}
+        basic = options.basic_auth
+        if basic is not None:
+            import base64
+
+            raw = f"{basic[0]}:{basic[1]}".encode()
+            self.headers = {"Authorization": "Basic " + base64.b64encode(raw).decode()}
+        if self._path is not None:
+            self.reload(strict=True)
+
+    def secrets(self) -> list[str]:
+        """The values to scrub from any text shown (e.g. a webhook echoing them back)."""
+        out = [v for v in self.headers.values() if len(v) >= 4]
+        for v in list(out):
+            _, _, rest = v.partition(" ")
+            if rest and len(rest) >= 4:
+                out.append(rest)
+        return out
+
+    def current(self) -> dict[str, str]:
+        if self._path is not None:
+            self.reload(strict=False)
+        return self.headers
+
+    def reload(self, *, strict: bool) -> None:
+        """Read the file again if it changed; ConfigError (strict) or a warning if it
+        cannot be read or parsed. Messages name the file and line, never a value."""
+        assert self._path is not None
+        try:
+            st = os.stat(self._path)
+            seen = (st.st_mtime_ns, st.st_size)
+            if seen == self._seen:
+                return
+            with open(self._path, encoding="utf-8") as f:
+                text = f.read(64 * 1024)
+            headers = (_token_header(text, self._path) if self._token
+                       else _parse_header_file(text, self._path))
+        except (OSError, UnicodeDecodeError, ConfigError) as exc:
+            why = (str(exc) if isinstance(exc, ConfigError)
+                   else f"cannot read {self._path}: {_os_error(exc)}")
+            if strict:
+                raise ConfigError(why) from exc
+            if self._seen != (-1, -1):
+                log.warning("webhook credentials file unusable; keeping the last good one",
+                            error=why)
+                self._seen = (-1, -1)
+            return
+        self._seen = seen
+        self.headers = headers
+
+
+def _token_header(text: str, path: str) -> dict[str, str]:
+    token = text.strip()
+    if not token or any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in token):
+        raise ConfigError(f"{path} must hold one token (no spaces or line breaks)")
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _parse_header_file(text: str, path: str) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, sep, value = line.partition(":")
+        name, value = name.strip(), value.strip()
+        if (not sep or not name or not set(name) <= _TOKEN or not value
+                or any((ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F for c in value)):
+            raise ConfigError(f"line {number} of {path} is not a 'Name: value' header")
+        headers[name] = value
+    if not headers:
+        raise ConfigError(f"{path} holds no 'Name: value' header")
+    return headers
 
 
 @dataclass(frozen=True)
@@ -97,6 +273,9 @@ class DeadLetterOptions:
     #: Subject given-up messages are published to (a stream should capture it); None:
     #: they are termed and logged.
     subject: str | None = None
+    #: Keep the start of a webhook's error answer in ``Cgroupd-Error`` (off: a webhook may
+    #: echo what it was sent, or say more than the readers of the dead letters may see).
+    error_body: bool = False
 
     def __post_init__(self) -> None:
         problems = []
@@ -239,7 +418,12 @@ def _find(headers: Mapping[str, str], name: str) -> str | None:
 
 
 class WebhookHandler:
-    """POSTs each message to one URL over a shared session (connections are reused)."""
+    """POSTs each message to one URL over a shared session (connections are reused).
+
+    What it raises says :attr:`WebhookOptions.display_url` (no userinfo, no query) and,
+    for an error answer, its first 200 bytes with the credentials scrubbed; the dead
+    letter leaves that answer out (:func:`dead_letter_error`) unless asked for it.
+    """
 
     def __init__(self, options: WebhookOptions, session: aiohttp.ClientSession) -> None:
         self.options = options
@@ -248,15 +432,27 @@ class WebhookHandler:
 
         self._client_error = aiohttp.ClientError
         self._timeout = aiohttp.ClientTimeout(total=options.timeout)
+        self._endpoint = options.endpoint
+        self._auth = AuthHeaders(options)
+
+    def scrub(self, text: str) -> str:
+        """``text`` with every credential value (and the URL's password) replaced."""
+        basic = self.options.basic_auth
+        values = self._auth.secrets() + ([basic[1]] if basic and len(basic[1]) >= 4 else [])
+        values += [v for _, v in parse_qsl(urlsplit(self.options.url).query) if len(v) >= 4]
+        for value in sorted(values, key=len, reverse=True):
+            text = text.replace(value, "***")
+        return text
 
     async def __call__(self, message: Message) -> None:
-        url = self.options.url
+        url = self.options.display_url
+        headers = webhook_headers(message)
+        headers.update(self._auth.current())
         try:
             # No redirects: aiohttp would follow a 301/302/303 with a GET without the
             # payload, and a 2xx from there would ack a message nobody received.
-            async with self.session.post(url, data=message.data,
-                                         headers=webhook_headers(message),
-                                         timeout=self._timeout,
+            async with self.session.post(self._endpoint, data=message.data,
+                                         headers=headers, timeout=self._timeout,
                                          allow_redirects=False) as resp:
                 # A bounded read: an endless or huge answer must not fill our memory.
                 body = await resp.content.read(MAX_WEBHOOK_ANSWER)
@@ -267,17 +463,26 @@ class WebhookHandler:
             raise WebhookFailed(f"webhook {url} timed out after "
                                 f"{self.options.timeout:g}s") from exc
         except self._client_error as exc:
-            raise WebhookFailed(f"webhook {url} failed: {exc or type(exc).__name__}") from exc
+            reason = self.scrub(str(exc).replace(self._endpoint, url)) or type(exc).__name__
+            raise WebhookFailed(f"webhook {url} failed: {reason}") from exc
         if 200 <= status < 300:
             return
-        snippet = body[:200].decode(errors="replace").strip()
-        detail = f"webhook {url} answered {status}" + (f": {snippet}" if snippet else "")
+        summary = f"webhook {url} answered {status}"
         if 300 <= status < 400:
-            detail += (f" (a redirect to {resp.headers.get('Location', '?')!r}: redirects are "
-                       "not followed, give the final URL)")
-        if status in self.options.non_retryable:
-            raise NonRetryable(detail)
-        raise WebhookFailed(detail)
+            summary += (f" (a redirect to {safe_url(resp.headers.get('Location', '?'))!r}: "
+                        "redirects are not followed, give the final URL)")
+        snippet = self.scrub(body[:200].decode(errors="replace").strip())
+        cls = NonRetryable if status in self.options.non_retryable else WebhookFailed
+        raise _answered(cls, summary, snippet)
+
+
+def _answered(cls: type[HandlerError], summary: str, body: str) -> HandlerError:
+    """``cls`` whose message (logged) has the webhook's answer, and whose ``summary``
+    attribute (what a dead letter keeps by default) has not."""
+    exc = cls(summary + (f": {_header_value(body)}" if body else ""))
+    exc.summary = summary  # type: ignore[attr-defined]
+    exc.answer = body  # type: ignore[attr-defined]
+    return exc
 
 
 # -- partition listener hooks ----------------------------------------------------------
@@ -324,6 +529,7 @@ class WebhookEvents:
         self.session = session
         #: stream, group, member and (once known) instance: read at each event.
         self.context = context
+        self._auth = AuthHeaders(options)
 
     def hooks(self) -> dict[str, Callable[[tuple[int, ...]], Awaitable[None]]]:
         def hook(event: str) -> Callable[[tuple[int, ...]], Awaitable[None]]:
@@ -338,17 +544,18 @@ class WebhookEvents:
         body = {"event": event, **{k: self.context.get(k) for k in
                                    ("stream", "group", "member", "instance")},
                 "partitions": list(partitions)}
-        url = self.options.url
+        url = self.options.display_url  # what errors say: no userinfo, no query
         try:
             async with self.session.post(
-                    url, json=body, allow_redirects=False,
-                    headers={"Cgroupd-Event": event},
+                    self.options.endpoint, json=body, allow_redirects=False,
+                    headers={**self._auth.current(), "Cgroupd-Event": event},
                     timeout=aiohttp.ClientTimeout(total=self.options.timeout)) as resp:
                 status = resp.status
         except TimeoutError as exc:
             raise WebhookFailed(f"webhook {url} timed out on {event}") from exc
         except aiohttp.ClientError as exc:
-            raise WebhookFailed(f"webhook {url} failed on {event}: {exc}") from exc
+            reason = str(exc).replace(self.options.endpoint, url) or type(exc).__name__
+            raise WebhookFailed(f"webhook {url} failed on {event}: {reason}") from exc
         if not 200 <= status < 300:
             raise WebhookFailed(f"webhook {url} answered {status} to {event}")
 
@@ -369,7 +576,7 @@ def dead_letter_headers(message: Message, error: str, msg_id: str) -> dict[str, 
     """The original headers (minus JetStream's own ``Nats-*`` controls) and why it died.
 
     ``Nats-Msg-Id`` makes a retried publish after a lost PubAck a duplicate the
-    dead-letter stream drops, instead of a second dead letter.
+    dead-letter stream drops, instead of a second dead letter (:func:`dead_letter_id`).
     """
     headers = {k: v for k, v in message.headers.items() if not k.lower().startswith("nats-")}
     headers.update({
@@ -382,6 +589,28 @@ def dead_letter_headers(message: Message, error: str, msg_id: str) -> dict[str, 
     if message.partition is not None:
         headers["Cgroupd-Partition"] = str(message.partition)
     return headers
+
+
+def dead_letter_id(key: bytes, stream: str, group: str, seq: int) -> str:
+    """The ``Nats-Msg-Id`` of the dead letter of ``stream``'s message ``seq``.
+
+    The same for every attempt of this process (``key`` is its own random secret), so a
+    publish retried after a lost PubAck is a duplicate the dead-letter stream drops; but
+    nobody else can compute it, even from the ids of dead letters they can read, so no
+    other publisher can store a decoy under it first and make the real dead letter a
+    "duplicate" that is thrown away (issue 25 row 5). Another instance that gives up on
+    the same message after a failover uses another key: at worst a second dead letter.
+    """
+    mac = hmac.new(key, f"{stream}\0{group}\0{seq}".encode(), hashlib.sha256)
+    return f"cgroupd-dl-{seq}-{mac.hexdigest()[:32]}"
+
+
+def dead_letter_error(exc: BaseException, *, answer: bool = False) -> str:
+    """What ``Cgroupd-Error`` says: a webhook's error answer only when ``answer``."""
+    summary = getattr(exc, "summary", None)
+    if isinstance(summary, str) and not answer:
+        return f"{type(exc).__name__}: {summary}"
+    return _describe(exc)
 
 
 def _describe(exc: BaseException) -> str:
@@ -406,6 +635,11 @@ class HandlerWrapper:
         self.context = dict(context or {})
         self._clock = clock
         self._log = log.bind(**self.context)
+        #: This process's secret for dead-letter ids (never leaves it).
+        self._id_key = secrets.token_bytes(32)
+        #: Messages handled to an ack (the daemon compares the runtime's count of acks
+        #: that did not take effect with it: cgroupd.healthwatch.AckWatch).
+        self.acked = 0
 
     async def __call__(self, message: Message) -> None:
         await self.handle(message)
@@ -434,6 +668,8 @@ class HandlerWrapper:
         finally:
             if message.outcome is not None and outcome != "dead_letter":
                 outcome = message.outcome.value
+            if outcome == "ack":
+                self.acked += 1
             if self.metrics is not None:
                 self.metrics.message_finished(outcome, self._clock() - started)
 
@@ -451,12 +687,12 @@ class HandlerWrapper:
             await message.term(why)
             return "term"
         assert self.publish is not None
-        msg_id = "cgroupd-dl-{}-{}-{}".format(self.context.get("stream", ""),
-                                              self.context.get("group", ""),
-                                              message.stream_sequence)
+        msg_id = dead_letter_id(self._id_key, self.context.get("stream", ""),
+                                self.context.get("group", ""), message.stream_sequence)
+        stored_error = dead_letter_error(exc, answer=self.dead_letter.error_body)
         try:
             await self.publish(subject, message.data,
-                               dead_letter_headers(message, error, msg_id))
+                               dead_letter_headers(message, stored_error, msg_id))
         except Exception as pub_exc:
             self._log.error("dead-letter publish failed; message kept for redelivery",
                             dead_letter_subject=subject, publish_error=_describe(pub_exc),

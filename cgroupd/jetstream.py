@@ -183,6 +183,15 @@ class JetStream:
             ack = await self.js.publish(subject, data, timeout=timeout, headers=headers)
         return int(ack.seq)
 
+    async def publish_stored(self, subject: str, data: bytes, headers: dict[str, str],
+                             timeout: float | None = None) -> tuple[str, int, bool]:
+        """Publish into a stream and wait for its acknowledgement: ``(stream, sequence,
+        duplicate)``; ``duplicate``: the stream dropped it, having stored a message with
+        the same ``Nats-Msg-Id`` (at ``sequence``) within its duplicate window."""
+        with self._translated(f"publishing to {subject}"):
+            ack = await self.js.publish(subject, data, timeout=timeout, headers=headers)
+        return str(ack.stream), int(ack.seq), bool(ack.duplicate)
+
     async def purge(self, stream: str, subject: str | None = None,
                     keep_from_seq: int | None = None) -> None:
         """Purge ``subject`` (all if None) below sequence ``keep_from_seq``."""

@@ -16,6 +16,10 @@ from cgroupd.settings import MemberSettings
 STATUS_INTERVAL = 10.0
 #: Bound on reading the group config for the first time.
 START_TIMEOUT = 10.0
+#: The HTTP server's defaults (cgroupd.probes holds the why; no aiohttp import here).
+DEFAULT_METRICS_HOST = "0.0.0.0"
+HTTP_READ_TIMEOUT = 5.0
+HTTP_MAX_CONNECTIONS = 64
 
 
 @dataclass(frozen=True)
@@ -31,7 +35,13 @@ class JoinOptions:
     instance_id: str | None = None
     #: Port of the /metrics, /healthz, /readyz server; 0 disables it.
     metrics_port: int = 0
-    metrics_host: str = "0.0.0.0"
+    #: Every interface by default: Kubernetes probes and Prometheus reach a pod on its
+    #: pod IP, and the port serves no secret and no control (docs/security.md).
+    metrics_host: str = DEFAULT_METRICS_HOST
+    #: A client must send its request within this (and read the answer within it again).
+    http_read_timeout: float = HTTP_READ_TIMEOUT
+    #: Connections the HTTP server holds at once (see cgroupd.probes).
+    http_max_connections: int = HTTP_MAX_CONNECTIONS
     status_interval: float = STATUS_INTERVAL
     start_timeout: float = START_TIMEOUT
     #: /healthz fails after the event loop was blocked this long (see LAG_WINDOW).
@@ -47,6 +57,12 @@ class JoinOptions:
         if not all(math.isfinite(x) and x > 0
                    for x in (self.status_interval, self.start_timeout)):
             problems.append("status interval and start timeout must be positive")
+        if not (math.isfinite(self.http_read_timeout) and 0 < self.http_read_timeout <= 300):
+            problems.append(f"HTTP read timeout {self.http_read_timeout:g} is outside "
+                            "(0, 300] seconds")
+        if not 1 <= self.http_max_connections <= 100_000:
+            problems.append(f"HTTP max connections {self.http_max_connections} is outside "
+                            "1..100000")
         if problems:
             raise ConfigError(problems)
 

@@ -72,6 +72,14 @@ class _IgnoredInput:
         for kind, key in IGNORED_INPUT.items():
             family.add_metric([*self._labels, kind], counts.get(key, 0))
         yield family
+        # From the same runtime counts: settlements that did not take effect.
+        resent = CounterMetricFamily(
+            PREFIX + "acks_not_applied", "Messages delivered to this instance again after "
+            "it had acked (or termed) them: the settlement did not take effect (sent again; "
+            "a user without publish permission on $JS.ACK.>, or acks lost on the way).",
+            labels=list(LABELS))
+        resent.add_metric(self._labels, counts.get("resettled", 0))
+        yield resent
 
 
 class _Series:
@@ -146,6 +154,25 @@ class _Series:
         self.events = Counter(PREFIX + "events_published", "Group events (advisories) "
                               "this instance published, by kind.", (*LABELS, "kind"),
                               registry=r)
+        self.denials = Counter(PREFIX + "permission_violations", "Operations the NATS "
+                               "server refused this instance (its 'Permissions Violation' "
+                               "errors), by operation (publish, subscribe) and kind of "
+                               "subject (ack, control, api, inbox, dead_letter, other).",
+                               (*LABELS, "operation", "kind"), registry=r)
+        for operation in ("publish", "subscribe"):
+            self.denials.labels(**labels, operation=operation, kind="ack")
+        self.dead_letter_ids_taken = Counter(
+            PREFIX + "dead_letter_ids_taken", "Dead letters whose id another message held "
+            "already (a decoy in the dead-letter stream: republished under a new id).",
+            LABELS, registry=r)
+        self.dead_letter_ids_taken.labels(**labels)
+        self.http_dropped = Counter(PREFIX + "http_connections_dropped", "Connections to "
+                                    "the metrics/health port closed unanswered, by reason "
+                                    "(timeout: request not sent in time; limit: the "
+                                    "oldest unfinished one closed for a new one; invalid).",
+                                    (*LABELS, "reason"), registry=r)
+        for reason in ("timeout", "limit", "invalid"):
+            self.http_dropped.labels(**labels, reason=reason)
         self.idle.labels(**labels).set_function(since_last_message)
         r.register(ignored)  # a collector by shape
 
@@ -300,6 +327,19 @@ class Metrics:
         """Export the member runtime's counts of ignored bad input (its ``stats``), read
         at each scrape; the keys are the values of :data:`IGNORED_INPUT`."""
         self._ignored.counts = counts
+
+    def permission_violation(self, operation: str, kind: str) -> None:
+        """The server refused an operation of this instance (see :mod:`cgroupd.daemon`)."""
+        if (s := self._s) is not None:
+            s.denials.labels(**self._labels, operation=operation, kind=kind).inc()
+
+    def dead_letter_id_taken(self) -> None:
+        if (s := self._s) is not None:
+            s.dead_letter_ids_taken.labels(**self._labels).inc()
+
+    def http_dropped(self, reason: str) -> None:
+        if (s := self._s) is not None:
+            s.http_dropped.labels(**self._labels, reason=reason).inc()
 
     def event_published(self, kind: str) -> None:
         if (s := self._s) is not None:

@@ -22,12 +22,14 @@ from cgroupd.errors import ConfigError
 from cgroupd.handlers import (
     DEFAULT_NON_RETRYABLE,
     DEFAULT_WEBHOOK_TIMEOUT,
+    AuthHeaders,
     DeadLetterOptions,
     HandlerOptions,
     WebhookOptions,
     load_handler,
     parse_statuses,
 )
+from cgroupd.joinoptions import DEFAULT_METRICS_HOST, HTTP_MAX_CONNECTIONS, HTTP_READ_TIMEOUT
 from cgroupd.joinrun import EXEC_ENV, JoinSpec, add_working_directory, exec_join
 from cgroupd.ordering import Ordering
 from cgroupd.partitions import key_function
@@ -115,6 +117,30 @@ def join(
         "--webhook-events", envvar="CGROUPD_WEBHOOK_EVENTS",
         help="Also POST partition listener events to the webhook (header Cgroupd-Event: "
              "partitions-assigned|revoked|lost, a JSON body).")] = False,
+    webhook_header_file: Annotated[str | None, typer.Option(
+        "--webhook-header-file", envvar="CGROUPD_WEBHOOK_HEADER_FILE", metavar="PATH",
+        help="Send the 'Name: value' lines of this file (e.g. 'Authorization: Bearer ...') "
+             "as headers of every webhook request; re-read when it changes. Credentials "
+             "belong here, not in the URL.")] = None,
+    webhook_token_file: Annotated[str | None, typer.Option(
+        "--webhook-token-file", envvar="CGROUPD_WEBHOOK_TOKEN_FILE", metavar="PATH",
+        help="Send the token in this file as 'Authorization: Bearer <token>'; re-read when "
+             "it changes.")] = None,
+    webhook_ca: Annotated[str | None, typer.Option(
+        "--webhook-ca", envvar="CGROUPD_WEBHOOK_CA", metavar="PATH",
+        help="CA bundle (PEM) that verifies an https webhook (default: the system's CAs).")
+    ] = None,
+    webhook_cert: Annotated[str | None, typer.Option(
+        "--webhook-cert", envvar="CGROUPD_WEBHOOK_CERT", metavar="PATH",
+        help="Client certificate (PEM) for a webhook that wants mutual TLS.")] = None,
+    webhook_key: Annotated[str | None, typer.Option(
+        "--webhook-key", envvar="CGROUPD_WEBHOOK_KEY", metavar="PATH",
+        help="Key of --webhook-cert (when not in the same file).")] = None,
+    dead_letter_error_body: Annotated[bool, typer.Option(
+        "--dead-letter-error-body", envvar="CGROUPD_DEAD_LETTER_ERROR_BODY",
+        help="Keep the start of the webhook's error answer in the dead letter's "
+             "Cgroupd-Error header (default: only the status; the answer is logged).")
+    ] = False,
     ordering: Annotated[OrderingName | None, _setting(
         "--ordering", "CGROUPD_ORDERING", "partition: in order per partition, partitions "
         "concurrently; key: in order per key, keys concurrently; stream: the whole member "
@@ -150,7 +176,17 @@ def join(
         help="Serve /metrics, /healthz, /readyz here (0: off).")] = 0,
     metrics_host: Annotated[str, typer.Option(
         "--metrics-host", envvar="CGROUPD_METRICS_HOST", metavar="HOST",
-        help="Bind address of the metrics server.")] = "0.0.0.0",
+        help="Bind address of the metrics server (every interface by default, for "
+             "Kubernetes probes and Prometheus; 127.0.0.1 keeps it local).")
+    ] = DEFAULT_METRICS_HOST,
+    http_read_timeout: Annotated[float, typer.Option(
+        "--http-read-timeout", envvar="CGROUPD_HTTP_READ_TIMEOUT", metavar="SEC",
+        help="Close an HTTP connection that has not sent its request within this.")
+    ] = HTTP_READ_TIMEOUT,
+    http_max_connections: Annotated[int, typer.Option(
+        "--http-max-connections", envvar="CGROUPD_HTTP_MAX_CONNECTIONS", metavar="N",
+        help="HTTP connections held at once (at most an eighth of the open-file limit); "
+             "beyond it the oldest unfinished one is closed.")] = HTTP_MAX_CONNECTIONS,
     log_level: Annotated[str, typer.Option(
         "--log-level", envvar="CGROUPD_LOG_LEVEL", metavar="LEVEL",
         help="debug, info, warning or error.")] = "info",
@@ -206,11 +242,19 @@ def join(
         inactive_threshold=inactive_threshold, drain_timeout=drain_timeout,
         exclusivity=Exclusivity(exclusivity.value) if exclusivity else None)
     with bad_arguments():
-        dead_letter = DeadLetterOptions(max_deliver, dead_letter_subject)
+        dead_letter = DeadLetterOptions(max_deliver, dead_letter_subject,
+                                        error_body=dead_letter_error_body)
         hook = None
         if webhook is not None:
             hook = WebhookOptions(webhook, webhook_timeout, parse_statuses(non_retryable),
-                                  events=webhook_events)
+                                  events=webhook_events, header_file=webhook_header_file,
+                                  token_file=webhook_token_file, ca_file=webhook_ca,
+                                  cert_file=webhook_cert, key_file=webhook_key)
+            AuthHeaders(hook)  # the files are readable and well formed (names no value)
+            hook.ssl_context()
+        elif any((webhook_header_file, webhook_token_file, webhook_ca, webhook_cert,
+                  webhook_key)):
+            raise UsageError("the --webhook-* options need --webhook")
     function = None
     if handler is not None:
         # Like other app servers, find handler modules where we run (last on the path:
@@ -219,7 +263,9 @@ def join(
         function = load_handler(handler)
     options = JoinOptions(stream, group, member, static=static, instance_id=instance_id,
                           metrics_port=metrics_port, metrics_host=metrics_host,
-                          status_interval=status_interval)
+                          status_interval=status_interval,
+                          http_read_timeout=http_read_timeout,
+                          http_max_connections=http_max_connections)
     spec = HandlerOptions(function=function, reference=handler, webhook=hook,
                           dead_letter=dead_letter)
     problems = drain_problems(settings, spec)

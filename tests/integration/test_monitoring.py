@@ -98,6 +98,9 @@ def test_every_alert_is_tested_firing_and_quiet() -> None:
     ("CgroupdNatsDisconnected", ("for: 2m", "for: 10m")),
     ("CgroupdBadGroupRecord", ("invalid_group_record|replaced_group_record",
                                "invalid_group_record")),
+    ("CgroupdPermissionDenied", ("[5m])) > 0", "[5m])) > 100")),
+    ("CgroupdDeadLetterIdTaken", ("[1h])) > 0", "[1h])) > 1")),
+    ("CgroupdAcksNotApplied", (">= 0.5 *", ">= 0.001 *")),
 ])
 def test_unit_tests_catch_a_broken_rule(tmp_path: Path, alert: str,
                                         change: tuple[str, str]) -> None:

@@ -1,0 +1,11 @@
+"""``cgroupd join --handler tests.security.poison_handler:handle``: gives up on every
+message at once (NonRetryable), so each becomes a dead letter."""
+
+from __future__ import annotations
+
+from cgroupd.errors import NonRetryable
+from cgroupd.message import Message
+
+
+def handle(message: Message) -> None:
+    raise NonRetryable(f"cannot handle {message.subject}")
