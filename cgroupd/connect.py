@@ -57,6 +57,11 @@ class ConnectionOptions:
     reconnect_wait: float = DEFAULT_RECONNECT_WAIT
     #: Client name shown in the server's connection list.
     name: str = "cgroupd"
+    #: Prefix of this connection's reply subjects (nats-py's default ``_INBOX``): give
+    #: each member's user its own (``_INBOX_<member>``) so that its permissions can allow
+    #: ``sub _INBOX_<member>.>`` instead of ``_INBOX.>``, which would let it read every
+    #: other member's replies and deliveries (docs/security.md, "Permissions").
+    inbox_prefix: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "servers", tuple(self.servers))
@@ -72,6 +77,9 @@ class ConnectionOptions:
             problems.append("a password needs a user")
         if sum(x is not None for x in (self.creds, self.nkey_seed, self.token, self.user)) > 1:
             problems.append("choose one of credentials file, nkey seed, token, user/password")
+        if self.inbox_prefix is not None and not _valid_prefix(self.inbox_prefix):
+            problems.append(f"inbox prefix {self.inbox_prefix!r} must be a subject without "
+                            "wildcards, whitespace or empty tokens")
         if problems:
             raise ConfigError(problems)
 
@@ -85,6 +93,14 @@ class ConnectionOptions:
     def uses_tls(self) -> bool:
         return (self.tls_ca is not None or self.tls_cert is not None
                 or any(s.startswith("tls://") for s in self.server_list))
+
+
+def _valid_prefix(prefix: str) -> bool:
+    """A literal subject: tokens of printable characters, no wildcard, none empty."""
+    return bool(prefix) and all(
+        token and token not in ("*", ">") and all(ch.isprintable() and not ch.isspace()
+                                                 for ch in token)
+        for token in prefix.split("."))
 
 
 def ssl_context(options: ConnectionOptions) -> ssl.SSLContext:
@@ -132,6 +148,8 @@ def connect_kwargs(options: ConnectionOptions) -> dict[str, Any]:
     if options.user is not None:
         kwargs["user"] = options.user
         kwargs["password"] = options.password or ""
+    if options.inbox_prefix is not None:
+        kwargs["inbox_prefix"] = options.inbox_prefix
     if options.uses_tls:
         kwargs["tls"] = ssl_context(options)
     return kwargs

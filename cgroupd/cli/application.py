@@ -171,6 +171,11 @@ def _main(
         "--tls-key", "CGROUPD_TLS_KEY", "Key of --tls-cert.")] = None,
     tls_ca: Annotated[Path | None, _file(
         "--tls-ca", "CGROUPD_TLS_CA", "CA bundle that signed the server certificate.")] = None,
+    inbox_prefix: Annotated[str | None, typer.Option(
+        "--inbox-prefix", envvar="CGROUPD_INBOX_PREFIX", metavar="SUBJECT",
+        help="Prefix of reply subjects (default _INBOX): e.g. _INBOX_<member>, so that "
+             "a member's NATS user may subscribe to its own replies only "
+             "(docs/security.md).")] = None,
     connect_timeout: Annotated[float, typer.Option(
         "--connect-timeout", envvar="CGROUPD_CONNECT_TIMEOUT", min=0.1, metavar="SEC",
         help="Give up connecting after this long.")] = DEFAULT_CONNECT_TIMEOUT,
@@ -183,7 +188,7 @@ def _main(
     connection = ConnectionOptions(
         servers=tuple(server or ()), creds=creds, nkey_seed=nkey, token=token, user=user,
         password=password, tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
-        connect_timeout=connect_timeout)
+        connect_timeout=connect_timeout, inbox_prefix=inbox_prefix)
     ctx.obj = Globals(connection, json_output, debug)
 
 
