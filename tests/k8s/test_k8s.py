@@ -287,9 +287,10 @@ def test_rendered_objects_are_valid(helm: Helm, variant: str) -> None:
 
 def test_full_values_render_valid_objects(full_objects: list[dict[str, Any]]) -> None:
     """The full example values render every kind, each valid."""
-    assert kinds(full_objects) == sorted(["ConfigMap", "ConfigMap", "Job",
-                                          "PodDisruptionBudget", "PrometheusRule", "Service",
-                                          "Service", "ServiceMonitor", "StatefulSet"])
+    assert kinds(full_objects) == sorted(["ConfigMap", "ConfigMap", "ConfigMap", "Job",
+                                          "NetworkPolicy", "PodDisruptionBudget",
+                                          "PrometheusRule", "Service", "Service",
+                                          "ServiceMonitor", "StatefulSet"])
     for obj in full_objects:
         validate_object(obj)
 
@@ -544,24 +545,30 @@ def test_group_create_job(helm: Helm, default_objects: list[dict[str, Any]],
 ])
 def test_credentials_come_from_the_secret(helm: Helm, image: Image, kind: str,
                                           env_names: set[str], mounted: bool) -> None:
-    """Credentials are referenced from the existing Secret (file mount or secretKeyRef) in
-    the member pods and the Job; the chart renders no Secret and no credential values."""
+    """Credentials are referenced from existing Secrets (file mount or secretKeyRef): the
+    members' in the member pods, the admin's in the group-create Job, neither in the
+    other's pods (issue 25 row 8: the admin Secret reached every member pod); the chart
+    renders no Secret and no credential values."""
     objects = helm.template(sets=["nats.credentials.secretName=nats-auth",
-                                  f"nats.credentials.type={kind}"])
+                                  f"nats.credentials.type={kind}",
+                                  "group.create.credentials.secretName=nats-admin",
+                                  f"group.create.credentials.type={kind}"])
     assert "Secret" not in kinds(objects)
-    cm = one(objects, "ConfigMap")
-    assert not any(SECRET_WORDS.search(k) for k in cm["data"])
+    for cm in (o for o in objects if o["kind"] == "ConfigMap"):
+        assert not any(SECRET_WORDS.search(k) for k in cm["data"])
     the_secret = {"nats.creds": "CREDS", "nkey.seed": "SUAEXAMPLE", "token": "t0k",
                   "user": "u", "password": "p"}
-    for kind_ in ("StatefulSet", "Job"):
+    for kind_, secret, other in (("StatefulSet", "nats-auth", "nats-admin"),
+                                 ("Job", "nats-admin", "nats-auth")):
         spec = one(objects, kind_)["spec"]["template"]["spec"]
+        assert other not in json.dumps(spec), f"{kind_} references {other}"
         c = spec["containers"][0]
         names = {e["name"] for e in c.get("env", []) if SECRET_WORDS.search(e["name"])
                  or e["name"] == "CGROUPD_USER"}
         assert names == env_names
         volumes = {v["name"]: v for v in spec["volumes"]}
         if mounted:
-            assert volumes["nats-credentials"]["secret"]["secretName"] == "nats-auth"
+            assert volumes["nats-credentials"]["secret"]["secretName"] == secret
             mount = next(m for m in c["volumeMounts"] if m["name"] == "nats-credentials")
             assert mount["readOnly"] is True
             path = next(e["value"] for e in c["env"] if e["name"] in env_names)
@@ -570,10 +577,82 @@ def test_credentials_come_from_the_secret(helm: Helm, image: Image, kind: str,
             assert "nats-credentials" not in volumes
             for e in c["env"]:
                 if e["name"] in env_names:
-                    assert e["valueFrom"]["secretKeyRef"]["name"] == "nats-auth"
+                    assert e["valueFrom"]["secretKeyRef"]["name"] == secret
         resolved = resolve_container("p-0", c | {"image": image.reference},
-                                     Objects(objects, {"nats-auth": the_secret}), image)
+                                     Objects(objects, {secret: the_secret}), image)
         assert env_names <= set(resolved.env)
+
+
+def test_the_admin_secret_is_optional_and_never_the_members(helm: Helm) -> None:
+    """With only the members' Secret given, the Job connects without credentials rather
+    than borrowing the members' (and with its own inbox prefix)."""
+    objects = helm.template(sets=["nats.credentials.secretName=nats-auth"])
+    job = one(objects, "Job")["spec"]["template"]["spec"]
+    assert "nats-auth" not in json.dumps(job)
+    env = {e["name"]: e.get("value") for e in job["containers"][0]["env"]}
+    assert env["CGROUPD_INBOX_PREFIX"] == "_INBOX_admin"
+
+
+def _config(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    return next(o for o in objects if o["kind"] == "ConfigMap"
+                and o["metadata"]["name"] == name)
+
+
+def test_permission_templates_are_the_docs_and_rendered_per_member(
+        helm: Helm, default_objects: list[dict[str, Any]]) -> None:
+    """The chart ships docs/permissions/ unchanged (tests/security/test_least_privilege.py
+    proves those against a real server) and renders them for the release: one per member
+    (the configured exclusivity), the admin's and the status reader's, for this group."""
+    docs = {p.name: p.read_text() for p in (ROOT / "docs" / "permissions").glob("*.conf")}
+    files = {p.name: p.read_text() for p in (CHART / "files" / "permissions").glob("*.conf")}
+    assert files == docs and set(docs) >= {"member-sync.conf", "member-pinned.conf",
+                                            "admin.conf", "status.conf"}
+    data = _config(default_objects, "rel-cgroupd-nats-permissions")["data"]
+    assert set(data) == {"member-m0.conf", "member-m1.conf", "member-m2.conf", "admin.conf",
+                         "status.conf"}
+    m1 = data["member-m1.conf"]
+    assert "{" + "member}" not in m1 and "{" + "stream}" not in m1
+    assert '"$JS.API.CONSUMER.CREATE.ORDERS-workers.m1~3"' in m1
+    assert '"_CGROUPD.presence.ORDERS.workers.m1.*"' in m1 and '"_INBOX_cgroupd.>"' in m1
+    assert ".m0" not in m1 and "~" not in data["member-m0.conf"].replace("m0~", "")
+    pinned = _config(helm.template(sets=["consume.exclusivity=pinned"]),
+                     "rel-cgroupd-nats-permissions")["data"]["member-m1.conf"]
+    assert "m1~" not in pinned and '"_CGROUPD.stepdown.ORDERS.workers.m1"' in pinned
+    assert '"_CGROUPD.info.ORDERS.workers"' in data["status.conf"]
+    off = helm.template(sets=["natsPermissions.enabled=false"])
+    assert [o["metadata"]["name"] for o in off if o["kind"] == "ConfigMap"] == ["rel-cgroupd"]
+
+
+def test_network_policy(helm: Helm, default_objects: list[dict[str, Any]],
+                        full_objects: list[dict[str, Any]]) -> None:
+    """Member pods and the Job may reach DNS, the NATS ports of nats.servers (and an
+    external webhook's port), and take connections on the metrics port only, from
+    Prometheus; disabled, none is rendered."""
+    policy = one(default_objects, "NetworkPolicy")
+    spec = policy["spec"]
+    assert spec["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "cgroupd",
+                                                  "app.kubernetes.io/instance": "rel"}
+    sts = one(default_objects, "StatefulSet")["spec"]["template"]["metadata"]["labels"]
+    job = one(default_objects, "Job")["spec"]["template"]["metadata"]["labels"]
+    for labels in (sts, job):
+        assert spec["podSelector"]["matchLabels"].items() <= labels.items()
+    assert set(spec["policyTypes"]) == {"Ingress", "Egress"}
+    [ingress] = spec["ingress"]
+    assert ingress["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert ingress["from"][0]["podSelector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "prometheus"}
+    egress_ports = [sorted((p["port"], p["protocol"]) for p in rule["ports"])
+                    for rule in spec["egress"]]
+    assert egress_ports == [[(53, "TCP"), (53, "UDP")], [(4222, "TCP")]]
+    full = one(full_objects, "NetworkPolicy")["spec"]
+    assert full["egress"][1]["to"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "nats"}
+    hooked = one(helm.template(sets=["handler.webhook.url=https://hooks.example.com/in",
+                                     "nats.servers={tls://a:4443,nats://b}"]),
+                 "NetworkPolicy")["spec"]
+    assert [sorted(p["port"] for p in r["ports"]) for r in hooked["egress"]][1:] == [
+        [4222, 4443], [443]]
+    assert "NetworkPolicy" not in kinds(helm.template(sets=["networkPolicy.enabled=false"]))
 
 
 def test_tls_mounts_when_enabled(full_objects: list[dict[str, Any]],
@@ -649,8 +728,11 @@ def test_every_deploy_file_is_validated(binaries: dict[str, Path]) -> None:
 
 def test_deploy_base_equals_the_chart_default(helm: Helm, binaries: dict[str, Path]) -> None:
     """deploy/base holds the objects the chart renders for release "cgroupd" with the
-    credentials Secret cgroupd-nats (Helm's own labels and checksums aside)."""
-    rendered = helm.template("cgroupd", sets=["nats.credentials.secretName=cgroupd-nats"])
+    member credentials Secret cgroupd-nats and the admin's cgroupd-nats-admin (Helm's own
+    labels and checksums aside)."""
+    rendered = helm.template("cgroupd", sets=["nats.credentials.secretName=cgroupd-nats",
+                                              "group.create.credentials.secretName="
+                                              "cgroupd-nats-admin"])
     base = kustomize(binaries["kubectl"], DEPLOY / "base")
 
     def normal(obj: dict[str, Any]) -> tuple[str, str, str]:
