@@ -128,6 +128,10 @@ class MemberCore:
         #: Sync exclusivity: the slot of the next data consumer's name (a random start,
         #: so that a successor rarely meets its predecessor's name).
         self._data_slot = secrets.randbelow(DATA_SLOTS)
+        #: Names of this member's consumers this instance deleted (a predecessor's) since
+        #: it last created a data consumer: not reused at once, while the server may still
+        #: be removing their files.
+        self._just_deleted: set[str] = set()
         self._prober: Prober | None = None
         self._completed: Completed = Completed()
         self._connection_off: Callable[[], None] | None = None

@@ -293,6 +293,7 @@ class SyncElection(MemberCore):
                                 await self.js.list_consumers(self._consume_stream)):
                     if left.meta(INSTANCE_KEY) == watch.instance \
                             and left.meta(MEMBER_KEY) == self.member:
+                        self._just_deleted.add(left.name)
                         await self.js.delete_consumer(self._consume_stream, left.name)
         except CgroupdError as exc:
             self._log.warning("could not delete the old owner's consumers", error=str(exc))
@@ -323,6 +324,13 @@ class SyncElection(MemberCore):
         taken = 0  # slots found held by other consumers in a row
         while True:
             name = data_consumer(self.member, self._data_slot)
+            if name in self._just_deleted and taken < DATA_SLOTS - 1:
+                # We deleted it a moment ago (a predecessor's): the server may still be
+                # removing its files, and a consumer created under that name meanwhile
+                # can store nothing (see _drop_unstored_claim).
+                self._data_slot = (self._data_slot + 1) % DATA_SLOTS
+                taken += 1
+                continue
             try:
                 await self.js.create_consumer(self._consume_stream, name, config)
                 break
@@ -347,6 +355,7 @@ class SyncElection(MemberCore):
                     raise
             await self._sleep(min(0.05, s.retry_interval))
         self._data_slot = (self._data_slot + 1) % DATA_SLOTS
+        self._just_deleted.clear()
         gen.data[name] = partitions
         gen.pullers.append(await self._start_puller(gen, name, s.max_in_flight,
                                                     StepDown.DATA_LOST, deliver=True))
@@ -381,6 +390,7 @@ class SyncElection(MemberCore):
                     self._log.warning("reclaiming abandoned data consumer", consumer=name,
                                       instance=owner, presence=answer.presence.value,
                                       state=answer.state or None)
+                    self._just_deleted.add(name)
                     reclaimed |= await self.js.delete_consumer(self._consume_stream, name)
         except CgroupdError as exc:
             self._log.warning("could not inspect previous owner's consumer", error=str(exc))

@@ -257,3 +257,34 @@ async def test_a_claim_the_server_could_not_store_is_deleted_and_made_again(
     await eventually(lambda: a.active, 5, what="a active after its unstored claim")
     assert js.failed == 1
     assert group.holder() == a.instance_id
+
+
+async def test_a_data_consumer_name_held_by_another_consumer_is_skipped(group: Group) -> None:
+    """Issue 25 row 6: a member's data consumers have a fixed set of names (so a NATS
+    permission can list them). Names another consumer still holds (a predecessor's,
+    draining or abandoned) fail with "already exists": the next slot is taken instead."""
+    from tests.support.fakes import FakeConsumer
+    held = data_consumers("m1")[:-1]
+    for name in held:  # a predecessor's leftovers, holding nothing we need
+        group.server.consumers[(WQ, name)] = FakeConsumer(
+            WQ, name, {"filter_subjects": [f"idle.{name}"], "metadata": {}})
+    a = await group.start()
+    await eventually(lambda: a.active, 5, what="a active")
+    assert a.data_consumer == data_consumers("m1")[-1]
+    assert group.server.names(WQ) == {"m1", *data_consumers("m1")}
+
+
+async def test_a_successor_takes_another_name_than_its_gone_predecessor(group: Group) -> None:
+    """After a crash the successor's data consumer never has the name of the one it just
+    reclaimed (the server may still be removing that one's files)."""
+    a = await group.start()
+    await eventually(lambda: a.active, 5, what="a active")
+    b = await group.start()
+    await eventually(lambda: b.state is MemberState.STANDBY, 5, what="b to watch a")
+    # b's next slot is a's: the name a holds at the crash.
+    b._data_slot = data_consumers("m1").index(a.data_consumer)
+    old = a.data_consumer
+    assert isinstance(a.js, FakeJetStream)
+    a.js.crash()
+    await eventually(lambda: b.active, SETTINGS.lease, what="b to take over")
+    assert b.data_consumer != old and group.server.names(WQ) == {"m1", b.data_consumer}
