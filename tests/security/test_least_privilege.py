@@ -292,3 +292,22 @@ async def test_a_spoofed_presence_answer_does_not_delay_a_takeover(
     sc.note(f"takeover {took:.2f}s after kill -9 with a spoofer ({spoofer}'s permissions)")
     print(f"takeover {took:.2f}s after kill -9 with a spoofer ({spoofer}'s permissions)")
     assert took < TAKEOVER, f"takeover took {took:.2f}s: the spoof delayed it"
+
+
+async def test_without_its_inbox_prefix_a_confined_user_gets_no_replies(
+        scenario: tuple[Scenario, NatsServer, str]) -> None:
+    """Issue 25 row 9: the templates allow replies under the role's own prefix only, so
+    `--inbox-prefix` is what makes them usable: the status reader's `status` works with
+    CGROUPD_INBOX_PREFIX=_INBOX_status and fails, saying why, without it (its
+    subscription to `_INBOX.>` is refused)."""
+    _, srv, _ = scenario
+    assert cli("status", srv.url, "status", STREAM, GROUP).returncode == 0
+    env = {k: v for k, v in env_of("status").items() if k != "CGROUPD_INBOX_PREFIX"}
+    bare = subprocess.run([sys.executable, "-m", "cgroupd", "--server", srv.url,
+                           "--connect-timeout", "5", "status", STREAM, GROUP], cwd=ROOT,
+                          env=child_env(**env), capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert bare.returncode != 0
+    assert "permissions violation" in bare.stderr.lower(), bare.stderr
+    assert any('Subscription Violation - Subject "_INBOX.' in line
+               for line in violations(srv, "status")), violations(srv)
