@@ -810,13 +810,18 @@ def local_pods() -> Iterator[list[LocalPod]]:
 async def test_pods_form_the_group_and_hand_over(helm: Helm, image: Image, tmp_path: Path,
                                                  local_pods: list[LocalPod]) -> None:
     """The rendered Job and every pod of the rendered StatefulSet, run as local processes
-    (HOSTNAME = pod name, ConfigMap and Secret resolved) against a local nats-server with
-    user/password auth: the Job creates the group (and a re-run is a no-op), every member
+    (HOSTNAME = pod name, ConfigMap and Secrets resolved) against a local nats-server with
+    user/password auth: the Job, as an admin holding exactly the shipped admin
+    permissions (its own Secret), creates the group (and a re-run is a no-op), every member
     has exactly one active instance and the rest stand by, and deleting the pod of an
     active instance hands its partitions to that member's standby; the pod the
     StatefulSet re-creates joins as a standby. Messages reach the handler throughout."""
     user, password = "cgroupd", f"pw-{secrets.token_hex(8)}"
-    auth = f'authorization {{ users = [ {{ user: "{user}", password: "{password}" }} ] }}'
+    admin_pw = f"pw-{secrets.token_hex(8)}"
+    # The Job connects as the admin, holding exactly the chart's admin permissions.
+    admin_perms = (CHART / "files" / "permissions" / "admin.conf").read_text()
+    auth = (f'authorization {{ users = [ {{ user: "{user}", password: "{password}" }}\n'
+            f'{{ user: "admin", password: "{admin_pw}"\n{admin_perms}\n}} ] }}')
     hook = await WebhookServer().start()
     try:
         with running_server(workdir=tmp_path / "nats", extra_config=auth) as server:
@@ -824,7 +829,8 @@ async def test_pods_form_the_group_and_hand_over(helm: Helm, image: Image, tmp_p
                                     **client_options())
             try:
                 await _run_pods(helm, image, tmp_path, local_pods, server.url, hook, nc,
-                                {"user": user, "password": password})
+                                {"user": user, "password": password},
+                                {"user": "admin", "password": admin_pw})
             finally:
                 for pod in local_pods:
                     pod.close()
@@ -835,7 +841,7 @@ async def test_pods_form_the_group_and_hand_over(helm: Helm, image: Image, tmp_p
 
 async def _run_pods(helm: Helm, image: Image, tmp_path: Path, pods: list[LocalPod],
                     url: str, hook: WebhookServer, nc: Any,
-                    credentials: dict[str, str]) -> None:
+                    credentials: dict[str, str], admin_creds: dict[str, str]) -> None:
     js = nc.jetstream()
     await js.add_stream(name="ORDERS", subjects=["orders.>"])
     values = tmp_path / "values.yaml"
@@ -843,14 +849,16 @@ async def _run_pods(helm: Helm, image: Image, tmp_path: Path, pods: list[LocalPo
         "nats": {"servers": [url], "connectTimeout": 5,
                  "credentials": {"secretName": "e2e-nats", "type": "userPassword"}},
         "group": {"stream": "ORDERS", "name": "workers", "partitions": 4,
-                  "filters": [{"subject": "orders.*.*", "wildcards": [1]}]},
+                  "filters": [{"subject": "orders.*.*", "wildcards": [1]}],
+                  "create": {"credentials": {"secretName": "e2e-nats-admin",
+                                             "type": "userPassword"}}},
         "members": 2, "standbysPerMember": 1,
         "handler": {"webhook": {"timeout": 2,
                                 "sidecar": {"port": hook.port, "path": "/hook"}}},
         "consume": {"drainTimeout": 2},
     }))
     objects = helm.template("e2e", values=[values])
-    cluster = Objects(objects, secrets={"e2e-nats": credentials})
+    cluster = Objects(objects, secrets={"e2e-nats": credentials, "e2e-nats-admin": admin_creds})
     sts, job = one(objects, "StatefulSet"), one(objects, "Job")
     grace = sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
 

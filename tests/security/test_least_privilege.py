@@ -256,6 +256,10 @@ async def test_member_credentials_cannot_touch_another_member(
     assert m2.active and not impostor.active
     assert [p for p in sc.instances("m2") if p.active] == [m2]
     impostor.signal(signal.SIGTERM)
+    # What m1 may not do, the admin may.
+    stepped = cli("admin", srv.url, "step-down", STREAM, GROUP, "m2")
+    assert stepped.returncode == 0, stepped.stderr
+    assert not violations(srv, "admin")
 
 
 @pytest.mark.parametrize("spoofer", ["m2", "status"])
