@@ -212,19 +212,24 @@ class Prober:
         self._on_replaceable = on_replaceable
         self._inbox = ""
         self._sub: Subscription | None = None
+        self._sent = 0
         self._asked = -math.inf
 
     async def send(self) -> None:
         """Probe once more (the answer arrives on its own)."""
         if self._sub is None:
             self._inbox = self.nc.new_inbox()
-            self._sub = await self.nc.subscribe(self._inbox, cb=self._answer)
+            self._sub = await self.nc.subscribe(f"{self._inbox}.*", cb=self._answer)
         if self.nc.is_connected:
             now = self._clock()
             ask = now - self._asked >= self.answer_every
+            # A reply subject of its own per probe: a server that lets the instance's user
+            # publish only responses (``allow_responses``) lets it answer each subject
+            # once (nats-server 2.16 refused every later answer to a reused one).
+            self._sent += 1
             with contextlib.suppress(nats.errors.Error):
                 await self.nc.publish(self.subject, b"" if ask else QUIET_PROBE,
-                                      reply=self._inbox)
+                                      reply=f"{self._inbox}.{self._sent}")
                 if ask:
                     self._asked = now
 

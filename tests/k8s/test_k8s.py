@@ -812,7 +812,8 @@ async def test_pods_form_the_group_and_hand_over(helm: Helm, image: Image, tmp_p
     """The rendered Job and every pod of the rendered StatefulSet, run as local processes
     (HOSTNAME = pod name, ConfigMap and Secrets resolved) against a local nats-server with
     user/password auth: the Job, as an admin holding exactly the shipped admin
-    permissions (its own Secret), creates the group (and a re-run is a no-op), every member
+    permissions (its own Secret), creates the group, the members' user holds exactly the
+    release's rendered member permissions (and a re-run is a no-op), every member
     has exactly one active instance and the rest stand by, and deleting the pod of an
     active instance hands its partitions to that member's standby; the pod the
     StatefulSet re-creates joins as a standby. Messages reach the handler throughout."""
@@ -820,17 +821,27 @@ async def test_pods_form_the_group_and_hand_over(helm: Helm, image: Image, tmp_p
     admin_pw = f"pw-{secrets.token_hex(8)}"
     # The Job connects as the admin, holding exactly the chart's admin permissions.
     admin_perms = (CHART / "files" / "permissions" / "admin.conf").read_text()
-    auth = (f'authorization {{ users = [ {{ user: "{user}", password: "{password}" }}\n'
-            f'{{ user: "admin", password: "{admin_pw}"\n{admin_perms}\n}} ] }}')
     hook = await WebhookServer().start()
+    # The members' shared user holds exactly the chart's member permissions.
+    member_perms = _members_permissions(helm, tmp_path, hook.port)
+    auth = (f'authorization {{ users = [ {{ user: "{user}", password: "{password}"\n'
+            f'{member_perms}\n}}\n'
+            f'{{ user: "admin", password: "{admin_pw}"\n{admin_perms}\n}}\n'
+            f'{{ user: "root", password: "{admin_pw}-root" }} ] }}')
     try:
         with running_server(workdir=tmp_path / "nats", extra_config=auth) as server:
-            nc = await nats.connect(servers=[server.url], user=user, password=password,
-                                    **client_options())
+            # The test's own eyes (and the origin stream's creator): unrestricted.
+            nc = await nats.connect(servers=[server.url], user="root",
+                                    password=f"{admin_pw}-root", **client_options())
             try:
                 await _run_pods(helm, image, tmp_path, local_pods, server.url, hook, nc,
                                 {"user": user, "password": password},
                                 {"user": "admin", "password": admin_pw})
+                # Nothing the members or the Job did was refused (a `cgroupd status` with
+                # the members' user may not ask instances for their host: that alone).
+                refused = [line for line in server.log_path.read_text().splitlines()
+                           if " Violation - " in line and "_CGROUPD.info." not in line]
+                assert refused == [], refused
             finally:
                 for pod in local_pods:
                     pod.close()
@@ -839,13 +850,8 @@ async def test_pods_form_the_group_and_hand_over(helm: Helm, image: Image, tmp_p
         await hook.stop()
 
 
-async def _run_pods(helm: Helm, image: Image, tmp_path: Path, pods: list[LocalPod],
-                    url: str, hook: WebhookServer, nc: Any,
-                    credentials: dict[str, str], admin_creds: dict[str, str]) -> None:
-    js = nc.jetstream()
-    await js.add_stream(name="ORDERS", subjects=["orders.>"])
-    values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump({
+def _e2e_values(url: str, hook_port: int) -> dict[str, Any]:
+    return {
         "nats": {"servers": [url], "connectTimeout": 5,
                  "credentials": {"secretName": "e2e-nats", "type": "userPassword"}},
         "group": {"stream": "ORDERS", "name": "workers", "partitions": 4,
@@ -854,9 +860,40 @@ async def _run_pods(helm: Helm, image: Image, tmp_path: Path, pods: list[LocalPo
                                              "type": "userPassword"}}},
         "members": 2, "standbysPerMember": 1,
         "handler": {"webhook": {"timeout": 2,
-                                "sidecar": {"port": hook.port, "path": "/hook"}}},
+                                "sidecar": {"port": hook_port, "path": "/hook"}}},
         "consume": {"drainTimeout": 2},
-    }))
+    }
+
+
+def _members_permissions(helm: Helm, tmp_path: Path, hook_port: int) -> str:
+    """The permissions of the release's shared member user: every member-*.conf of its
+    nats-permissions ConfigMap, merged (one user has one permission set)."""
+    values = tmp_path / "perm-values.yaml"
+    values.write_text(yaml.safe_dump(_e2e_values("nats://nats:4222", hook_port)))
+    data = _config(helm.template("e2e", values=[values]), "e2e-cgroupd-nats-permissions")["data"]
+    publish: list[str] = []
+    subscribe: list[str] = []
+    for name, text in sorted(data.items()):
+        if not name.startswith("member-"):
+            continue
+        text = "\n".join(line for line in text.splitlines() if not line.strip().startswith("#"))
+        pub, sub = text.split("subscribe:", 1)
+        publish += [x for x in re.findall(r'"([^"]+)"', pub) if x not in publish]
+        subscribe += [x for x in re.findall(r'"([^"]+)"', sub) if x not in subscribe]
+    assert publish and subscribe and "allow_responses: true" in data["member-m0.conf"]
+    quoted = ", ".join
+    return ("permissions: { publish: { allow: [" + quoted(f'"{x}"' for x in publish) + "] }, "
+            "subscribe: { allow: [" + quoted(f'"{x}"' for x in subscribe) + "] }, "
+            "allow_responses: true }")
+
+
+async def _run_pods(helm: Helm, image: Image, tmp_path: Path, pods: list[LocalPod],
+                    url: str, hook: WebhookServer, nc: Any,
+                    credentials: dict[str, str], admin_creds: dict[str, str]) -> None:
+    js = nc.jetstream()
+    await js.add_stream(name="ORDERS", subjects=["orders.>"])
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(_e2e_values(url, hook.port)))
     objects = helm.template("e2e", values=[values])
     cluster = Objects(objects, secrets={"e2e-nats": credentials, "e2e-nats-admin": admin_creds})
     sts, job = one(objects, "StatefulSet"), one(objects, "Job")

@@ -13,6 +13,7 @@ its deliveries. Each attack is refused by the server (a permission violation), a
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import signal
@@ -151,8 +152,9 @@ async def scenario(secured: tuple[NatsServer, str], tmp_path: Path
 def start(sc: Scenario, srv: NatsServer, mode: str, member: str,
           as_user: str | None = None) -> JoinProc:
     """A ``cgroupd join`` process of ``member`` with ``as_user``'s credentials."""
-    # (pinned: a killed holder's unacknowledged message waits out its ack wait)
-    extra = ("--ack-wait", "4") if mode == "pinned" else ()
+    # (pinned: a killed holder's unacknowledged message waits out its ack wait, and only
+    # one in flight keeps per-key order across that: docs/interop.md)
+    extra = ("--ack-wait", "4", "--max-in-flight", "1") if mode == "pinned" else ()
     return sc.start(member, urls=[srv.url], env=env_of(as_user or member),
                     args=("--exclusivity", mode, *extra))
 
@@ -172,6 +174,13 @@ async def test_members_with_only_their_template_consume_and_fail_over(
     await sc.wait_joined([standby])
     await sc.wait_active("m2")
     await sc.wait_progress(150)
+    if mode == "sync":
+        # The observation window: the standby watches a live owner for twice the takeover
+        # time, each presence answer allowed only as a response (allow_responses); no
+        # answer may be refused, or the live owner would be taken for silent.
+        await asyncio.sleep(2 * TAKEOVER)
+        assert await sc.wait_active("m1") is first and standby.state() == "standby"
+        assert violations(srv) == [], "presence answers refused"
     first.kill()
     killed = time.monotonic()
     assert await sc.wait_active("m1", exclude=[first], timeout=40) is standby
