@@ -19,6 +19,7 @@ from cgroupd.config import (
     work_queue_stream,
 )
 from cgroupd.errors import ApiError, InstanceIdInUse
+from cgroupd.lease import legacy_presence_subject
 from cgroupd.member import INSTANCE_KEY, Member, MemberState
 from cgroupd.naming import data_consumers
 from cgroupd.settings import MemberSettings
@@ -288,3 +289,26 @@ async def test_a_successor_takes_another_name_than_its_gone_predecessor(group: G
     a.js.crash()
     await eventually(lambda: b.active, SETTINGS.lease, what="b to take over")
     assert b.data_consumer != old and group.server.names(WQ) == {"m1", b.data_consumer}
+
+
+async def test_an_earlier_versions_data_consumer_is_probed_where_its_instance_answers(
+        group: Group) -> None:
+    """An upgrade (issue 25 row 6): a data consumer of an earlier version (named
+    ``m1-<instance>``, no cgroupd_presence) still holds the member's partitions. While its
+    instance answers on the old presence subject that it is active, the new instance does
+    not take it (the work-queue stream refuses the overlap meanwhile); once that instance
+    is gone, the consumer is reclaimed and the new one consumes."""
+    from tests.support.fakes import FakeConsumer
+    old = "m1-0ld"
+    group.server.consumers[(WQ, old)] = FakeConsumer(WQ, old, {
+        "filter_subjects": ["0.>", "1.>", "2.>", "3.>"],
+        "metadata": {"cgroupd_member": "m1", INSTANCE_KEY: old}})
+    legacy = legacy_presence_subject(group_key("ORDERS", "g"), old)
+    group.server.presence[legacy] = [lambda body: f"{old} stepping-down"]
+    a = await group.start()
+    await asyncio.sleep(4 * SETTINGS.retry_interval)
+    assert not a.active and (WQ, old) in group.server.consumers
+    group.server.presence.pop(legacy)  # the old instance finished and exited
+    await eventually(lambda: a.active, 10, what="a active")
+    assert (WQ, old) not in group.server.consumers
+    assert group.server.names(WQ) == {"m1", a.data_consumer}
