@@ -324,3 +324,25 @@ async def test_without_its_inbox_prefix_a_confined_user_gets_no_replies(
     assert "permissions violation" in bare.stderr.lower(), bare.stderr
     assert any('Subscription Violation - Subject "_INBOX.' in line
                for line in violations(srv, "status")), violations(srv)
+
+
+async def test_a_membership_change_needs_nothing_beyond_the_templates(
+        scenario: tuple[Scenario, NatsServer, str]) -> None:
+    """The admin drops m2 under traffic, then adds it back: m2's partitions move to m1 and
+    back (sync: in place), nothing is lost or reordered, and the server refused nothing
+    any member did meanwhile."""
+    sc, srv, mode = scenario
+    start(sc, srv, mode, "m1")
+    start(sc, srv, mode, "m2")
+    sc.traffic(900, rate=100).start()
+    await sc.wait_active("m1")
+    await sc.wait_active("m2")
+    await sc.wait_progress(150)
+    dropped = cli("admin", srv.url, "member", "drop", STREAM, GROUP, "m2")
+    assert dropped.returncode == 0, dropped.stderr
+    await sc.wait_progress(450)
+    added = cli("admin", srv.url, "member", "add", STREAM, GROUP, "m2")
+    assert added.returncode == 0, added.stderr
+    verdict = await sc.finish()
+    verdict.assert_ok()
+    assert violations(srv) == [], "a template lacks a permission a membership change uses"
