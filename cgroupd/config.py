@@ -34,7 +34,8 @@ ELASTIC_BUCKET = "elastic-consumer-groups"
 STATIC_BUCKET = "static-consumer-groups"
 
 #: Longest stream, group or member name; keeps ``<stream>-<group>`` and data consumer
-#: names (``<member>-<instance id>``) within the server's 255-character limit.
+#: names (``<member>~<slot>``; earlier versions ``<member>-<instance id>``) within the
+#: server's 255-character limit.
 MAX_NAME_LENGTH = 100
 #: Characters valid in a KV key token, so ``<stream>.<group>`` is always a valid key.
 _NAME_RE = re.compile(r"^[A-Za-z0-9_\-=]+$")

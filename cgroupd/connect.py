@@ -74,8 +74,11 @@ class ConnectionOptions:
     js_domain: str | None = None
     #: A JetStream API prefix given as such (a ``nats`` context's ``jetstream_api_prefix``).
     js_api_prefix: str | None = None
-    #: Prefix of reply subjects instead of ``_INBOX`` (a ``nats`` context's
-    #: ``inbox_prefix``; the ``--inbox-prefix`` option sets the same field).
+    #: Prefix of this connection's reply subjects (nats-py's default ``_INBOX``; a
+    #: ``nats`` context's ``inbox_prefix``): give each member's user its own
+    #: (``_INBOX_<member>``) so that its permissions can allow ``sub _INBOX_<member>.>``
+    #: instead of ``_INBOX.>``, which would let it read every other member's replies and
+    #: deliveries (docs/security.md, "Permissions").
     inbox_prefix: str | None = None
 
     def __post_init__(self) -> None:
@@ -97,6 +100,9 @@ class ConnectionOptions:
                             "(no spaces, '.', '*' or '>')")
         if self.js_api_prefix is not None and self.js_domain is not None:
             problems.append("give a JetStream domain or an API prefix, not both")
+        if self.inbox_prefix is not None and not _valid_prefix(self.inbox_prefix):
+            problems.append(f"inbox prefix {self.inbox_prefix!r} must be a subject without "
+                            "wildcards, whitespace or empty tokens")
         if problems:
             raise ConfigError(problems)
 
@@ -168,6 +174,14 @@ def _require_tls(nc: Client) -> None:
     nc._connect_command = connect_command  # type: ignore[method-assign]
 
 
+def _valid_prefix(prefix: str) -> bool:
+    """A literal subject: tokens of printable characters, no wildcard, none empty."""
+    return bool(prefix) and all(
+        token and token not in ("*", ">") and all(ch.isprintable() and not ch.isspace()
+                                                 for ch in token)
+        for token in prefix.split("."))
+
+
 def ssl_context(options: ConnectionOptions) -> ssl.SSLContext:
     """A client TLS context: the system CAs (or ``tls_ca``), plus the client certificate."""
     try:
@@ -213,12 +227,12 @@ def connect_kwargs(options: ConnectionOptions) -> dict[str, Any]:
     if options.user is not None:
         kwargs["user"] = options.user
         kwargs["password"] = options.password or ""
+    if options.inbox_prefix is not None:
+        kwargs["inbox_prefix"] = options.inbox_prefix
     if options.uses_tls:
         kwargs["tls"] = ssl_context(options)
     if options.tls_first:
         kwargs["tls_handshake_first"] = True
-    if options.inbox_prefix is not None:
-        kwargs["inbox_prefix"] = options.inbox_prefix
     return kwargs
 
 

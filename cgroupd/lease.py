@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -33,10 +33,34 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from cgroupd.naming import INSTANCE_KEY, MEMBER_KEY, PRESENCE_BY_MEMBER, PRESENCE_KEY
 
-def presence_subject(key: str, instance: str) -> str:
-    """Where an instance answers "I am alive" (its absence is the server's word)."""
+
+def presence_subject(key: str, member: str, instance: str) -> str:
+    """Where an instance answers "I am alive" (its absence is the server's word):
+    ``_CGROUPD.presence.<stream>.<group>.<member>.<instance>``. The member has a token
+    of its own so that a NATS permission can let a member's user answer (subscribe) for
+    its own instances only (``_CGROUPD.presence.<stream>.<group>.<member>.*``): nobody
+    else can then fake an answer for them and delay a takeover."""
+    return f"_CGROUPD.presence.{key}.{member}.{instance}"
+
+
+def legacy_presence_subject(key: str, instance: str) -> str:
+    """Where instances of versions before :func:`presence_subject` answer (no member
+    token): probed only for consumers that lack :data:`PRESENCE_KEY` (an upgrade)."""
     return f"_CGROUPD.presence.{key}.{instance}"
+
+
+def owner_presence_subject(key: str, metadata: Mapping[str, str]) -> str | None:
+    """Where the instance that created a consumer with ``metadata`` answers, or None
+    when the metadata names no instance."""
+    instance = metadata.get(INSTANCE_KEY)
+    if not instance:
+        return None
+    member = metadata.get(MEMBER_KEY)
+    if metadata.get(PRESENCE_KEY) == PRESENCE_BY_MEMBER and member:
+        return presence_subject(key, member, instance)
+    return legacy_presence_subject(key, instance)
 
 
 #: What an instance answers while it may run handlers on its consumers: the
@@ -115,6 +139,8 @@ class OwnerWatch:
 
     instance: str
     heard: float
+    #: Where it answers presence probes (:func:`owner_presence_subject`).
+    subject: str = ""
     #: It was seen gone ("no responders"): its consumers may be taken at once.
     gone: bool = False
     #: It answered that it is not active (a standby, stopped, or still acquiring): it runs
@@ -186,19 +212,24 @@ class Prober:
         self._on_replaceable = on_replaceable
         self._inbox = ""
         self._sub: Subscription | None = None
+        self._sent = 0
         self._asked = -math.inf
 
     async def send(self) -> None:
         """Probe once more (the answer arrives on its own)."""
         if self._sub is None:
             self._inbox = self.nc.new_inbox()
-            self._sub = await self.nc.subscribe(self._inbox, cb=self._answer)
+            self._sub = await self.nc.subscribe(f"{self._inbox}.*", cb=self._answer)
         if self.nc.is_connected:
             now = self._clock()
             ask = now - self._asked >= self.answer_every
+            # A reply subject of its own per probe: a server that lets the instance's user
+            # publish only responses (``allow_responses``) lets it answer each subject
+            # once (nats-server 2.16 refused every later answer to a reused one).
+            self._sent += 1
             with contextlib.suppress(nats.errors.Error):
                 await self.nc.publish(self.subject, b"" if ask else QUIET_PROBE,
-                                      reply=self._inbox)
+                                      reply=f"{self._inbox}.{self._sent}")
                 if ask:
                     self._asked = now
 

@@ -89,7 +89,7 @@ class Member(ConfigWatch, SyncElection, PinnedElection, Rebalance, PinnedRebalan
             self._advisories = await self.js.watch_deletions(self._consume_stream,
                                                              self._on_consumer_deleted)
         self._presence_sub = await self.js.answer(
-            presence_subject(self._key, self.instance_id), self._presence_text)
+            presence_subject(self._key, self.member, self.instance_id), self._presence_text)
         if self.settings.exclusivity is Exclusivity.PINNED:
             self._step_down_sub = await self.js.serve(
                 step_down_subject(self._key, self.member), self._step_down_requested)

@@ -28,6 +28,21 @@ TOKEN_KEY = "cgroupd_token"
 #: is never replaced by a standby; it ends by itself.
 HOLDER_KEY = "cgroupd_holder"
 
+#: Metadata key saying where the consumer's instance answers presence probes: present
+#: (value :data:`PRESENCE_BY_MEMBER`) on consumers of versions that put the member in the
+#: presence subject (:func:`cgroupd.lease.presence_subject`); absent on those of earlier
+#: versions, whose instances answer on :func:`cgroupd.lease.legacy_presence_subject`.
+PRESENCE_KEY = "cgroupd_presence"
+PRESENCE_BY_MEMBER = "member"
+
+#: Sync exclusivity: how many data consumer names each member has (see
+#: :func:`data_consumer`). A member's consumers coexist briefly only while one owner
+#: hands over to the next (at most the old owner's, the new owner's and an abandoned one).
+DATA_SLOTS = 4
+#: Between the member and the slot of a data consumer's name: a character that cgroupd
+#: never writes into a member's name, so that no other member's consumer names collide.
+DATA_SEPARATOR = "~"
+
 #: Pull requests a consumer may have waiting at once.
 MAX_WAITING = 512
 
@@ -39,11 +54,26 @@ def sync_consumer(group: str, member: str, static: bool) -> str:
     return f"{group}-{member}" if static else member
 
 
-def data_consumer(member: str, instance: str, rebalances: int = 0) -> str:
-    """One instance's data consumer (sync exclusivity); an incremental rebalance that
-    gains partitions replaces it with a fresh one numbered after it."""
-    name = f"{member}-{instance}"
-    return f"{name}-{rebalances}" if rebalances else name
+def data_consumer(member: str, slot: int) -> str:
+    """A data consumer's name (sync exclusivity): ``<member>~<slot>``, ``slot`` in
+    ``range(DATA_SLOTS)``.
+
+    Every name a member's instances ever give a consumer is known in advance (its
+    synchronization consumer and these), so a NATS permission can name them one by one:
+    permissions wildcard whole subject tokens only, and a consumer's name is one token of
+    ``$JS.API.CONSUMER.*.<stream>.<consumer>``. (Earlier versions named data consumers
+    ``<member>-<instance>[-<n>]``, which no permission could confine to a member.) An
+    owner uses a slot other than the one it just deleted, and a successor one that the
+    previous owner's consumer does not hold.
+    """
+    if not 0 <= slot < DATA_SLOTS:
+        raise ValueError(f"data consumer slot {slot} out of range(0, {DATA_SLOTS})")
+    return f"{member}{DATA_SEPARATOR}{slot}"
+
+
+def data_consumers(member: str) -> list[str]:
+    """Every data consumer name a member may use (for permission templates)."""
+    return [data_consumer(member, slot) for slot in range(DATA_SLOTS)]
 
 
 def consumer_config(filters: list[str], *, ack_wait: float, max_ack_pending: int,

@@ -366,8 +366,8 @@ def static_group_consumers(group: str, infos: list[dict[str, Any]]) -> list[dict
 
     Its members' consumers are ``<group>-<member>`` (their metadata names the member, so
     group ``g`` does not claim ``g-x-m1`` of group ``g-x``; without cgroupd metadata the
-    prefix decides), plus the data consumers ``<member>-<instance>`` of the instances
-    holding them.
+    prefix decides), plus the data consumers (``<member>~<slot>``; earlier versions
+    ``<member>-<instance>``) of the instances holding them.
     """
     def meta(info: dict[str, Any]) -> dict[str, Any]:
         return (info.get("config") or {}).get("metadata") or {}

@@ -187,6 +187,11 @@ def _main(
         "--js-domain", envvar="CGROUPD_JS_DOMAIN", metavar="DOMAIN",
         help="JetStream domain: API requests go to $JS.DOMAIN.API (leaf nodes, hubs).")
     ] = None,
+    inbox_prefix: Annotated[str | None, typer.Option(
+        "--inbox-prefix", envvar="CGROUPD_INBOX_PREFIX", metavar="SUBJECT",
+        help="Prefix of reply subjects (default _INBOX): e.g. _INBOX_<member>, so that "
+             "a member's NATS user may subscribe to its own replies only "
+             "(docs/security.md).")] = None,
     connect_timeout: Annotated[float, typer.Option(
         "--connect-timeout", envvar="CGROUPD_CONNECT_TIMEOUT", min=0.1, metavar="SEC",
         help="Give up connecting after this long.")] = DEFAULT_CONNECT_TIMEOUT,
@@ -199,7 +204,7 @@ def _main(
     explicit = {"servers": tuple(server or ()), "creds": creds, "nkey_seed": nkey,
                 "token": token, "user": user, "password": password, "tls_cert": tls_cert,
                 "tls_key": tls_key, "tls_ca": tls_ca, "tls_first": tls_first,
-                "js_domain": js_domain}
+                "js_domain": js_domain, "inbox_prefix": inbox_prefix}
     connection = with_context({k: v for k, v in explicit.items() if v}, context, os.environ,
                               connect_timeout=connect_timeout)
     ctx.obj = Globals(connection, json_output, debug)

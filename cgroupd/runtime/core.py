@@ -35,6 +35,7 @@ from cgroupd.lease import (
 )
 from cgroupd.message import Deliveries
 from cgroupd.naming import (
+    DATA_SLOTS,
     MEMBER_KEY,
     consumer_config,
     data_consumer,
@@ -131,6 +132,13 @@ class MemberCore:
         #: of one of them is settled again, not run again).
         self._token = secrets.token_hex(8)
         self._watch: OwnerWatch | None = None
+        #: Sync exclusivity: the slot of the next data consumer's name (a random start,
+        #: so that a successor rarely meets its predecessor's name).
+        self._data_slot = secrets.randbelow(DATA_SLOTS)
+        #: Names of this member's consumers this instance deleted (a predecessor's) since
+        #: it last created a data consumer: not reused at once, while the server may still
+        #: be removing their files.
+        self._just_deleted: set[str] = set()
         self._prober: Prober | None = None
         self._completed: Completed = Completed()
         self._connection_off: Callable[[], None] | None = None
@@ -166,7 +174,11 @@ class MemberCore:
 
     @property
     def data_consumer(self) -> str:
-        return data_consumer(self.member, self.instance_id)
+        """The name of this instance's (first) data consumer while it has one, else the
+        one it tries next (see :func:`cgroupd.naming.data_consumer`)."""
+        if self._gen is not None and self._gen.data:
+            return next(iter(self._gen.data))
+        return data_consumer(self.member, self._data_slot)
 
     @property
     def _probe_timeout(self) -> float:
@@ -380,8 +392,7 @@ class MemberCore:
     async def _close_prober(self) -> None:
         raise NotImplementedError
 
-    async def _add_data_consumer(self, gen: Generation, name: str,
-                                 partitions: tuple[int, ...],
+    async def _add_data_consumer(self, gen: Generation, partitions: tuple[int, ...],
                                  reclaim: Callable[[], Awaitable[object]] | None = None
                                  ) -> None:
         raise NotImplementedError

@@ -21,12 +21,16 @@ from cgroupd.lease import (
     OwnerWatch,
     Presence,
     may_reclaim,
+    owner_presence_subject,
     presence_subject,
 )
 from cgroupd.naming import (
+    DATA_SLOTS,
     HOLDER_KEY,
     INSTANCE_KEY,
     MEMBER_KEY,
+    PRESENCE_BY_MEMBER,
+    PRESENCE_KEY,
     TOKEN_KEY,
     data_consumer,
 )
@@ -81,10 +85,9 @@ class SyncElection(MemberCore):
         self._attempt_due = False
         self._attempted_at = self._clock()
         inactive = int(s.inactive_threshold * 1e9)
-        instance_meta = {MEMBER_KEY: self.member, INSTANCE_KEY: self.instance_id,
-                         TOKEN_KEY: self._token}
         sync_cfg = self._consumer_config(sync_filters(partitions), inactive_threshold=inactive,
-                                         metadata=instance_meta, max_ack_pending=1)
+                                         metadata=self._instance_metadata(),
+                                         max_ack_pending=1)
         sent = self._clock()
         try:
             await self.js.create_consumer(self._consume_stream, self.sync_consumer, sync_cfg)
@@ -113,13 +116,19 @@ class SyncElection(MemberCore):
         # (draining after a step-down) is never robbed; an abandoned one is reclaimed.
         gen.pullers.append(await self._start_puller(gen, self.sync_consumer, 1, StepDown.SYNC_LOST))
         try:
-            await self._add_data_consumer(gen, self.data_consumer, partitions)
+            await self._add_data_consumer(gen, partitions)
         except CgroupdError as exc:
             self._log.warning("data consumer create failed", error=str(exc))
             await self._release(gen)
             self._gen = None
             return None
         return gen
+
+    def _instance_metadata(self) -> dict[str, str]:
+        """What every consumer this instance creates says about it: its member, id and
+        process token, and that it answers presence on :func:`presence_subject`."""
+        return {MEMBER_KEY: self.member, INSTANCE_KEY: self.instance_id,
+                TOKEN_KEY: self._token, PRESENCE_KEY: PRESENCE_BY_MEMBER}
 
     async def _drop_unstored_claim(self) -> None:
         """Our create ran while the server removed the files of the claim of that name
@@ -155,8 +164,8 @@ class SyncElection(MemberCore):
     async def _refuse_duplicate_id(self) -> None:
         """Two processes with one instance id would both pass for the active instance (their
         consumers' configs would be identical): ask whether someone answers for it."""
-        answer = await self.js.probe(presence_subject(self._key, self.instance_id),
-                             self._probe_timeout)
+        answer = await self.js.probe(
+            presence_subject(self._key, self.member, self.instance_id), self._probe_timeout)
         if answer.presence is Presence.ALIVE:
             raise InstanceIdInUse(
                 f"instance id {self.instance_id!r} is already used by a running instance of "
@@ -187,7 +196,8 @@ class SyncElection(MemberCore):
             return
         meta = ConsumerInfo.of(info).metadata
         owner = meta.get(INSTANCE_KEY)
-        if info is None or not owner or meta.get(HOLDER_KEY):
+        subject = owner_presence_subject(self._key, meta)
+        if info is None or not owner or not subject or meta.get(HOLDER_KEY):
             # Gone already, or not a member instance (a Spark query's lease, which answers
             # no probe): nothing to watch; it ends by itself.
             self._watch = None
@@ -205,7 +215,7 @@ class SyncElection(MemberCore):
             return
         if self._watch is None or self._watch.instance != owner \
                 or self._watched_created != info.get("created"):
-            self._watch = OwnerWatch(owner, heard=self._clock())
+            self._watch = OwnerWatch(owner, heard=self._clock(), subject=subject)
             self._watched_created = info.get("created")
 
     async def _stand_by(self, timeout: float) -> None:
@@ -221,8 +231,8 @@ class SyncElection(MemberCore):
         prober = self._prober
         if prober is None or prober.watch is not watch:
             await self._close_prober()
-            prober = self._prober = self.js.prober(presence_subject(
-                self._key, watch.instance), watch, self._clock, self._wake.set)
+            prober = self._prober = self.js.prober(watch.subject, watch, self._clock,
+                                                   self._wake.set)
             prober.answer_every = s.presence_answer_every
         deadline = self._clock() + timeout
         while not self._wake.is_set():
@@ -247,8 +257,7 @@ class SyncElection(MemberCore):
         s = self.settings
         if not watch.gone:
             # One last question before taking over from a silent or idle instance.
-            answer = await self.js.probe(presence_subject(self._key, watch.instance),
-                                 self._probe_timeout)
+            answer = await self.js.probe(watch.subject, self._probe_timeout)
             watch.update(answer, self._clock())
             if not watch.replaceable(self._clock(), s.lease, s.takeover_margin):
                 return False
@@ -278,22 +287,29 @@ class SyncElection(MemberCore):
         try:
             await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
             if watch.gone:
-                # Dead: its data consumer can go now too (saves the successor a round of
-                # "overlapping consumer" and presence checks; extra ones are reclaimed).
-                await self.js.delete_consumer(self._consume_stream,
-                                              data_consumer(self.member, watch.instance))
+                # Dead: its data consumers can go now too (saves the successor a round
+                # of "overlapping consumer" and presence checks; extra ones are reclaimed).
+                for left in map(ConsumerInfo,
+                                await self.js.list_consumers(self._consume_stream)):
+                    if left.meta(INSTANCE_KEY) == watch.instance \
+                            and left.meta(MEMBER_KEY) == self.member:
+                        self._just_deleted.add(left.name)
+                        await self.js.delete_consumer(self._consume_stream, left.name)
         except CgroupdError as exc:
             self._log.warning("could not delete the old owner's consumers", error=str(exc))
             return False
         self._watch = None
         return True
 
-    async def _add_data_consumer(self, gen: Generation, name: str,
-                                 partitions: tuple[int, ...],
+    async def _add_data_consumer(self, gen: Generation, partitions: tuple[int, ...],
                                  reclaim: Callable[[], Awaitable[object]] | None = None
                                  ) -> None:
         """Create a data consumer for ``partitions`` and pull from it.
 
+        Its name is one of the member's :data:`DATA_SLOTS` (see :func:`data_consumer`):
+        the next after the one this instance used last (never the one it just deleted,
+        whose files the server may still be removing), skipping names that another
+        consumer holds (the previous owner's, still draining or abandoned).
         Creation fails with 10100 while the previous owner's data consumer still holds
         some of them: retry until it lets go (reclaiming it if abandoned), up to a bound.
         ``reclaim`` replaces the reclaim of this member's abandoned consumers (an
@@ -302,14 +318,34 @@ class SyncElection(MemberCore):
         s = self.settings
         config = self._consumer_config(
             partition_filters(partitions), inactive_threshold=int(s.inactive_threshold * 1e9),
-            metadata={MEMBER_KEY: self.member, INSTANCE_KEY: self.instance_id,
-                      TOKEN_KEY: self._token})
+            metadata=self._instance_metadata())
         # Long enough for the previous owner to drain, or its lease to run out.
         deadline = self._clock() + max(s.drain_timeout, s.lease) + 2 * s.retry_interval
+        taken = 0  # slots found held by other consumers in a row
         while True:
+            name = data_consumer(self.member, self._data_slot)
+            if name in self._just_deleted and taken < DATA_SLOTS - 1:
+                # We deleted it a moment ago (a predecessor's): the server may still be
+                # removing its files, and a consumer created under that name meanwhile
+                # can store nothing (see _drop_unstored_claim).
+                self._data_slot = (self._data_slot + 1) % DATA_SLOTS
+                taken += 1
+                continue
             try:
                 await self.js.create_consumer(self._consume_stream, name, config)
                 break
+            except ConsumerExists:
+                # Another consumer has this name: try the next one; every one held
+                # means left-over consumers of this member (reclaimed when abandoned).
+                self._data_slot = (self._data_slot + 1) % DATA_SLOTS
+                taken += 1
+                if taken < DATA_SLOTS:
+                    continue
+                taken = 0
+                if s.reclaim_abandoned:
+                    await self._reclaim_abandoned(gen)
+                if self._clock() > deadline or gen.ended.done() or self._stopping:
+                    raise
             except WorkQueueOverlap:
                 if reclaim is not None:
                     await reclaim()
@@ -318,6 +354,8 @@ class SyncElection(MemberCore):
                 if self._clock() > deadline or gen.ended.done() or self._stopping:
                     raise
             await self._sleep(min(0.05, s.retry_interval))
+        self._data_slot = (self._data_slot + 1) % DATA_SLOTS
+        self._just_deleted.clear()
         gen.data[name] = partitions
         gen.pullers.append(await self._start_puller(gen, name, s.max_in_flight,
                                                     StepDown.DATA_LOST, deliver=True))
@@ -343,13 +381,16 @@ class SyncElection(MemberCore):
                 if name in mine or meta.get(MEMBER_KEY) != self.member or not owner \
                         or name == self.sync_consumer:
                     continue
-                answer = await self.js.probe(presence_subject(self._key, owner),
-                                     self._probe_timeout)
+                subject = owner_presence_subject(self._key, meta)
+                if subject is None:
+                    continue
+                answer = await self.js.probe(subject, self._probe_timeout)
                 held = self._clock() - gen.claimed_at
                 if may_reclaim(answer, held, self.settings.lease) and not gen.ended.done():
                     self._log.warning("reclaiming abandoned data consumer", consumer=name,
                                       instance=owner, presence=answer.presence.value,
                                       state=answer.state or None)
+                    self._just_deleted.add(name)
                     reclaimed |= await self.js.delete_consumer(self._consume_stream, name)
         except CgroupdError as exc:
             self._log.warning("could not inspect previous owner's consumer", error=str(exc))

@@ -16,12 +16,11 @@ from cgroupd.errors import (
 )
 from cgroupd.lease import (
     Presence,
-    presence_subject,
+    owner_presence_subject,
 )
 from cgroupd.naming import (
     HOLDER_KEY,
     INSTANCE_KEY,
-    data_consumer,
 )
 from cgroupd.partitions import (
     idle_filter,
@@ -343,8 +342,7 @@ class Rebalance(MemberCore):
         gen.rebalances += 1
         gen.dispatcher.accept = set(target)  # type: ignore[union-attr]
         await self._add_data_consumer(
-            gen, data_consumer(self.member, self.instance_id, gen.rebalances), target,
-            reclaim=lambda: self._reclaim_released(gen, set(target)))
+            gen, target, reclaim=lambda: self._reclaim_released(gen, set(target)))
 
     async def _replace_data_consumer(self, gen: Generation, target: tuple[int, ...]) -> bool:
         """At a quiet point (nothing running, our acks applied), swap the data consumer(s)
@@ -358,8 +356,7 @@ class Rebalance(MemberCore):
                 return False
             dispatcher.accept = set(target)
             gen.rebalances += 1
-            await self._add_data_consumer(
-                gen, data_consumer(self.member, self.instance_id, gen.rebalances), target)
+            await self._add_data_consumer(gen, target)
             return True
         finally:
             dispatcher.resume()
@@ -377,7 +374,8 @@ class Rebalance(MemberCore):
         try:
             for info in map(ConsumerInfo, await self.js.list_consumers(self._consume_stream)):
                 meta = info.metadata
-                owner, name = meta.get(INSTANCE_KEY), info.name
+                name = info.name
+                subject = owner_presence_subject(self._key, meta)
                 filters = set(info.filters)
                 if name in gen.data or name == self.sync_consumer or not filters & wanted:
                     continue
@@ -386,12 +384,12 @@ class Rebalance(MemberCore):
                     continue
                 # Only an instance the server says is gone (no responders): one slow to
                 # answer under load may be alive and finishing.
-                answer = await self.js.probe(presence_subject(self._key, owner),
-                                     self._probe_timeout) if owner else None
+                answer = await self.js.probe(subject, self._probe_timeout) \
+                    if subject else None
                 gone = answer is not None and answer.presence is Presence.GONE
                 if gone and not gen.ended.done():
                     self._log.warning("reclaiming a released member's abandoned data "
-                                      "consumer", consumer=name, instance=owner)
+                                      "consumer", consumer=name, instance=meta.get(INSTANCE_KEY))
                     await self.js.delete_consumer(self._consume_stream, name)
                 else:
                     free = False

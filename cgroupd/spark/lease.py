@@ -49,7 +49,7 @@ from cgroupd.errors import (
     WorkQueueOverlap,
 )
 from cgroupd.jetstream import JetStream
-from cgroupd.lease import presence_subject
+from cgroupd.lease import owner_presence_subject
 from cgroupd.naming import HOLDER_KEY, INSTANCE_KEY, MEMBER_KEY, consumer_config, sync_consumer
 from cgroupd.partitions import SYNC_PREFIX, owners, sync_filters
 from cgroupd.pull import Puller, PullOptions
@@ -327,11 +327,11 @@ class Lease:
         """True if the instance owning consumer ``info`` answers, False if the server
         knows it is gone, None if it did not answer in time (or names no instance)."""
         meta = (info.get("config") or {}).get("metadata") or {}
-        instance = meta.get(INSTANCE_KEY)
-        if not instance:
+        subject = owner_presence_subject(self.presence_key, meta)
+        if not subject:
             return None
         try:
-            await self.js.nc.request(presence_subject(self.presence_key, instance), b"",
+            await self.js.nc.request(subject, b"",
                                      timeout=self.presence_timeout)
         except nats.errors.NoRespondersError:
             return False

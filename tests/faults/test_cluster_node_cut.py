@@ -40,8 +40,9 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 
+from cgroupd import jsapi
 from cgroupd.consumerinfo import ConsumerInfo
-from cgroupd.naming import data_consumer, sync_consumer
+from cgroupd.naming import INSTANCE_KEY, sync_consumer
 from cgroupd.settings import MemberSettings
 from tests.faults.checks import FaultVerdict, Row
 from tests.faults.injectors import VethNamespace, namespace_for_test
@@ -324,7 +325,11 @@ async def test_cluster_node_cut_with_the_active_instance_on_it(tmp_path: Path) -
             await sc.wait_joined([standby])
             assert sc.nc is not None
             sync = sync_consumer("g", "m1", False)
-            for name in (sync, data_consumer("m1", isolated.instance)):
+            data = [info["name"] for info in await jsapi.list_consumers(sc.nc, WQ)
+                    if ConsumerInfo(info).meta(INSTANCE_KEY) == isolated.instance
+                    and info["name"] != sync]
+            assert data, "the isolated instance's data consumer"
+            for name in (sync, *data):
                 await _leader_to(sc.nc, name, n2.server_name, sc)
             sc.note("meta leader off n2; m1's consumer leaders on n2")
             pub = sc.traffic(1600, keys=16, rate=200)

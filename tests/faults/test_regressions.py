@@ -16,12 +16,24 @@ from pathlib import Path
 import pytest
 
 from cgroupd import jsapi
+from cgroupd.consumerinfo import ConsumerInfo
 from cgroupd.errors import CgroupdError
+from cgroupd.jetstream import JetStream
+from cgroupd.naming import INSTANCE_KEY, PRESENCE_KEY
 from tests.faults import injectors
 from tests.faults.scenario import Scenario
 from tests.support.natsserver import NatsCluster
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
+
+
+async def _data_consumer_of(js: JetStream, instance: str) -> str:
+    """The name of ``instance``'s data consumer (named from its member's slots)."""
+    names = [info["name"] for info in await js.list_consumers("ORDERS-g")
+             if ConsumerInfo(info).meta(INSTANCE_KEY) == instance
+             and ConsumerInfo(info).meta(PRESENCE_KEY) and info["name"] != "m1"]
+    assert len(names) == 1, names
+    return names[0]
 
 
 async def test_publish_without_a_stream_raises_a_cgroupd_error(single: Scenario) -> None:
@@ -43,7 +55,7 @@ async def test_losing_a_consumer_leader_is_not_a_step_down(cluster: NatsCluster,
         await sc.wait_active("m1")
         assert sc.js is not None
         js = sc.js
-        data = f"m1-{member.instance}"
+        data = await _data_consumer_of(js, member.instance)
         info = await js.consumer_info("ORDERS-g", data)
         assert info is not None and info["cluster"]["replicas"], "an R3 consumer"
         leader = next(i for i, s in enumerate(cluster.servers)
@@ -89,7 +101,7 @@ async def test_a_lost_delivery_does_not_stall_the_member_for_the_ack_wait(
     assert sc.nc is not None and sc.js is not None
     nc, js = sc.nc, sc.js
     lost = await nc.subscribe(nc.new_inbox())
-    await nc.publish(jsapi.pull_subject("ORDERS-g", f"m1-{member.instance}"),
+    await nc.publish(jsapi.pull_subject("ORDERS-g", await _data_consumer_of(js, member.instance)),
                      json.dumps({"batch": 1, "expires": int(60e9)}).encode(),
                      reply=lost.subject)
 

@@ -287,9 +287,10 @@ def test_rendered_objects_are_valid(helm: Helm, variant: str) -> None:
 
 def test_full_values_render_valid_objects(full_objects: list[dict[str, Any]]) -> None:
     """The full example values render every kind, each valid."""
-    assert kinds(full_objects) == sorted(["ConfigMap", "ConfigMap", "Job",
-                                          "PodDisruptionBudget", "PrometheusRule", "Service",
-                                          "Service", "ServiceMonitor", "StatefulSet"])
+    assert kinds(full_objects) == sorted(["ConfigMap", "ConfigMap", "ConfigMap", "Job",
+                                          "NetworkPolicy", "PodDisruptionBudget",
+                                          "PrometheusRule", "Service", "Service",
+                                          "ServiceMonitor", "StatefulSet"])
     for obj in full_objects:
         validate_object(obj)
 
@@ -544,24 +545,30 @@ def test_group_create_job(helm: Helm, default_objects: list[dict[str, Any]],
 ])
 def test_credentials_come_from_the_secret(helm: Helm, image: Image, kind: str,
                                           env_names: set[str], mounted: bool) -> None:
-    """Credentials are referenced from the existing Secret (file mount or secretKeyRef) in
-    the member pods and the Job; the chart renders no Secret and no credential values."""
+    """Credentials are referenced from existing Secrets (file mount or secretKeyRef): the
+    members' in the member pods, the admin's in the group-create Job, neither in the
+    other's pods (issue 25 row 8: the admin Secret reached every member pod); the chart
+    renders no Secret and no credential values."""
     objects = helm.template(sets=["nats.credentials.secretName=nats-auth",
-                                  f"nats.credentials.type={kind}"])
+                                  f"nats.credentials.type={kind}",
+                                  "group.create.credentials.secretName=nats-admin",
+                                  f"group.create.credentials.type={kind}"])
     assert "Secret" not in kinds(objects)
-    cm = one(objects, "ConfigMap")
-    assert not any(SECRET_WORDS.search(k) for k in cm["data"])
+    for cm in (o for o in objects if o["kind"] == "ConfigMap"):
+        assert not any(SECRET_WORDS.search(k) for k in cm["data"])
     the_secret = {"nats.creds": "CREDS", "nkey.seed": "SUAEXAMPLE", "token": "t0k",
                   "user": "u", "password": "p"}
-    for kind_ in ("StatefulSet", "Job"):
+    for kind_, secret, other in (("StatefulSet", "nats-auth", "nats-admin"),
+                                 ("Job", "nats-admin", "nats-auth")):
         spec = one(objects, kind_)["spec"]["template"]["spec"]
+        assert other not in json.dumps(spec), f"{kind_} references {other}"
         c = spec["containers"][0]
         names = {e["name"] for e in c.get("env", []) if SECRET_WORDS.search(e["name"])
                  or e["name"] == "CGROUPD_USER"}
         assert names == env_names
         volumes = {v["name"]: v for v in spec["volumes"]}
         if mounted:
-            assert volumes["nats-credentials"]["secret"]["secretName"] == "nats-auth"
+            assert volumes["nats-credentials"]["secret"]["secretName"] == secret
             mount = next(m for m in c["volumeMounts"] if m["name"] == "nats-credentials")
             assert mount["readOnly"] is True
             path = next(e["value"] for e in c["env"] if e["name"] in env_names)
@@ -570,10 +577,82 @@ def test_credentials_come_from_the_secret(helm: Helm, image: Image, kind: str,
             assert "nats-credentials" not in volumes
             for e in c["env"]:
                 if e["name"] in env_names:
-                    assert e["valueFrom"]["secretKeyRef"]["name"] == "nats-auth"
+                    assert e["valueFrom"]["secretKeyRef"]["name"] == secret
         resolved = resolve_container("p-0", c | {"image": image.reference},
-                                     Objects(objects, {"nats-auth": the_secret}), image)
+                                     Objects(objects, {secret: the_secret}), image)
         assert env_names <= set(resolved.env)
+
+
+def test_the_admin_secret_is_optional_and_never_the_members(helm: Helm) -> None:
+    """With only the members' Secret given, the Job connects without credentials rather
+    than borrowing the members' (and with its own inbox prefix)."""
+    objects = helm.template(sets=["nats.credentials.secretName=nats-auth"])
+    job = one(objects, "Job")["spec"]["template"]["spec"]
+    assert "nats-auth" not in json.dumps(job)
+    env = {e["name"]: e.get("value") for e in job["containers"][0]["env"]}
+    assert env["CGROUPD_INBOX_PREFIX"] == "_INBOX_admin"
+
+
+def _config(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    return next(o for o in objects if o["kind"] == "ConfigMap"
+                and o["metadata"]["name"] == name)
+
+
+def test_permission_templates_are_the_docs_and_rendered_per_member(
+        helm: Helm, default_objects: list[dict[str, Any]]) -> None:
+    """The chart ships docs/permissions/ unchanged (tests/security/test_least_privilege.py
+    proves those against a real server) and renders them for the release: one per member
+    (the configured exclusivity), the admin's and the status reader's, for this group."""
+    docs = {p.name: p.read_text() for p in (ROOT / "docs" / "permissions").glob("*.conf")}
+    files = {p.name: p.read_text() for p in (CHART / "files" / "permissions").glob("*.conf")}
+    assert files == docs and set(docs) >= {"member-sync.conf", "member-pinned.conf",
+                                            "admin.conf", "status.conf"}
+    data = _config(default_objects, "rel-cgroupd-nats-permissions")["data"]
+    assert set(data) == {"member-m0.conf", "member-m1.conf", "member-m2.conf", "admin.conf",
+                         "status.conf"}
+    m1 = data["member-m1.conf"]
+    assert "{" + "member}" not in m1 and "{" + "stream}" not in m1
+    assert '"$JS.API.CONSUMER.CREATE.ORDERS-workers.m1~3"' in m1
+    assert '"_CGROUPD.presence.ORDERS.workers.m1.*"' in m1 and '"_INBOX_cgroupd.>"' in m1
+    assert ".m0" not in m1 and "~" not in data["member-m0.conf"].replace("m0~", "")
+    pinned = _config(helm.template(sets=["consume.exclusivity=pinned"]),
+                     "rel-cgroupd-nats-permissions")["data"]["member-m1.conf"]
+    assert "m1~" not in pinned and '"_CGROUPD.stepdown.ORDERS.workers.m1"' in pinned
+    assert '"_CGROUPD.info.ORDERS.workers"' in data["status.conf"]
+    off = helm.template(sets=["natsPermissions.enabled=false"])
+    assert [o["metadata"]["name"] for o in off if o["kind"] == "ConfigMap"] == ["rel-cgroupd"]
+
+
+def test_network_policy(helm: Helm, default_objects: list[dict[str, Any]],
+                        full_objects: list[dict[str, Any]]) -> None:
+    """Member pods and the Job may reach DNS, the NATS ports of nats.servers (and an
+    external webhook's port), and take connections on the metrics port only, from
+    Prometheus; disabled, none is rendered."""
+    policy = one(default_objects, "NetworkPolicy")
+    spec = policy["spec"]
+    assert spec["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "cgroupd",
+                                                  "app.kubernetes.io/instance": "rel"}
+    sts = one(default_objects, "StatefulSet")["spec"]["template"]["metadata"]["labels"]
+    job = one(default_objects, "Job")["spec"]["template"]["metadata"]["labels"]
+    for labels in (sts, job):
+        assert spec["podSelector"]["matchLabels"].items() <= labels.items()
+    assert set(spec["policyTypes"]) == {"Ingress", "Egress"}
+    [ingress] = spec["ingress"]
+    assert ingress["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert ingress["from"][0]["podSelector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "prometheus"}
+    egress_ports = [sorted((p["port"], p["protocol"]) for p in rule["ports"])
+                    for rule in spec["egress"]]
+    assert egress_ports == [[(53, "TCP"), (53, "UDP")], [(4222, "TCP")]]
+    full = one(full_objects, "NetworkPolicy")["spec"]
+    assert full["egress"][1]["to"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "nats"}
+    hooked = one(helm.template(sets=["handler.webhook.url=https://hooks.example.com/in",
+                                     "nats.servers={tls://a:4443,nats://b}"]),
+                 "NetworkPolicy")["spec"]
+    assert [sorted(p["port"] for p in r["ports"]) for r in hooked["egress"]][1:] == [
+        [4222, 4443], [443]]
+    assert "NetworkPolicy" not in kinds(helm.template(sets=["networkPolicy.enabled=false"]))
 
 
 def test_tls_mounts_when_enabled(full_objects: list[dict[str, Any]],
@@ -649,8 +728,11 @@ def test_every_deploy_file_is_validated(binaries: dict[str, Path]) -> None:
 
 def test_deploy_base_equals_the_chart_default(helm: Helm, binaries: dict[str, Path]) -> None:
     """deploy/base holds the objects the chart renders for release "cgroupd" with the
-    credentials Secret cgroupd-nats (Helm's own labels and checksums aside)."""
-    rendered = helm.template("cgroupd", sets=["nats.credentials.secretName=cgroupd-nats"])
+    member credentials Secret cgroupd-nats and the admin's cgroupd-nats-admin (Helm's own
+    labels and checksums aside)."""
+    rendered = helm.template("cgroupd", sets=["nats.credentials.secretName=cgroupd-nats",
+                                              "group.create.credentials.secretName="
+                                              "cgroupd-nats-admin"])
     base = kustomize(binaries["kubectl"], DEPLOY / "base")
 
     def normal(obj: dict[str, Any]) -> tuple[str, str, str]:
@@ -728,21 +810,38 @@ def local_pods() -> Iterator[list[LocalPod]]:
 async def test_pods_form_the_group_and_hand_over(helm: Helm, image: Image, tmp_path: Path,
                                                  local_pods: list[LocalPod]) -> None:
     """The rendered Job and every pod of the rendered StatefulSet, run as local processes
-    (HOSTNAME = pod name, ConfigMap and Secret resolved) against a local nats-server with
-    user/password auth: the Job creates the group (and a re-run is a no-op), every member
+    (HOSTNAME = pod name, ConfigMap and Secrets resolved) against a local nats-server with
+    user/password auth: the Job, as an admin holding exactly the shipped admin
+    permissions (its own Secret), creates the group, the members' user holds exactly the
+    release's rendered member permissions (and a re-run is a no-op), every member
     has exactly one active instance and the rest stand by, and deleting the pod of an
     active instance hands its partitions to that member's standby; the pod the
     StatefulSet re-creates joins as a standby. Messages reach the handler throughout."""
     user, password = "cgroupd", f"pw-{secrets.token_hex(8)}"
-    auth = f'authorization {{ users = [ {{ user: "{user}", password: "{password}" }} ] }}'
+    admin_pw = f"pw-{secrets.token_hex(8)}"
+    # The Job connects as the admin, holding exactly the chart's admin permissions.
+    admin_perms = (CHART / "files" / "permissions" / "admin.conf").read_text()
     hook = await WebhookServer().start()
+    # The members' shared user holds exactly the chart's member permissions.
+    member_perms = _members_permissions(helm, tmp_path, hook.port)
+    auth = (f'authorization {{ users = [ {{ user: "{user}", password: "{password}"\n'
+            f'{member_perms}\n}}\n'
+            f'{{ user: "admin", password: "{admin_pw}"\n{admin_perms}\n}}\n'
+            f'{{ user: "root", password: "{admin_pw}-root" }} ] }}')
     try:
         with running_server(workdir=tmp_path / "nats", extra_config=auth) as server:
-            nc = await nats.connect(servers=[server.url], user=user, password=password,
-                                    **client_options())
+            # The test's own eyes (and the origin stream's creator): unrestricted.
+            nc = await nats.connect(servers=[server.url], user="root",
+                                    password=f"{admin_pw}-root", **client_options())
             try:
                 await _run_pods(helm, image, tmp_path, local_pods, server.url, hook, nc,
-                                {"user": user, "password": password})
+                                {"user": user, "password": password},
+                                {"user": "admin", "password": admin_pw})
+                # Nothing the members or the Job did was refused (a `cgroupd status` with
+                # the members' user may not ask instances for their host: that alone).
+                refused = [line for line in server.log_path.read_text().splitlines()
+                           if " Violation - " in line and "_CGROUPD.info." not in line]
+                assert refused == [], refused
             finally:
                 for pod in local_pods:
                     pod.close()
@@ -751,24 +850,52 @@ async def test_pods_form_the_group_and_hand_over(helm: Helm, image: Image, tmp_p
         await hook.stop()
 
 
-async def _run_pods(helm: Helm, image: Image, tmp_path: Path, pods: list[LocalPod],
-                    url: str, hook: WebhookServer, nc: Any,
-                    credentials: dict[str, str]) -> None:
-    js = nc.jetstream()
-    await js.add_stream(name="ORDERS", subjects=["orders.>"])
-    values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump({
+def _e2e_values(url: str, hook_port: int) -> dict[str, Any]:
+    return {
         "nats": {"servers": [url], "connectTimeout": 5,
                  "credentials": {"secretName": "e2e-nats", "type": "userPassword"}},
         "group": {"stream": "ORDERS", "name": "workers", "partitions": 4,
-                  "filters": [{"subject": "orders.*.*", "wildcards": [1]}]},
+                  "filters": [{"subject": "orders.*.*", "wildcards": [1]}],
+                  "create": {"credentials": {"secretName": "e2e-nats-admin",
+                                             "type": "userPassword"}}},
         "members": 2, "standbysPerMember": 1,
         "handler": {"webhook": {"timeout": 2,
-                                "sidecar": {"port": hook.port, "path": "/hook"}}},
+                                "sidecar": {"port": hook_port, "path": "/hook"}}},
         "consume": {"drainTimeout": 2},
-    }))
+    }
+
+
+def _members_permissions(helm: Helm, tmp_path: Path, hook_port: int) -> str:
+    """The permissions of the release's shared member user: every member-*.conf of its
+    nats-permissions ConfigMap, merged (one user has one permission set)."""
+    values = tmp_path / "perm-values.yaml"
+    values.write_text(yaml.safe_dump(_e2e_values("nats://nats:4222", hook_port)))
+    data = _config(helm.template("e2e", values=[values]), "e2e-cgroupd-nats-permissions")["data"]
+    publish: list[str] = []
+    subscribe: list[str] = []
+    for name, text in sorted(data.items()):
+        if not name.startswith("member-"):
+            continue
+        text = "\n".join(line for line in text.splitlines() if not line.strip().startswith("#"))
+        pub, sub = text.split("subscribe:", 1)
+        publish += [x for x in re.findall(r'"([^"]+)"', pub) if x not in publish]
+        subscribe += [x for x in re.findall(r'"([^"]+)"', sub) if x not in subscribe]
+    assert publish and subscribe and "allow_responses: true" in data["member-m0.conf"]
+    quoted = ", ".join
+    return ("permissions: { publish: { allow: [" + quoted(f'"{x}"' for x in publish) + "] }, "
+            "subscribe: { allow: [" + quoted(f'"{x}"' for x in subscribe) + "] }, "
+            "allow_responses: true }")
+
+
+async def _run_pods(helm: Helm, image: Image, tmp_path: Path, pods: list[LocalPod],
+                    url: str, hook: WebhookServer, nc: Any,
+                    credentials: dict[str, str], admin_creds: dict[str, str]) -> None:
+    js = nc.jetstream()
+    await js.add_stream(name="ORDERS", subjects=["orders.>"])
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(_e2e_values(url, hook.port)))
     objects = helm.template("e2e", values=[values])
-    cluster = Objects(objects, secrets={"e2e-nats": credentials})
+    cluster = Objects(objects, secrets={"e2e-nats": credentials, "e2e-nats-admin": admin_creds})
     sts, job = one(objects, "StatefulSet"), one(objects, "Job")
     grace = sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
 

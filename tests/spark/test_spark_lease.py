@@ -16,7 +16,7 @@ from cgroupd import admin
 from cgroupd.config import group_key
 from cgroupd.connect import ConnectionOptions, connect
 from cgroupd.jetstream import JetStream
-from cgroupd.lease import presence_subject
+from cgroupd.lease import legacy_presence_subject
 from cgroupd.member import INSTANCE_KEY, MEMBER_KEY, Member, MemberState
 from cgroupd.message import Message
 from cgroupd.settings import MemberSettings
@@ -226,7 +226,7 @@ async def test_taking_the_lease_leaves_a_live_draining_instance_alone(
         await jetstream.nc.publish(msg.reply, b"draining-1")
 
     presence = await jetstream.nc.subscribe(
-        presence_subject(group_key("ORDERS", "g"), "draining-1"), cb=alive)
+        legacy_presence_subject(group_key("ORDERS", "g"), "draining-1"), cb=alive)
     lease = await _lease(jetstream, (0, 1), wait=1.5)
     with pytest.raises(LeaseUnavailable, match="daemon instance draining-1"):
         await lease.acquire()

@@ -19,7 +19,9 @@ from cgroupd.config import (
     work_queue_stream,
 )
 from cgroupd.errors import ApiError, InstanceIdInUse
+from cgroupd.lease import legacy_presence_subject
 from cgroupd.member import INSTANCE_KEY, Member, MemberState
+from cgroupd.naming import data_consumers
 from cgroupd.settings import MemberSettings
 from tests.support.fakes import FakeJetStream, FakeServer
 from tests.support.polling import eventually
@@ -81,7 +83,8 @@ async def test_first_instance_wins_and_names_itself(group: Group) -> None:
     a = await group.start()
     await eventually(lambda: a.active, 5, what="a active")
     assert group.holder() == a.instance_id and a.partitions == (0, 1, 2, 3)
-    assert group.server.names(WQ) == {"m1", f"m1-{a.instance_id}"}
+    assert group.server.names(WQ) == {"m1", a.data_consumer}
+    assert a.data_consumer in data_consumers("m1")
 
 
 async def test_a_standby_leaves_an_answering_owner_alone(group: Group) -> None:
@@ -102,7 +105,7 @@ async def test_stop_hands_over_to_the_standby(group: Group) -> None:
     await a.stop()
     await eventually(lambda: b.active, 5, what="b active")
     assert group.holder() == b.instance_id and b.stats["takeovers"] == 0
-    assert group.server.names(WQ) == {"m1", f"m1-{b.instance_id}"}
+    assert group.server.names(WQ) == {"m1", b.data_consumer}
 
 
 class SlowDeleteReplies(FakeJetStream):
@@ -136,16 +139,17 @@ async def test_the_claim_goes_without_waiting_for_the_data_consumers_reply(
     await eventually(lambda: a.active, 5, what="a active")
     b = await group.start()
     await eventually(lambda: b.state is MemberState.STANDBY, 5, what="b standing by")
+    a_data = a.data_consumer
     stopping = asyncio.ensure_future(a.stop())
     t0 = asyncio.get_running_loop().time()
     await eventually(lambda: b.active, 5, 0.01, "b active")
     took = asyncio.get_running_loop().time() - t0
     assert took < SlowDeleteReplies.DELAY / 2, f"b active after {took:.3f}s"
     assert not stopping.done()  # a still waits for its data consumer's reply
-    assert slow.deletions == [f"m1-{a.instance_id}", "m1"]  # data consumer asked first
+    assert slow.deletions == [a_data, "m1"]  # data consumer asked first
     await stopping
     assert group.holder() == b.instance_id
-    assert group.server.names(WQ) == {"m1", f"m1-{b.instance_id}"}
+    assert group.server.names(WQ) == {"m1", b.data_consumer}
 
 
 async def test_a_gone_owner_is_replaced_at_once_with_its_consumers(group: Group) -> None:
@@ -156,10 +160,11 @@ async def test_a_gone_owner_is_replaced_at_once_with_its_consumers(group: Group)
     b = await group.start()
     await eventually(lambda: b.state is MemberState.STANDBY, 5, what="b to watch a")
     assert isinstance(a.js, FakeJetStream)
+    a_data = a.data_consumer
     a.js.crash()
     await eventually(lambda: b.active, SETTINGS.lease, what="b to take over before a lease")
     assert b.stats["takeovers"] == 1 and group.holder() == b.instance_id
-    assert f"m1-{a.instance_id}" not in group.server.names(WQ)
+    assert group.server.names(WQ) == {"m1", b.data_consumer} and a_data != b.data_consumer
 
 
 async def test_a_silent_owner_is_replaced_only_after_lease_and_margin(group: Group) -> None:
@@ -198,7 +203,7 @@ async def test_a_consumer_gone_with_its_group_reads_as_group_deleted(group: Grou
     await eventually(lambda: a.active, 5, what="a active")
     # The record goes without waking the watch: only a read of the record can tell.
     del group.server.records[(ELASTIC_BUCKET, group_key("ORDERS", "g"))]
-    del group.server.consumers[(WQ, f"m1-{a.instance_id}")]
+    del group.server.consumers[(WQ, a.data_consumer)]
     assert await asyncio.wait_for(a.wait_stopped(), 5) == "group deleted"
     assert reasons == ["group-deleted"] and a.state is MemberState.STOPPED
 
@@ -211,7 +216,7 @@ async def test_a_consumer_lost_while_the_group_exists_stays_a_loss(group: Group)
     await a.start()
     group.members.append(a)
     await eventually(lambda: a.active, 5, what="a active")
-    del group.server.consumers[(WQ, f"m1-{a.instance_id}")]
+    del group.server.consumers[(WQ, a.data_consumer)]
     await eventually(lambda: reasons, 5, what="a to step down")
     assert reasons[0] == "data-consumer-lost" and not a.stop_reason
 
@@ -253,3 +258,57 @@ async def test_a_claim_the_server_could_not_store_is_deleted_and_made_again(
     await eventually(lambda: a.active, 5, what="a active after its unstored claim")
     assert js.failed == 1
     assert group.holder() == a.instance_id
+
+
+async def test_a_data_consumer_name_held_by_another_consumer_is_skipped(group: Group) -> None:
+    """Issue 25 row 6: a member's data consumers have a fixed set of names (so a NATS
+    permission can list them). Names another consumer still holds (a predecessor's,
+    draining or abandoned) fail with "already exists": the next slot is taken instead."""
+    from tests.support.fakes import FakeConsumer
+    held = data_consumers("m1")[:-1]
+    for name in held:  # a predecessor's leftovers, holding nothing we need
+        group.server.consumers[(WQ, name)] = FakeConsumer(
+            WQ, name, {"filter_subjects": [f"idle.{name}"], "metadata": {}})
+    a = await group.start()
+    await eventually(lambda: a.active, 5, what="a active")
+    assert a.data_consumer == data_consumers("m1")[-1]
+    assert group.server.names(WQ) == {"m1", *data_consumers("m1")}
+
+
+async def test_a_successor_takes_another_name_than_its_gone_predecessor(group: Group) -> None:
+    """After a crash the successor's data consumer never has the name of the one it just
+    reclaimed (the server may still be removing that one's files)."""
+    a = await group.start()
+    await eventually(lambda: a.active, 5, what="a active")
+    b = await group.start()
+    await eventually(lambda: b.state is MemberState.STANDBY, 5, what="b to watch a")
+    # b's next slot is a's: the name a holds at the crash.
+    b._data_slot = data_consumers("m1").index(a.data_consumer)
+    old = a.data_consumer
+    assert isinstance(a.js, FakeJetStream)
+    a.js.crash()
+    await eventually(lambda: b.active, SETTINGS.lease, what="b to take over")
+    assert b.data_consumer != old and group.server.names(WQ) == {"m1", b.data_consumer}
+
+
+async def test_an_earlier_versions_data_consumer_is_probed_where_its_instance_answers(
+        group: Group) -> None:
+    """An upgrade (issue 25 row 6): a data consumer of an earlier version (named
+    ``m1-<instance>``, no cgroupd_presence) still holds the member's partitions. While its
+    instance answers on the old presence subject that it is active, the new instance does
+    not take it (the work-queue stream refuses the overlap meanwhile); once that instance
+    is gone, the consumer is reclaimed and the new one consumes."""
+    from tests.support.fakes import FakeConsumer
+    old = "m1-0ld"
+    group.server.consumers[(WQ, old)] = FakeConsumer(WQ, old, {
+        "filter_subjects": ["0.>", "1.>", "2.>", "3.>"],
+        "metadata": {"cgroupd_member": "m1", INSTANCE_KEY: old}})
+    legacy = legacy_presence_subject(group_key("ORDERS", "g"), old)
+    group.server.presence[legacy] = [lambda body: f"{old} stepping-down"]
+    a = await group.start()
+    await asyncio.sleep(4 * SETTINGS.retry_interval)
+    assert not a.active and (WQ, old) in group.server.consumers
+    group.server.presence.pop(legacy)  # the old instance finished and exited
+    await eventually(lambda: a.active, 10, what="a active")
+    assert (WQ, old) not in group.server.consumers
+    assert group.server.names(WQ) == {"m1", a.data_consumer}

@@ -532,6 +532,19 @@ def test_connect_kwargs_defaults_and_auth(tmp_path: Path) -> None:
         ConnectionOptions(tls_cert=creds)
 
 
+def test_inbox_prefix() -> None:
+    """Issue 25 row 9: replies come under --inbox-prefix, so that a member's user may be
+    given `sub _INBOX_<member>.>` instead of every client's `_INBOX.>`; a prefix with a
+    wildcard or an empty token is refused, saying so."""
+    assert "inbox_prefix" not in connect_kwargs(ConnectionOptions())
+    kw = connect_kwargs(ConnectionOptions(inbox_prefix="_INBOX_m1"))
+    assert kw["inbox_prefix"] == "_INBOX_m1"
+    assert connect_kwargs(ConnectionOptions(inbox_prefix="a.b"))["inbox_prefix"] == "a.b"
+    for bad in ("", "_INBOX.*", "a..b", "x.>", "a b"):
+        with pytest.raises(ConfigError, match="inbox prefix"):
+            ConnectionOptions(inbox_prefix=bad)
+
+
 def test_tls_options_build_an_ssl_context(tmp_path: Path) -> None:
     """tls:// URLs or a CA give an SSLContext; unreadable TLS files are a ConfigError."""
     kw = connect_kwargs(ConnectionOptions(servers=("tls://nats.example:4222",)))

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from cgroupd.lease import Answer, Lease, OwnerWatch, Presence, may_reclaim
+from cgroupd.lease import (
+    Answer,
+    Lease,
+    OwnerWatch,
+    Presence,
+    legacy_presence_subject,
+    may_reclaim,
+    owner_presence_subject,
+    presence_subject,
+)
+from cgroupd.naming import INSTANCE_KEY, MEMBER_KEY, PRESENCE_BY_MEMBER, PRESENCE_KEY
 
 
 class Clock:
@@ -84,3 +94,16 @@ def test_who_may_have_its_data_consumer_reclaimed(answer: Answer, held: float,
     never (it releases it itself); a silent one's once the new owner has held the
     synchronization consumer for a whole lease."""
     assert may_reclaim(answer, held, 3.0) is allowed
+
+
+def test_where_an_owner_answers_presence() -> None:
+    """Issue 25 rows 6 and 7: instances answer on a subject with their member's own token
+    (a permission can keep other members off it); consumers of earlier versions (no
+    cgroupd_presence) are probed where those instances answer; no instance, no subject."""
+    meta = {MEMBER_KEY: "m1", INSTANCE_KEY: "i1", PRESENCE_KEY: PRESENCE_BY_MEMBER}
+    assert owner_presence_subject("S.g", meta) == "_CGROUPD.presence.S.g.m1.i1"
+    assert owner_presence_subject("S.g", meta) == presence_subject("S.g", "m1", "i1")
+    old = {MEMBER_KEY: "m1", INSTANCE_KEY: "i1"}
+    assert owner_presence_subject("S.g", old) == "_CGROUPD.presence.S.g.i1"
+    assert owner_presence_subject("S.g", old) == legacy_presence_subject("S.g", "i1")
+    assert owner_presence_subject("S.g", {MEMBER_KEY: "m1"}) is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cgroupd import jsapi
+from cgroupd.config import name_problems
 from cgroupd.consumerinfo import ConsumerInfo
 from cgroupd.errors import (
     ApiError,
@@ -15,15 +16,32 @@ from cgroupd.errors import (
     StreamNotFound,
     WorkQueueOverlap,
 )
-from cgroupd.naming import MEMBER_KEY, consumer_config, data_consumer, sync_consumer
+from cgroupd.naming import (
+    DATA_SLOTS,
+    MEMBER_KEY,
+    consumer_config,
+    data_consumer,
+    data_consumers,
+    sync_consumer,
+)
 
 
 def test_consumer_names() -> None:
     """Static groups share their stream: the group is part of the election consumer."""
     assert sync_consumer("g", "m1", static=False) == "m1"
     assert sync_consumer("g", "m1", static=True) == "g-m1"
-    assert data_consumer("m1", "abc") == "m1-abc"
-    assert data_consumer("m1", "abc", 2) == "m1-abc-2"
+    assert data_consumer("m1", 0) == "m1~0"
+    assert data_consumers("m1") == [f"m1~{slot}" for slot in range(DATA_SLOTS)]
+    with pytest.raises(ValueError, match="out of range"):
+        data_consumer("m1", DATA_SLOTS)
+
+
+def test_data_consumer_names_never_collide_with_a_member_name() -> None:
+    """A member's data consumers are named from a fixed set (so a NATS permission can
+    list them), with a separator no cgroupd member name contains: member ``m1-0``'s
+    consumer is not member ``m1``'s first data consumer."""
+    assert name_problems("member", data_consumer("m1", 0))
+    assert sync_consumer("g", "m1-0", static=False) not in data_consumers("m1")
 
 
 def test_consumer_config_extra_overrides() -> None:

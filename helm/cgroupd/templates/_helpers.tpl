@@ -115,9 +115,12 @@ app.kubernetes.io/component: member
 {{- end -}}
 {{- end -}}
 
-{{/* NATS connection: credentials and TLS ------------------------------------------------- */}}
+{{/* NATS connection: credentials and TLS -------------------------------------------------
+Each helper takes a dict: "root" (the chart's context) and "c" (a credentials block:
+nats.credentials for the member pods, group.create.credentials for the admin Job). A pod
+mounts only its own Secret: the admin's never reaches a member pod. */}}
 {{- define "cgroupd.natsEnv" -}}
-{{- $c := .Values.nats.credentials -}}
+{{- $c := .c -}}
 {{- if $c.secretName }}
 {{- if eq $c.type "creds" }}
 - name: CGROUPD_CREDS
@@ -138,7 +141,7 @@ app.kubernetes.io/component: member
     secretKeyRef: {name: {{ $c.secretName | quote }}, key: {{ $c.passwordKey | quote }}}
 {{- end }}
 {{- end }}
-{{- $t := .Values.nats.tls -}}
+{{- $t := .root.Values.nats.tls -}}
 {{- if $t.enabled }}
 {{- if $t.caKey }}
 - name: CGROUPD_TLS_CA
@@ -154,7 +157,7 @@ app.kubernetes.io/component: member
 {{- end -}}
 
 {{- define "cgroupd.natsFileCredentials" -}}
-{{- $c := .Values.nats.credentials -}}
+{{- $c := .c -}}
 {{- and $c.secretName (has $c.type (list "creds" "nkey")) -}}
 {{- end -}}
 
@@ -166,7 +169,7 @@ app.kubernetes.io/component: member
   mountPath: /etc/cgroupd/nats
   readOnly: true
 {{- end }}
-{{- if .Values.nats.tls.enabled }}
+{{- if .root.Values.nats.tls.enabled }}
 - name: nats-tls
   mountPath: /etc/cgroupd/tls
   readOnly: true
@@ -179,13 +182,13 @@ app.kubernetes.io/component: member
 {{- if eq (include "cgroupd.natsFileCredentials" .) "true" }}
 - name: nats-credentials
   secret:
-    secretName: {{ .Values.nats.credentials.secretName | quote }}
+    secretName: {{ .c.secretName | quote }}
     defaultMode: 0440
 {{- end }}
-{{- if .Values.nats.tls.enabled }}
+{{- if .root.Values.nats.tls.enabled }}
 - name: nats-tls
   secret:
-    secretName: {{ .Values.nats.tls.secretName | quote }}
+    secretName: {{ .root.Values.nats.tls.secretName | quote }}
     defaultMode: 0440
 {{- end }}
 {{- end -}}
