@@ -27,6 +27,10 @@ TOKEN_KEY = "cgroupd_token"
 #: instance (a Spark query, :mod:`cgroupd.spark.lease`): it answers no presence probe and
 #: is never replaced by a standby; it ends by itself.
 HOLDER_KEY = "cgroupd_holder"
+#: Such a holder's host and when it took the consumer (RFC 3339, UTC): ``cgroupd status``
+#: shows them for a holder that answers no discovery of its own.
+HOST_KEY = "cgroupd_host"
+SINCE_KEY = "cgroupd_since"
 
 #: Pull requests a consumer may have waiting at once.
 MAX_WAITING = 512
