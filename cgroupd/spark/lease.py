@@ -16,8 +16,18 @@ it. While it exists no instance of the member can win the election (create fails
 10100). Partitions no member owns are claimed the same way under the consumer name
 :data:`UNOWNED_CONSUMER`, so adding members later does not let daemons in either.
 
-When the query's driver dies, or Spark stops the query, nobody pulls any more and the
-server deletes the consumers after ``inactive_threshold``: the lease ends by itself.
+When the query's driver dies, nobody pulls any more and the server deletes the
+consumers after ``inactive_threshold``: the lease ends by itself. A stopped query
+releases it at once (``stop()``; see :func:`cgroupd.spark.source._exit_on_sigterm`).
+
+In the group's picture (issue 30): the consumers record the driver's host and when the
+lease was taken (:data:`~cgroupd.naming.HOST_KEY`, :data:`~cgroupd.naming.SINCE_KEY`),
+so ``cgroupd status`` shows the query as each member's active instance; the driver
+answers the group's discovery requests for its members as an active instance would
+(``cgroupd member ls``), with the Spark application id its tasks tell it, and publishes
+the ``active`` and ``stepped_down`` events with ``holder: spark``. One implementation
+of each: the daemon's discovery answer (:func:`cgroupd.events.instance_info`), its event
+publisher, and status's reading of consumers.
 
 A lease is *lost* when one of its consumers disappears or changes hands (an operator's
 ``cgroupd step-down``, a server restart that dropped it) or when a consumer appears that

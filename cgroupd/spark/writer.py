@@ -353,12 +353,14 @@ class CgroupdStreamWriter(Shipped, DataSourceStreamArrowWriter):
         return publish(self.options, iterator, f"{prefix}:{batch_id}:{ctx.partitionId()}")
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        worker_logging()  # unpickled here: __init__ ran in another process
         done = [m for m in messages if isinstance(m, PublishReport)]
         duplicates = sum(m.duplicates for m in done)
         log.info("batch published", batch=batchId,
                  published=sum(m.published for m in done), duplicates=duplicates)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        worker_logging()  # unpickled here: __init__ ran in another process
         # Nothing to undo: what was published stays, and the replay's copies are dropped
         # by the server as duplicates (within the stream's duplicate window).
         log.warning("batch aborted; its replay will be de-duplicated", batch=batchId)
@@ -381,6 +383,7 @@ class CgroupdBatchWriter(Shipped, DataSourceArrowWriter):
         return publish(self.options, iterator, f"{prefix}:{ctx.partitionId()}")
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        worker_logging()  # unpickled here: __init__ ran in another process
         done = [m for m in messages if isinstance(m, PublishReport)]
         log.info("write published", published=sum(m.published for m in done),
                  duplicates=sum(m.duplicates for m in done),
