@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,7 +32,10 @@ from tests.support.spark_support import make_group, wait_sourced
 pytestmark = pytest.mark.slow
 
 MESSAGES = 20_000
-PER_BATCH = 2_500
+PER_BATCH = 5_000
+#: The worker is killed while the sink has published this many to this many messages
+#: of a batch after the first: tasks of the batch are running on both executors.
+KILL_WINDOW = (500, PER_BATCH - 500)
 
 
 def _end(proc: subprocess.Popen[str]) -> None:
@@ -49,10 +53,12 @@ def _end(proc: subprocess.Popen[str]) -> None:
 async def test_a_worker_killed_mid_query_loses_and_duplicates_nothing(
         nats_server: NatsServer, jetstream: JetStream, tmp_path: Path) -> None:
     """20,000 keyed messages read from a group by the source and published by the sink
-    (``out.<key>``) on a standalone cluster, 2,500 a batch; once the first batch is
-    done, one worker is SIGKILLed with its executor and Python workers. The query
-    finishes on the other worker (the lost tasks run again, replaying their reads and
-    publishes) and the output stream holds every message exactly once."""
+    (``out.<key>``) on a standalone cluster, 5,000 a batch; while a batch after the
+    first is being published (the output stream holds 500 to 4,500 of its messages),
+    one worker is SIGKILLed with its executor and Python workers. The query finishes on
+    the other worker (the lost tasks run again, replaying their reads and publishes)
+    and the output stream holds every message exactly once; the sink's commits count
+    every row once, as published or as a duplicate the server dropped."""
     await make_group(jetstream, partitions=4, members=("m1", "m2"))
     await jetstream.add_stream(api.StreamConfig(name="OUT", subjects=["out.>"],
                                                 duplicate_window=300.0))
@@ -66,17 +72,22 @@ async def test_a_worker_killed_mid_query_loses_and_duplicates_nothing(
              "--tmp", str(tmp_path / "driver")],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
         try:
-            lines = await asyncio.to_thread(_follow, driver, cluster)
+            follow = asyncio.ensure_future(asyncio.to_thread(_follow, driver))
+            killed = await _kill_mid_batch(jetstream, cluster, follow)
+            lines = await follow
         finally:
             _end(driver)
         # The sink's commits on the driver: a batch replayed after the kill reports the
         # rows the server dropped as duplicates (shown on failure).
         published = [line for line in (tmp_path / "driver.log").read_text(
             errors="replace").splitlines() if "batch published" in line]
-        killed = [line for line in lines if line.get("killed")]
         done = lines[-1]
         assert killed, f"no worker was killed: {lines}"
         assert done.get("done") and done["error"] is None, (lines, published)
+        counts = [(int(re.search(r"published=(\d+)", x)[1]),  # type: ignore[index]
+                   int(re.search(r"duplicates=(\d+)", x)[1]))  # type: ignore[index]
+                  for x in published]
+        assert sum(p + d for p, d in counts) == MESSAGES, published
         assert done["rows"] == MESSAGES, "Spark's progress counts each batch once"
         assert cluster.alive_workers() == 1
     info = await jetstream.stream_info("OUT")
@@ -90,16 +101,28 @@ async def test_a_worker_killed_mid_query_loses_and_duplicates_nothing(
     assert max(seen.values()) == 1, "a message was published twice"
 
 
-def _follow(driver: subprocess.Popen[str], cluster: StandaloneCluster) -> list[dict[str, Any]]:
-    """The driver's JSON lines; the worker is killed after the first finished batch."""
+async def _kill_mid_batch(js: JetStream, cluster: StandaloneCluster,
+                          follow: asyncio.Future[list[dict[str, Any]]]) -> list[int]:
+    """SIGKILL worker 0 once the output is inside :data:`KILL_WINDOW` of a batch after
+    the first (polled every 10 ms; a batch publishes for a few hundred ms at least)."""
+    while not follow.done():
+        info = await js.stream_info("OUT")
+        count = info.state.messages if info is not None else 0
+        if PER_BATCH <= count < MESSAGES - PER_BATCH + KILL_WINDOW[1] \
+                and KILL_WINDOW[0] <= count % PER_BATCH <= KILL_WINDOW[1]:
+            return await asyncio.to_thread(cluster.kill_worker, 0)
+        await asyncio.sleep(0.01)
+    return []
+
+
+def _follow(driver: subprocess.Popen[str]) -> list[dict[str, Any]]:
+    """The driver's JSON lines, to the last."""
     lines: list[dict[str, Any]] = []
     deadline = time.monotonic() + 500
     assert driver.stdout is not None
     for raw in driver.stdout:
         line = json.loads(raw)
         lines.append(line)
-        if line.get("batch") == 0 and not any(x.get("killed") for x in lines):
-            lines.append({"killed": cluster.kill_worker(0)})
         if line.get("done") or time.monotonic() > deadline:
             break
     return lines
