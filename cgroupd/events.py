@@ -155,7 +155,10 @@ async def discover(nc: Client, stream: str, group: str,
 
 
 _INFO_TEXT = ("stream", "group", "member", "instance", "state", "host", "since",
-              "exclusivity", "version")
+              "exclusivity", "version",
+              # A Spark query holding the member (cgroupd.spark.lease): "spark", its
+              # application id.
+              "holder", "application")
 _INFO_COUNTS = ("pid", "in_flight")
 #: Longest text field kept from an instance's answer (a table cell, not a payload).
 _INFO_TEXT_MAX = 200

@@ -27,6 +27,10 @@ TOKEN_KEY = "cgroupd_token"
 #: instance (a Spark query, :mod:`cgroupd.spark.lease`): it answers no presence probe and
 #: is never replaced by a standby; it ends by itself.
 HOLDER_KEY = "cgroupd_holder"
+#: Such a holder's host and when it took the consumer (RFC 3339, UTC): ``cgroupd status``
+#: shows them for a holder that answers no discovery of its own.
+HOST_KEY = "cgroupd_host"
+SINCE_KEY = "cgroupd_since"
 
 #: Metadata key saying where the consumer's instance answers presence probes: present
 #: (value :data:`PRESENCE_BY_MEMBER`) on consumers of versions that put the member in the

@@ -15,7 +15,7 @@ from cgroupd.errors import StreamNotFound
 from cgroupd.jetstream import JetStream
 from cgroupd.lag import read_lag
 from cgroupd.lease import Presence
-from cgroupd.naming import INSTANCE_KEY, MEMBER_KEY
+from cgroupd.naming import HOLDER_KEY, HOST_KEY, INSTANCE_KEY, MEMBER_KEY, SINCE_KEY
 from cgroupd.partitions import SYNC_PREFIX, owners
 from cgroupd.pinning import step_down_subject
 from cgroupd.settings import PRIORITY_GROUP
@@ -41,6 +41,12 @@ class ConsumerView:
     #: Stream sequences of the last delivered message and of the ack floor.
     delivered_seq: int = 0
     ack_floor_seq: int = 0
+    #: A synchronization consumer held by something other than a member instance
+    #: ("spark": a query's lease, :mod:`cgroupd.spark.lease`), and the host and time
+    #: (RFC 3339) it records: such a holder is the member's active instance.
+    holder: str | None = None
+    host: str | None = None
+    since: str | None = None
 
 
 @dataclass(frozen=True)
@@ -99,7 +105,14 @@ def _view(info: dict[str, Any]) -> ConsumerView:
         pinned_id=pinned,
         delivered_seq=int((info.get("delivered") or {}).get("stream_seq", 0)),
         ack_floor_seq=int((info.get("ack_floor") or {}).get("stream_seq", 0)),
+        holder=_text(meta.get(HOLDER_KEY)), host=_text(meta.get(HOST_KEY)),
+        since=_text(meta.get(SINCE_KEY)),
     )
+
+
+def _text(value: Any) -> str | None:
+    """A metadata value anyone able to create consumers may have written: a short string."""
+    return value[:200] if isinstance(value, str) and value else None
 
 
 async def group_consumers(js: JetStream, stream: str, group: str) -> list[ConsumerView]:
@@ -142,10 +155,15 @@ def owned_partitions(consumers: list[ConsumerView]) -> set[int]:
 def _holders(consumers: list[ConsumerView]
              ) -> tuple[dict[int, ConsumerView], dict[int, ConsumerView]]:
     """Per partition: the consumer of its active instance, and the consumer whose
-    position counts for it (a static member's consumer, active or not)."""
+    position counts for it (a static member's consumer, active or not). A Spark query
+    holding a member consumes its partitions through its synchronization consumer (it
+    reads the work queue directly): that consumer stands for its active instance."""
     active: dict[int, ConsumerView] = {}
     position: dict[int, ConsumerView] = {}
     for view in consumers:
+        if view.role == "sync" and view.holder is not None:
+            for p in view.partitions:
+                active.setdefault(p, view)
         if view.role == "data" or (view.role == "pinned" and view.pinned_id):
             for p in view.partitions:
                 active[p] = view

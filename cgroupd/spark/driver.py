@@ -27,6 +27,7 @@ from cgroupd.admin import StoredGroup, get_group
 from cgroupd.config import group_key
 from cgroupd.errors import ConfigError, DataLoss, StreamNotFound
 from cgroupd.jetstream import JetStream
+from cgroupd.spark import worker_logging
 from cgroupd.spark.directget import DirectGet, nth_sequence
 from cgroupd.spark.layout import Layout, resolve
 from cgroupd.spark.lease import Lease, claims_for
@@ -107,6 +108,7 @@ class DriverSession:
     """Connection, layout, lease and offset queries of one query (streaming or batch)."""
 
     def __init__(self, options: SourceOptions) -> None:
+        worker_logging()
         self.options = options
         self.nc: ReaderClient | None = None
         self.js: JetStream | None = None
@@ -147,7 +149,10 @@ class DriverSession:
                     self.js, self.layout.stream, claims_for(stored.config, self.layout.partitions,
                                                             stored.group),
                     label=self.layout.label, presence_key=group_key(o.stream, stored.group),
-                    inactive_threshold=o.lease_inactive_threshold, wait=o.lease_wait)
+                    inactive_threshold=o.lease_inactive_threshold, wait=o.lease_wait,
+                    group=(o.stream, stored.group), member_option=o.member,
+                    group_claims=claims_for(stored.config,
+                                            range(stored.config.max_members), stored.group))
                 await self.lease.acquire()
         except BaseException:
             await self.close()
@@ -228,6 +233,7 @@ class DriverSession:
                       if start.stream == layout.stream else
                       "this checkpoint belongs to another query's source")
             if fail:
+                log.error("data loss: failing the query (failOnDataLoss=true)", detail=what)
                 raise DataLoss(f"{what}: {detail}. Use a new checkpoint, or set "
                                "failOnDataLoss=false to read the current stream from its "
                                "start.")
@@ -248,9 +254,12 @@ class DriverSession:
                     f"{min(lo for lo, _ in lost.values())} to {state.first_seq - 1} were "
                     f"removed (limits, age, a purge) before the query read them: {read}")
             if fail:
+                log.error("data loss: failing the query (failOnDataLoss=true)", detail=what,
+                          partitions=sorted(lost))
                 raise DataLoss(f"{what}. Set failOnDataLoss=false to go on from sequence "
                                f"{state.first_seq}.")
-            log.warning("data loss", detail=what, partitions=sorted(lost))
+            log.warning("data loss: going on (failOnDataLoss=false)", detail=what,
+                        partitions=sorted(lost))
         return start
 
     async def latest(self, start: Offset) -> Offset:
@@ -362,3 +371,5 @@ class DriverSession:
                       for p, s in todo.items()]
         await asyncio.gather(*purges)
         self._purged.update(todo)
+        log.info("purged what Spark committed", stream=layout.stream,
+                 below={p: s + 1 for p, s in sorted(todo.items())})

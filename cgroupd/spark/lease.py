@@ -16,8 +16,18 @@ it. While it exists no instance of the member can win the election (create fails
 10100). Partitions no member owns are claimed the same way under the consumer name
 :data:`UNOWNED_CONSUMER`, so adding members later does not let daemons in either.
 
-When the query's driver dies, or Spark stops the query, nobody pulls any more and the
-server deletes the consumers after ``inactive_threshold``: the lease ends by itself.
+When the query's driver dies, nobody pulls any more and the server deletes the
+consumers after ``inactive_threshold``: the lease ends by itself. A stopped query
+releases it at once (``stop()``; see :func:`cgroupd.spark.source._exit_on_sigterm`).
+
+In the group's picture (issue 30): the consumers record the driver's host and when the
+lease was taken (:data:`~cgroupd.naming.HOST_KEY`, :data:`~cgroupd.naming.SINCE_KEY`),
+so ``cgroupd status`` shows the query as each member's active instance; the driver
+answers the group's discovery requests for its members as an active instance would
+(``cgroupd member ls``), with the Spark application id its tasks tell it, and publishes
+the ``active`` and ``stepped_down`` events with ``holder: spark``. One implementation
+of each: the daemon's discovery answer (:func:`cgroupd.events.instance_info`), its event
+publisher, and status's reading of consumers.
 
 A lease is *lost* when one of its consumers disappears or changes hands (an operator's
 ``cgroupd step-down``, a server restart that dropped it) or when a consumer appears that
@@ -30,6 +40,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -37,8 +49,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import nats.errors
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
-from cgroupd import jsapi, logs
+import cgroupd
+from cgroupd import events, jsapi, logs
 from cgroupd.config import GroupConfig, StaticGroupConfig
 from cgroupd.errors import (
     ApiError,
@@ -50,7 +65,15 @@ from cgroupd.errors import (
 )
 from cgroupd.jetstream import JetStream
 from cgroupd.lease import owner_presence_subject
-from cgroupd.naming import HOLDER_KEY, INSTANCE_KEY, MEMBER_KEY, consumer_config, sync_consumer
+from cgroupd.naming import (
+    HOLDER_KEY,
+    HOST_KEY,
+    INSTANCE_KEY,
+    MEMBER_KEY,
+    SINCE_KEY,
+    consumer_config,
+    sync_consumer,
+)
 from cgroupd.partitions import SYNC_PREFIX, owners, sync_filters
 from cgroupd.pull import Puller, PullOptions
 from cgroupd.settings import PRIORITY_GROUP
@@ -90,6 +113,12 @@ async def lease_problem(nc: Any, ref: LeaseRef) -> str | None:
             return (f"the query's lease {ref.lease_id} on group {ref.label} is gone: "
                     f"consumer {name!r} is held by {holder}")
     return None
+
+
+def application_subject(lease_id: str) -> str:
+    """Where a query's tasks tell its driver the Spark application id (the driver's
+    Python process is not told it; every task is)."""
+    return f"{events.PREFIX}.spark.{lease_id}.application"
 
 
 def new_lease_id() -> str:
@@ -187,6 +216,9 @@ class Lease:
         check_interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        group: tuple[str, str] | None = None,
+        member_option: str | None = None,
+        group_claims: Iterable[Claim] = (),
     ) -> None:
         if inactive_threshold <= 0 or wait < 0 or check_interval <= 0:
             raise ValueError("lease timings must be positive")
@@ -208,6 +240,18 @@ class Lease:
         self._watch: asyncio.Task[None] | None = None
         self._lost: str | None = None
         self._log = log.bind(stream=stream, lease=self.lease_id)
+        #: ``(origin stream, group)``: where the lease shows itself as the active
+        #: instance of its members (discovery answers and events, as a daemon does).
+        self.group = group
+        #: The source's ``member`` option, and every member's claim: the refusal names
+        #: the members a query could read instead.
+        self.member_option = member_option
+        self.group_claims = tuple(group_claims) or tuple(self.claims)
+        #: When the lease was taken (wall clock, for status) and the Spark application
+        #: id, once a task has told it (:func:`application_subject`).
+        self.since: float | None = None
+        self.application: str | None = None
+        self._subs: list[Subscription] = []
 
     @property
     def ref(self) -> LeaseRef:
@@ -225,7 +269,8 @@ class Lease:
     def _config(self, claim: Claim) -> dict[str, Any]:
         # The same shape as Member._acquire's sync consumer, so the daemon and `cgroupd
         # status` read it as the member's election consumer held by instance lease_id.
-        meta = {INSTANCE_KEY: self.lease_id, HOLDER_KEY: HOLDER_SPARK}
+        meta = {INSTANCE_KEY: self.lease_id, HOLDER_KEY: HOLDER_SPARK,
+                HOST_KEY: events.hostname(), SINCE_KEY: events.iso(self.since) or ""}
         if claim.member is not None:
             meta[MEMBER_KEY] = claim.member
         return consumer_config(sync_filters(claim.partitions), ack_wait=_ACK_WAIT,
@@ -236,15 +281,66 @@ class Lease:
     async def acquire(self) -> None:
         """Take every claim, or none: LeaseUnavailable names who is in the way."""
         deadline = self._clock() + self.wait
+        self.since = time.time()
         try:
             for claim in self.claims:
                 await self._take(claim, deadline)
             await self._await_foreign_consumers(deadline)
+            await self._show()
         except BaseException:
             await self.release()
             raise
         self._watch = asyncio.create_task(self._watch_loop(), name="cgroupd-spark-lease")
-        self._log.info("lease acquired", claims=[c.consumer for c in self.claims])
+        self._log.info("lease taken", group=self.label,
+                       members=[c.member for c in self.claims if c.member is not None],
+                       partitions=sorted(self.partitions),
+                       consumers=[c.consumer for c in self.claims])
+
+    # -- in the group's picture -----------------------------------------------------
+    def _info(self, claim: Claim) -> dict[str, Any]:
+        assert self.group is not None
+        return events.instance_info(
+            stream=self.group[0], group=self.group[1], member=claim.member,
+            instance=self.lease_id, state="active", since=events.iso(self.since),
+            partitions=list(claim.partitions), exclusivity="spark", holder=HOLDER_SPARK,
+            application=self.application, version=cgroupd.__version__)
+
+    async def _show(self) -> None:
+        """Answer the group's discovery requests for every member held, as the active
+        instance of it (what ``cgroupd member ls`` lists), learn the application id from
+        the tasks, and announce the members taken (the ``active`` event)."""
+        if self.group is None:
+            return
+        nc = self.js.nc
+        members = [c for c in self.claims if c.member is not None]
+
+        async def on_info(msg: Msg) -> None:
+            if not msg.reply:
+                return
+            with contextlib.suppress(Exception):  # a lost answer, not a lost lease
+                for claim in members:
+                    await nc.publish(msg.reply, json.dumps(self._info(claim)).encode())
+
+        async def on_application(msg: Msg) -> None:
+            name = msg.data.decode(errors="replace")[:200]
+            if name and self.application is None:
+                self.application = name
+                self._log.info("lease held by Spark application", application=name)
+
+        self._subs = [await nc.subscribe(events.info_subject(*self.group), cb=on_info),
+                      await nc.subscribe(application_subject(self.lease_id),
+                                         cb=on_application)]
+        await self._announce("active", members)
+
+    async def _announce(self, kind: str, claims: list[Claim], **fields: Any) -> None:
+        if self.group is None:
+            return
+        publisher = events.Publisher(self.js.nc, *self.group)
+        for claim in claims:
+            await publisher.publish(kind, member=claim.member, instance=self.lease_id,
+                                    host=events.hostname(), pid=os.getpid(),
+                                    partitions=list(claim.partitions), holder=HOLDER_SPARK,
+                                    application=self.application, **fields)
 
     async def _take(self, claim: Claim, deadline: float) -> None:
         config = self._config(claim)
@@ -254,7 +350,9 @@ class Lease:
                 break
             except (ConsumerExists, WorkQueueOverlap) as exc:
                 if self._clock() >= deadline:
-                    raise LeaseUnavailable(await self._refusal(claim, exc)) from exc
+                    # The server's 10148/10100 adds nothing to the refusal, which says
+                    # who holds the member and what to do.
+                    raise LeaseUnavailable(await self._refusal(claim, exc)) from None
             await self._sleep(min(0.1, self.inactive_threshold / 4))
         self._held.append(claim)
         puller = await self.js.puller(self.stream, claim.consumer,
@@ -276,9 +374,29 @@ class Lease:
                         holder = describe_holder(info)
                         break
         return (f"cannot read {what} of group {self.label} (partitions "
-                f"{list(claim.partitions)}): it is held by {holder}. Stop that instance or "
-                f"query, or drop the member from the daemon, then retry (waited "
-                f"{self.wait:g}s).")
+                f"{list(claim.partitions)}): it is held by {holder}. "
+                f"{await self._member_hint(claim)}Or stop that instance or query, then "
+                f"retry (waited {self.wait:g}s).")
+
+    async def _member_hint(self, refused: Claim) -> str:
+        """What the ``member`` option could pick instead: the members nobody holds."""
+        taken: set[str] = set()
+        with contextlib.suppress(CgroupdError):
+            taken = {str(i.get("name")) for i in await self.js.list_consumers(self.stream)}
+        taken -= {c.consumer for c in self._held}  # ours, let go when this refusal is raised
+        free = [c for c in self.group_claims if c.member is not None
+                and c.member != refused.member and c.consumer not in taken]
+        if self.member_option is None:
+            start = ("The query reads every member of the group (no 'member' option); "
+                     ".option(\"member\", ...) picks the member it reads.")
+        else:
+            start = (f"The query's .option(\"member\", {self.member_option!r}) picks "
+                     "that member.")
+        if not free:
+            return f"{start} No other member of the group is free now. "
+        names = ", ".join(f"{c.member!r} (partitions {list(c.partitions)})" for c in free)
+        return (f"{start} Free now (no instance holds them): {names}; e.g. "
+                f".option(\"member\", {free[0].member!r}). ")
 
     async def _foreign(self) -> list[dict[str, Any]]:
         """Consumers, not ours, that can receive messages of our partitions."""
@@ -377,6 +495,10 @@ class Lease:
 
     async def release(self) -> None:
         """Stop pulling and delete the consumers that are still ours; idempotent."""
+        subs, self._subs = self._subs, []
+        for sub in subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
         if self._watch is not None:
             # Cancelled until it ended: a check's request can swallow one cancellation
             # (nats-py's wait_for on Python 3.11), and the loop would go on while this
@@ -388,10 +510,19 @@ class Lease:
         for puller in self._pullers.values():
             await puller.stop()
         self._pullers.clear()
-        for claim in self._held:
+        held = list(self._held)
+        if held and subs:  # it had been taken and shown: say so before a successor can
+            with contextlib.suppress(Exception):
+                await self._announce("stepped_down", [c for c in held if c.member],
+                                     reason=self._lost or "query stopped")
+        for claim in held:
             with contextlib.suppress(CgroupdError):
                 info = await self.js.consumer_info(self.stream, claim.consumer)
                 meta = ((info or {}).get("config") or {}).get("metadata") or {}
                 if info is not None and meta.get(INSTANCE_KEY) == self.lease_id:
                     await self.js.delete_consumer(self.stream, claim.consumer)
         self._held.clear()
+        if held:
+            self._log.info("lease released", group=self.label,
+                           members=[c.member for c in held if c.member is not None],
+                           reason=self._lost or "query stopped")

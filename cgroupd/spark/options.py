@@ -338,7 +338,8 @@ class SinkOptions:
     #: Stream the subjects must land in (checked by the server: ``Nats-Expected-Stream``).
     stream: str | None = None
     #: Prefix of ``Nats-Msg-Id``; default: the streaming query id (stable across restarts
-    #: from one checkpoint) or, for a batch write, one random id per write.
+    #: from one checkpoint) or, for a batch write, ``cgroupd-write`` (a rerun of the same
+    #: write is de-duplicated; see :mod:`cgroupd.spark.writer`).
     id_prefix: str | None = None
     #: Publishes awaiting their acknowledgement at once, per task.
     max_pending: int = 256

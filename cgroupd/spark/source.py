@@ -27,12 +27,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import threading
 from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -60,10 +63,11 @@ from pyspark.sql.types import (
 
 from cgroupd.connect import ConnectionOptions
 from cgroupd.errors import ConfigError, LeaseLost
+from cgroupd.spark import Shipped
 from cgroupd.spark.directget import DirectGet, Item, read_range
 from cgroupd.spark.driver import DriverSession, LoopThread
 from cgroupd.spark.layout import Layout, Mode
-from cgroupd.spark.lease import LeaseRef, lease_problem
+from cgroupd.spark.lease import LeaseRef, application_subject, lease_problem
 from cgroupd.spark.offsets import Offset, ReadRange, parse_requested, resolve_end
 from cgroupd.spark.options import SinkOptions, SourceOptions, connect_reader
 from cgroupd.spark.rows import RowBuilder
@@ -88,7 +92,7 @@ def schema_for(options: SourceOptions) -> StructType:
 
 
 @dataclass(frozen=True)
-class ReadTask(InputPartition):
+class ReadTask(Shipped, InputPartition):
     """One task's work: a run of the stream, of which it keeps the messages of each
     partition's ``(start, end]``."""
 
@@ -157,10 +161,30 @@ class CgroupdDataSource(DataSource):
         return CgroupdStreamWriter(SinkOptions.parse(self.options), schema, overwrite)
 
 
+def _exit_on_sigterm() -> None:
+    """Spark ends the source's driver process with SIGTERM when the query stops. Python
+    would die at once, and the lease outlive the query by its inactive threshold with
+    no ``stepped_down`` event; instead the process exits (``SystemExit``: Spark's
+    runner then calls ``stop()``, which releases the lease), ignoring the further
+    SIGTERMs Spark sends meanwhile. Only in Spark's own Python worker processes, on
+    their main thread, and only where nobody set a SIGTERM handler."""
+    if os.environ.get("SPARK_PYTHON_RUNTIME") != "PYTHON_WORKER" \
+            or threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def on_term(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+
+
 class _DriverSide:
     """The session and the thread its loop runs on, opened on first use."""
 
     def __init__(self, options: SourceOptions) -> None:
+        _exit_on_sigterm()
         self.thread = LoopThread()
         self.session = DriverSession(options)
         try:
@@ -184,7 +208,7 @@ def _clamp(end: Offset, start: Offset, target: Offset) -> Offset:
     return Offset(end.stream, end.created, position, parts, end.origin)
 
 
-class CgroupdStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class CgroupdStreamReader(Shipped, DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Reads a stream or group; see the module docstring for the life of a query."""
 
     def __init__(self, options: SourceOptions) -> None:
@@ -263,7 +287,7 @@ class CgroupdStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return read_task(self.options, partition)
 
 
-class CgroupdBatchReader(DataSourceReader):
+class CgroupdBatchReader(Shipped, DataSourceReader):
     """``spark.read.format("cgroupd")``: ``startingOffsets`` to ``endingOffsets``."""
 
     def __init__(self, options: SourceOptions) -> None:
@@ -307,6 +331,7 @@ class _ExecutorIO:
     def __init__(self) -> None:
         self.thread = LoopThread("cgroupd-spark-reader")
         self._clients: dict[ConnectionOptions, ReaderClient] = {}
+        self._told: set[str] = set()
 
     @classmethod
     def get(cls) -> _ExecutorIO:
@@ -327,6 +352,17 @@ class _ExecutorIO:
         nc = await connect_reader(connection, reconnect=False)
         self._clients[connection] = nc
         return nc
+
+    def tell_application(self, nc: ReaderClient, lease_id: str) -> None:
+        """Tell the query's driver the Spark application id, once per lease and worker
+        process (see :func:`cgroupd.spark.lease.application_subject`)."""
+        ctx = TaskContext.get()
+        app = ctx.getLocalProperty("spark.app.id") if ctx is not None else None
+        if not app or lease_id in self._told:
+            return
+        self._told.add(lease_id)
+        with contextlib.suppress(Exception):  # status detail, never a failed task
+            self.thread.run(nc.publish(application_subject(lease_id), app.encode()), 5)
 
     def client(self, connection: ConnectionOptions) -> ReaderClient:
         return self.thread.run(self._client(connection))
@@ -395,6 +431,8 @@ def read_task(options: SourceOptions, task: ReadTask) -> Iterator[pa.RecordBatch
                             "these partitions, so the task does not hand over what it read")
 
     check_lease("before")
+    if task.lease is not None:
+        io.tell_application(nc, task.lease.lease_id)
     try:
         r = task.range
         for items in io.iterate(read_range(dg, r.subject, r.start, r.end,

@@ -19,23 +19,45 @@ msg_id     string                                          ``Nats-Msg-Id`` (opti
 
 Exactly-once into the stream **within its duplicate window** (2 minutes by default):
 every message carries a ``Nats-Msg-Id`` that is the same when Spark replays the same row,
-so the server drops the replayed copy. The default id is
-``<prefix>:<batch id>:<task partition>:<row position>:<digest>`` for a streaming query,
-where the prefix is the query id (kept in the checkpoint, so stable across restarts), the
-batch id Spark's micro-batch id, and the digest a hash of the row's subject, headers and
-payload; ``<prefix>:<task partition>:<row position>:<digest>`` for a batch write, with one
-random prefix per write (task retries share it) unless ``idPrefix`` is given. The digest
-makes an id name one row: a reused ``idPrefix`` (a new query on an old prefix, a second
-write with the same prefix) publishes its new rows instead of losing them as
-"duplicates", and a replay whose rows come in another order (after a shuffle) publishes
-the rows it had not published rather than dropping them. A row repeated at the same
-position of the same batch is the one case the server drops, by design. Give a
-``msg_id`` column derived from the data to de-duplicate across batches or writes.
+or when the same job is run again, so the server drops the second copy. The default id
+names a row by what it is and where the job puts it::
 
-A replay later than the duplicate window publishes again: keep the window longer than
-a failed query may stay down. The writer refuses to start when the ``triggerInterval``
-option (the query's trigger interval) is longer than the target stream's window;
-:func:`check_duplicate_window` checks a target before a query is started.
+    streaming:  <prefix>:<batch id>:<task partition>:<occurrence>:<digest>
+    batch:      <prefix>:<task partition>:<occurrence>:<digest>
+
+``digest`` is a hash of the row's subject, headers and payload; ``occurrence`` counts
+the earlier rows with the same digest in the same task (0 for the first), so two
+identical rows of one write are two messages, and a rerun's ``n``-th copy of a row is
+dropped as the first run's ``n``-th. The task partition is in the id because only
+within one task is the count known; Spark gives a task the same rows on a retry and on a
+rerun of a deterministic plan (files, tables, ``createDataFrame``, a sorted or hashed
+shuffle). A rerun that moves a row to another task (an unsorted ``repartition`` of
+rows read in another order) publishes it again rather than risk dropping a genuine row.
+
+The prefix: for a streaming query the query id (kept in the checkpoint, so stable
+across restarts) and Spark's micro-batch id; for a batch write ``idPrefix``, by default
+the Spark application's name (``spark.app.name``): running the same batch job again
+publishes nothing new, a rerun that adds rows to its input publishes only those, and
+another application writing the very same rows publishes them. Give each write that
+must publish the same rows again its own ``idPrefix`` (a run date); give a ``msg_id``
+column to name rows yourself (it wins over the default).
+
+Why content rather than position: a position (row ``n`` of task ``p``) says nothing of
+the row, so a shuffle that reorders a replay, or a reused prefix, would drop a new
+row as the "duplicate" of another one; an id built from the content can only drop a
+copy of the very row. A random prefix per write, the earlier default, made a rerun
+publish every row twice (issue 30).
+
+A replay or rerun later than the duplicate window publishes again: the server remembers
+ids for that long only, and nothing in the sink can know of an older run. Keep the
+window longer than a failed query may stay down and than the gap between a failed
+batch write and its rerun (``nats stream edit <stream> --dupe-window 1h``), or make the
+consumers idempotent. The driver logs each write's counts with the target's window
+(``write published ... duplicates=... dedup_window_s=...``): a rerun that reports
+``published`` instead of ``duplicates`` came too late. A streaming writer refuses to
+start when its ``triggerInterval`` option (the query's trigger interval) is longer than
+the target stream's window; :func:`check_duplicate_window` checks a target before a
+query is started.
 
 Streams are append-only: ``overwrite`` (batch) and ``complete`` (streaming) output modes
 are refused rather than silently appended.
@@ -46,7 +68,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import secrets
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -72,6 +94,7 @@ from cgroupd import jsapi, logs
 from cgroupd.connect import ConnectionOptions, connect
 from cgroupd.errors import CgroupdError, ConfigError, ServerUnreachable
 from cgroupd.jserrors import translated
+from cgroupd.spark import Shipped, worker_logging
 from cgroupd.spark.options import SinkOptions, parse_duration
 
 log = logs.get_logger("cgroupd.spark.writer")
@@ -79,6 +102,17 @@ log = logs.get_logger("cgroupd.spark.writer")
 MSG_ID = "Nats-Msg-Id"
 #: Local properties Spark sets on every task of a streaming micro-batch.
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
+#: Local property naming the application (a batch write's default ``idPrefix``).
+APP_NAME_PROPERTY = "spark.app.name"
+#: A batch write's ``idPrefix`` when the application has no name.
+DEFAULT_BATCH_PREFIX = "cgroupd-write"
+
+
+def batch_prefix(app_name: str | None) -> str:
+    """A batch write's default ``idPrefix``: the application's name, without the ``:``
+    and blanks that separate the id's parts."""
+    name = "_".join((app_name or "").replace(":", "_").split())
+    return name[:100] or DEFAULT_BATCH_PREFIX
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 
 
@@ -182,6 +216,7 @@ async def _publish(options: SinkOptions, batches: Iterator[pa.RecordBatch],
             else:
                 report.published += 1
 
+    seen: Counter[str] = Counter()
     try:
         row = 0
         for batch in batches:
@@ -196,7 +231,11 @@ async def _publish(options: SinkOptions, batches: Iterator[pa.RecordBatch],
                 hdrs = _header_dict(headers[i]) if headers else {}
                 body = payload.encode() if isinstance(payload, str) else (payload or b"")
                 given = ids[i] if ids else None
-                hdrs[MSG_ID] = given or f"{prefix}:{row}:{row_digest(subject, hdrs, body)}"
+                if not given:
+                    digest = row_digest(subject, hdrs, body)
+                    given = f"{prefix}:{seen[digest]}:{digest}"
+                    seen[digest] += 1
+                hdrs[MSG_ID] = given
                 window.append(asyncio.ensure_future(
                     js.publish(subject, body, stream=options.stream, headers=hdrs)))
                 row += 1
@@ -284,10 +323,11 @@ def check_duplicate_window(options: Mapping[str, str], trigger_interval: float |
     return duplicate_window_problems(windows, trigger_interval)
 
 
-class CgroupdStreamWriter(DataSourceStreamArrowWriter):
+class CgroupdStreamWriter(Shipped, DataSourceStreamArrowWriter):
     """Streaming sink: ``df.writeStream.format("cgroupd")`` (append and update modes)."""
 
     def __init__(self, options: SinkOptions, schema: StructType, overwrite: bool = False) -> None:
+        worker_logging()
         _refuse_overwrite(overwrite, "outputMode('complete')")
         check_schema(schema, options)
         self.options = options
@@ -313,31 +353,51 @@ class CgroupdStreamWriter(DataSourceStreamArrowWriter):
         return publish(self.options, iterator, f"{prefix}:{batch_id}:{ctx.partitionId()}")
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        worker_logging()  # unpickled here: __init__ ran in another process
         done = [m for m in messages if isinstance(m, PublishReport)]
         duplicates = sum(m.duplicates for m in done)
         log.info("batch published", batch=batchId,
                  published=sum(m.published for m in done), duplicates=duplicates)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        worker_logging()  # unpickled here: __init__ ran in another process
         # Nothing to undo: what was published stays, and the replay's copies are dropped
         # by the server as duplicates (within the stream's duplicate window).
         log.warning("batch aborted; its replay will be de-duplicated", batch=batchId)
 
 
-class CgroupdBatchWriter(DataSourceArrowWriter):
+class CgroupdBatchWriter(Shipped, DataSourceArrowWriter):
     """Batch sink: ``df.write.format("cgroupd").mode("append").save()``."""
 
     def __init__(self, options: SinkOptions, schema: StructType, overwrite: bool = False) -> None:
+        worker_logging()
         _refuse_overwrite(overwrite, "mode('overwrite')")
         check_schema(schema, options)
         self.options = options
-        # Created once per write on the driver and pickled to every task (and retry).
-        self.prefix = options.id_prefix or f"write-{secrets.token_hex(8)}"
+        self.prefix = options.id_prefix
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PublishReport:
-        return publish(self.options, iterator, f"{self.prefix}:{_task().partitionId()}")
+        ctx = _task()
+        # The same for every task, retry and rerun of the write (module docstring).
+        prefix = self.prefix or batch_prefix(ctx.getLocalProperty(APP_NAME_PROPERTY))
+        return publish(self.options, iterator, f"{prefix}:{ctx.partitionId()}")
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        worker_logging()  # unpickled here: __init__ ran in another process
         done = [m for m in messages if isinstance(m, PublishReport)]
         log.info("write published", published=sum(m.published for m in done),
-                 duplicates=sum(m.duplicates for m in done))
+                 duplicates=sum(m.duplicates for m in done),
+                 id_prefix=self.prefix or "<spark.app.name>",
+                 **self._window())
+
+    def _window(self) -> dict[str, Any]:
+        """The target's duplicate window, for the log line (best effort: a target named
+        by the rows' subjects alone is not looked up)."""
+        o = self.options
+        if o.stream is None and o.subject is None:
+            return {}
+        try:
+            windows = asyncio.run(_windows(o.connection, o.stream, o.subject))
+        except Exception:  # noqa: BLE001 - a log detail, never a failed write
+            return {}
+        return {"dedup_window_s": min(windows.values())} if windows else {}

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
+import structlog
 from nats.aio.msg import Msg
 
 from cgroupd import admin
@@ -42,7 +44,7 @@ def _handler(message: Message) -> None:
 
 
 async def _lease(js: JetStream, partitions: tuple[int, ...], wait: float = 5.0,
-                 **kwargs: float) -> Lease:
+                 **kwargs: Any) -> Lease:
     stored = await admin.get_group(js, "ORDERS", "g")
     return Lease(js, WQ, claims_for(stored.config, partitions), label="ORDERS/g",
                  presence_key=group_key("ORDERS", "g"),
@@ -88,6 +90,45 @@ async def test_lease_is_refused_while_a_member_instance_is_active(
         assert await jetstream.consumer_info(WQ, "m2") is not None
     finally:
         await member.stop()
+
+
+async def test_the_refusal_names_the_member_option_and_a_free_member(
+        jetstream: JetStream) -> None:
+    """Issue 30 row 3: a query without the 'member' option, beside a daemon instance of
+    m2, is told that the option picks the member it reads and that m1 is free, without
+    the server's ConsumerExists (10148) chained under it."""
+    await make_group(jetstream, partitions=4, members=("m1", "m2"))
+    member = Member(jetstream, "ORDERS", "g", "m2", _handler, FAST, instance_id="inst-7")
+    await member.start()
+    try:
+        await eventually(lambda: member.active, what="the member to be active")
+        stored = await admin.get_group(jetstream, "ORDERS", "g")
+        lease = Lease(jetstream, WQ, claims_for(stored.config, range(4)), label="ORDERS/g",
+                      presence_key=group_key("ORDERS", "g"), inactive_threshold=0.5,
+                      wait=0.3, group=("ORDERS", "g"),
+                      group_claims=claims_for(stored.config, range(4)))
+        with pytest.raises(LeaseUnavailable) as refused:
+            await lease.acquire()
+        text = str(refused.value)
+        assert "daemon instance inst-7" in text
+        assert "no 'member' option" in text and '.option("member", \'m1\')' in text
+        assert "'m1' (partitions [0, 1])" in text and "'m2' (partitions" not in text
+        assert refused.value.__cause__ is None and refused.value.__suppress_context__
+        assert await jetstream.consumer_info(WQ, "m1") is None, "nothing left held"
+    finally:
+        await member.stop()
+
+
+async def test_lease_taken_and_released_are_logged_at_info(jetstream: JetStream) -> None:
+    """Issue 30 row 6: the driver says at INFO which members it took and let go."""
+    await make_group(jetstream, partitions=4, members=("m1", "m2"))
+    with structlog.testing.capture_logs() as logs:
+        lease = await _lease(jetstream, (0, 1), group=("ORDERS", "g"))
+        await lease.acquire()
+        await lease.release()
+    lines = [(e["event"], e.get("members"), e["log_level"]) for e in logs
+             if e["event"].startswith("lease ")]
+    assert lines == [("lease taken", ["m1"], "info"), ("lease released", ["m1"], "info")]
 
 
 async def test_a_crashed_holders_lease_expires(jetstream: JetStream) -> None:

@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from cgroupd.jetstream import JetStream
+from cgroupd.spark.writer import batch_prefix
 from tests.support.groups import publish_keyed
 from tests.support.natsserver import NatsServer
 from tests.support.spark_support import (
@@ -98,8 +99,8 @@ async def test_stream_writer_replay_is_deduplicated(
 
 async def test_batch_writer_publishes_rows_and_dedupes_a_rerun(
         spark: SparkSession, nats_server: NatsServer, jetstream: JetStream) -> None:
-    """df.write publishes subject, data and headers; re-running the write with the same
-    idPrefix adds nothing, a write without one publishes anew."""
+    """df.write publishes subject, data and headers; re-running the write, with or
+    without an idPrefix, adds nothing; a write under a new idPrefix publishes anew."""
     await _out_stream(jetstream)
     df = spark.createDataFrame(
         [(f"out.s{i % 3}", f"reading {i}", {"sensor": f"s{i % 3}"}) for i in range(30)],
@@ -122,6 +123,40 @@ async def test_batch_writer_publishes_rows_and_dedupes_a_rerun(
     assert len(await _messages(jetstream)) == 30
     write()
     assert len(await _messages(jetstream)) == 60
+    write()
+    assert len(await _messages(jetstream)) == 60, "a rerun without idPrefix published again"
+
+
+async def test_a_rerun_batch_write_publishes_each_row_once(
+        spark: SparkSession, nats_server: NatsServer, jetstream: JetStream) -> None:
+    """Issue 30 row 1: the same batch job run twice (no idPrefix, no msg_id) leaves each
+    of its 20,000 rows once in the stream (was 40,000), and rows that are genuinely
+    repeated within the job (1,000 values written twice, in the same task and in
+    others) are all published, the second copy included."""
+    await _out_stream(jetstream)
+    rows = 20_000
+    df = spark.range(0, rows, numPartitions=4).select(
+        F.lit("out.r").alias("subject"),
+        # Values 0-99 three times (twice in the first task, once in the last), 200-999
+        # twice (first and last task), every other value once.
+        F.concat(F.lit("reading "), F.when(F.col("id") < 200, F.col("id") % 100)
+                 .otherwise(F.col("id") % (rows - 1_000)).cast("string")).alias("data"))
+
+    def write() -> None:
+        # On this thread: Spark looks the format up in the session active on it.
+        df.write.format("cgroupd").mode("append").option("servers", nats_server.url) \
+            .option("stream", "OUT").save()
+
+    write()
+    info = await jetstream.stream_info("OUT")
+    assert info is not None and info.state.messages == rows
+    write()
+    info = await jetstream.stream_info("OUT")
+    assert info is not None and info.state.messages == rows, "the rerun published again"
+    first = await jetstream.js.get_msg("OUT", 1)
+    assert first.headers is not None
+    assert first.headers["Nats-Msg-Id"].startswith(
+        f"{batch_prefix(spark.sparkContext.appName)}:"), "the application's name"
 
 
 async def test_writer_rejects_a_dataframe_without_data(
