@@ -15,6 +15,7 @@ from cgroupd.admin._groups import (
     delete_group,
     drop_members,
     get_group,
+    list_every_group,
     list_groups,
     set_mappings,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "get_group",
     "group_consumers",
     "group_status",
+    "list_every_group",
     "list_groups",
     "owned_partitions",
     "partition_pending",

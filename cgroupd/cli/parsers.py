@@ -7,6 +7,7 @@ tests/unit/test_cli_parsing.py, tests/unit/test_views.py and tests/unit/test_cli
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Sequence
 from datetime import datetime
@@ -176,3 +177,22 @@ def parse_time(text: str) -> float:
     if when.tzinfo is None:
         when = when.astimezone()  # local time, as Kafka's --to-datetime
     return when.timestamp()
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``[IPv6]:PORT`` or ``:PORT`` (every address) → ``(host, port)``;
+    ValueError otherwise."""
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--listen {text!r}: give HOST:PORT, e.g. 127.0.0.1:8480")
+    host = host.strip()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"--listen {text!r}: {host!r} is not an IPv6 address") from None
+    elif ":" in host:
+        raise ValueError(f"--listen {text!r}: write an IPv6 address in brackets, "
+                         "e.g. [::1]:8480")
+    return host, int(port)

@@ -15,6 +15,23 @@ from cgroupd.cli.parsers import parse_duration, parse_time
 from cgroupd.jetstream import JetStream
 
 
+def target_of(to_earliest: bool, to_sequence: int | None, to_time: str | None,
+              by_duration: str | None) -> replay.Target:
+    """Where a replay restarts, from the command's options (and the console's form, with
+    the same checks and messages); UsageError when not exactly one is given or one is
+    malformed."""
+    try:
+        when = (parse_time(to_time) if to_time is not None else
+                time.time() - parse_duration(by_duration) if by_duration is not None
+                else None)
+        return replay.Target(earliest=to_earliest, sequence=to_sequence, time=when)
+    except ValueError as exc:
+        raise UsageError(
+            str(exc) if "exactly one" not in str(exc) else
+            "give exactly one of --to-earliest, --to-sequence, --to-time or --by-duration"
+        ) from exc
+
+
 def replay_(
     ctx: typer.Context,
     stream: Stream,
@@ -45,16 +62,7 @@ def replay_(
     check_names(stream=stream, group=group, member=members or [])
     if execute and dry_run:
         raise UsageError("give --execute or --dry-run, not both")
-    try:
-        when = (parse_time(to_time) if to_time is not None else
-                time.time() - parse_duration(by_duration) if by_duration is not None
-                else None)
-        target = replay.Target(earliest=to_earliest, sequence=to_sequence, time=when)
-    except ValueError as exc:
-        raise UsageError(
-            str(exc) if "exactly one" not in str(exc) else
-            "give exactly one of --to-earliest, --to-sequence, --to-time or --by-duration"
-        ) from exc
+    target = target_of(to_earliest, to_sequence, to_time, by_duration)
 
     async def op(js: JetStream) -> replay.Plan:
         if execute:

@@ -1,0 +1,240 @@
+"""The console's JSON API against a real server, without a browser: what it costs the
+server (one status read per interval however many pages watch, measured on the server's
+own API counters), its guards (read-only by default, token, Origin, Host, no CORS),
+nothing secret in what it serves, and actions that answer as the CLI does."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from typing import Any
+
+import aiohttp
+import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from cgroupd import admin
+from cgroupd.connect import ConnectionOptions, connect
+from cgroupd.console import TOKEN_HEADER
+from cgroupd.jetstream import JetStream
+from tests.support.cli import cli, restore_logging  # noqa: F401 - autouse fixture
+from tests.support.groups import make_group
+from tests.support.natsserver import NatsServer, running_server
+
+INTERVAL = 0.5
+
+
+async def _count_api(nc: Client) -> tuple[Counter[str], Any]:
+    """Every $JS.API request anyone sends from now on, by subject (a monitoring
+    subscription: the server delivers each request to it as to JetStream)."""
+    seen: Counter[str] = Counter()
+
+    async def on_msg(msg: Msg) -> None:
+        seen[msg.subject] += 1
+
+    sub = await nc.subscribe("$JS.API.>", cb=on_msg)
+    await nc.flush()
+    return seen, sub
+
+
+def _api_total(server: NatsServer) -> int:
+    """JetStream API requests the server has answered (its /jsz counter)."""
+    return int(server.monitor("/jsz")["api"]["total"])
+
+
+async def _get(http: aiohttp.ClientSession, url: str, **kw: Any) -> tuple[int, Any]:
+    async with http.get(url, **kw) as resp:
+        return resp.status, await resp.json(content_type=None)
+
+
+async def test_one_status_read_per_interval_however_many_pages_watch(
+        nats_server: NatsServer, jetstream: JetStream, nc: Client,
+        served_console: Any, http: aiohttp.ClientSession) -> None:
+    """Five clients poll the group as fast as they can (ten times an interval) for six
+    intervals: the console reads the group's status once per interval for all of them.
+    Measured twice: the $JS.API requests a monitoring subscription sees, and the server's
+    /jsz API counter, each against what one status read (``cgroupd status``) costs."""
+    await make_group(jetstream, partitions=6, members=("m1", "m2"))
+    for i in range(30):
+        await nc.publish(f"orders.k{i}", b"{}")
+    served = await served_console(jetstream, streams=("ORDERS",), interval=INTERVAL)
+    group_url = served.url + "api/groups/ORDERS/g"
+    assert (await _get(http, group_url))[0] == 200  # watch started, first read done
+
+    # What one status read costs, made as `cgroupd status` makes it.
+    seen, sub = await _count_api(nc)
+    await admin.group_status(jetstream, "ORDERS", "g", in_flight=True)
+    await nc.flush()
+    one_read = sum(seen.values())
+    assert one_read >= 3, seen  # record, consumer list, lag
+    seen.clear()
+    reads_before, api_before = served.console.reads, _api_total(nats_server)
+
+    windows = 6
+    answers: list[int] = []
+
+    async def page() -> None:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + windows * INTERVAL
+        while loop.time() < end:
+            status, body = await _get(http, group_url)
+            answers.append(status)
+            assert body["status"]["partitions"], body
+            await asyncio.sleep(INTERVAL / 10)
+
+    await asyncio.gather(*(page() for _ in range(5)))
+    await nc.flush()
+    await sub.unsubscribe()
+    reads = served.console.reads - reads_before
+    api_total = _api_total(nats_server) - api_before
+    requests = sum(seen.values())
+    assert all(s == 200 for s in answers) and len(answers) >= 5 * windows * 3, len(answers)
+    # One read per interval (plus one for a window boundary), never one per page poll.
+    assert 1 <= reads <= windows + 1, reads
+    assert requests <= (windows + 1) * one_read, (requests, one_read, seen)
+    assert api_total <= (windows + 1) * one_read, (api_total, one_read)
+    print(f"\n5 clients, {len(answers)} polls in {windows} intervals of {INTERVAL}s: "
+          f"{reads} status reads, {requests} $JS.API requests seen, {api_total} by /jsz "
+          f"(one read = {one_read})")
+
+
+async def test_read_only_by_default_and_every_post_guard(
+        jetstream: JetStream, served_console: Any, http: aiohttp.ClientSession) -> None:
+    """Without --allow-actions a POST is refused whatever it carries; with it, only one
+    carrying the page's token, an Origin equal to the console's own address, and JSON.
+    A Host header naming another site is refused on every request (DNS rebinding); no
+    response allows another origin (no CORS)."""
+    await make_group(jetstream, partitions=2, members=("m1",))
+    ro = await served_console(jetstream)
+    page = await (await http.get(ro.url)).text()
+    assert 'name="cgroupd-token" content=""' in page  # no token handed out read-only
+    url = ro.url + "api/groups/ORDERS/g/actions/member-add"
+    origin = ro.url.rstrip("/")
+    async with http.post(url, json={"members": ["m9"]},
+                         headers={"Origin": origin, TOKEN_HEADER: ro.console.token}) as r:
+        assert r.status == 403
+        assert (await r.json())["error"] == ("actions are disabled: start the console "
+                                             "with --allow-actions")
+
+    rw = await served_console(jetstream, allow_actions=True)
+    token = rw.console.token
+    assert f'name="cgroupd-token" content="{token}"' in await (await http.get(rw.url)).text()
+    url = rw.url + "api/groups/ORDERS/g/actions/member-add"
+    origin = rw.url.rstrip("/")
+    cases = [
+        ({"Origin": origin}, 403, "missing or wrong console token"),
+        ({"Origin": origin, TOKEN_HEADER: "x" + token}, 403, "missing or wrong"),
+        ({TOKEN_HEADER: token}, 403, "cross-origin request refused"),
+        ({TOKEN_HEADER: token, "Origin": "http://evil.example"}, 403, "cross-origin"),
+        ({TOKEN_HEADER: token, "Origin": origin, "Sec-Fetch-Site": "cross-site"}, 403,
+         "cross-site"),
+    ]
+    for headers, status, fragment in cases:
+        async with http.post(url, json={"members": ["m9"]}, headers=headers) as r:
+            assert r.status == status, headers
+            assert fragment in (await r.json())["error"], headers
+            assert "Access-Control-Allow-Origin" not in r.headers
+    async with http.post(url, data="members=m9", headers={
+            TOKEN_HEADER: token, "Origin": origin,
+            "Content-Type": "application/x-www-form-urlencoded"}) as r:
+        assert r.status == 415
+    assert (await admin.get_group(jetstream, "ORDERS", "g")).config.members == ("m1",)
+    async with http.post(url, json={"members": ["m9"]},
+                         headers={TOKEN_HEADER: token, "Origin": origin}) as r:
+        assert r.status == 200, await r.text()
+    assert (await admin.get_group(jetstream, "ORDERS", "g")).config.members == ("m1", "m9")
+
+    for target in (rw.url, rw.url + "api/groups"):
+        async with http.get(target, headers={"Host": "evil.example"}) as r:
+            assert r.status == 421
+        async with http.options(target, headers={
+                "Origin": "http://evil.example",
+                "Access-Control-Request-Method": "POST"}) as r:
+            assert "Access-Control-Allow-Origin" not in r.headers
+    async with http.get(rw.url + "api/groups") as r:
+        assert r.headers["Content-Security-Policy"].startswith("default-src 'none'")
+        assert "Access-Control-Allow-Origin" not in r.headers
+
+
+async def test_nothing_secret_in_the_page_or_the_api(tmp_path: Any, http: aiohttp.ClientSession,
+                                                    served_console: Any) -> None:
+    """A console connected with a user and password in the server URL: neither the
+    password nor the user appears in anything it serves (page, script, groups, group);
+    the server is shown as scheme://host:port."""
+    auth = "authorization { users = [ {user: opsuser, password: s3cr3t-pass} ] }"
+    with running_server(workdir=tmp_path, extra_config=auth) as srv:
+        secret_url = srv.url.replace("nats://", "nats://opsuser:s3cr3t-pass@")
+        nc = await connect(ConnectionOptions(servers=(secret_url,)))
+        try:
+            js = JetStream(nc)
+            await make_group(js, partitions=2, members=("m1",))
+            served = await served_console(js)
+            bodies = []
+            for path in ("", "static/console.js", "static/console.css", "api/groups",
+                         "api/groups/ORDERS/g"):
+                async with http.get(served.url + path) as r:
+                    assert r.status == 200, path
+                    bodies.append(await r.text())
+            text = "\n".join(bodies)
+            assert "s3cr3t-pass" not in text and "opsuser" not in text
+            assert json.loads(bodies[3])["server"] == srv.url.rstrip("/")
+        finally:
+            await nc.close()
+
+
+async def test_actions_answer_as_the_cli_does(
+        nats_server: NatsServer, jetstream: JetStream, served_console: Any,
+        http: aiohttp.ClientSession) -> None:
+    """The same refusals with the same messages as the CLI (a bad member name, a
+    step-down with no active instance, a bad mapping, a replay with a bad duration),
+    and the replay plan is the CLI's dry run."""
+    await make_group(jetstream, partitions=4, members=("m1", "m2"))
+    served = await served_console(jetstream, allow_actions=True)
+    headers = {TOKEN_HEADER: served.console.token, "Origin": served.url.rstrip("/")}
+
+    async def act(action: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        async with http.post(f"{served.url}api/groups/ORDERS/g/actions/{action}",
+                             json=body, headers=headers) as r:
+            return r.status, await r.json()
+
+    def cli_error(*args: str) -> str:
+        result = cli(nats_server.url, *args)
+        assert result.exit_code != 0, result.output
+        return result.stderr.strip().removeprefix("cgroupd: error: ")
+
+    checks = [
+        ("member-add", {"members": ["bad name"]}, ("member", "add", "ORDERS", "g", "bad name")),
+        ("step-down", {"member": "m1"}, ("step-down", "ORDERS", "g", "m1")),
+        ("mapping-set", {"mappings": "m1=0,9"}, ("mapping", "set", "ORDERS", "g", "m1=0,9")),
+        ("replay-plan", {"from": "duration", "value": "soon"},
+         ("replay", "ORDERS", "g", "--by-duration", "soon")),
+        ("replay-plan", {"from": "time", "value": "yesterday"},
+         ("replay", "ORDERS", "g", "--to-time", "yesterday")),
+    ]
+    for action, body, args in checks:
+        status, answer = await act(action, body)
+        expected = await asyncio.to_thread(cli_error, *args)
+        assert status in (400, 409), (action, answer)
+        assert answer["error"] == expected, action
+
+    status, answer = await act("replay-plan", {"from": "earliest"})
+    assert status == 200, answer
+    result = await asyncio.to_thread(cli, nats_server.url, "replay", "ORDERS", "g",
+                                     "--to-earliest")
+    assert answer["message"] == result.stdout.strip()
+    status, answer = await act("nonsense", {})
+    assert status == 404
+
+
+@pytest.mark.parametrize("path", ["api/groups/ORDERS/nope", "api/groups/OTHER/g"])
+async def test_a_group_not_shown_is_not_read(jetstream: JetStream, served_console: Any,
+                                            http: aiohttp.ClientSession, path: str) -> None:
+    """Only the groups listed (of --stream) can be watched: another name is a 404 and
+    starts no watch."""
+    await make_group(jetstream, partitions=2, members=("m1",))
+    served = await served_console(jetstream, streams=("ORDERS",))
+    status, body = await _get(http, served.url + path)
+    assert status == 404 and "no consumer group" in body["error"]
+    assert served.console.reads == 0
