@@ -19,11 +19,17 @@ from cgroupd import admin
 from cgroupd.connect import ConnectionOptions, connect
 from cgroupd.console import TOKEN_HEADER
 from cgroupd.jetstream import JetStream
-from tests.support.cli import cli, restore_logging  # noqa: F401 - autouse fixture
+from tests.support.cli import (
+    JoinProcess,
+    cli,
+    restore_logging,  # noqa: F401 - autouse fixture
+)
 from tests.support.groups import make_group
 from tests.support.natsserver import NatsServer, running_server
+from tests.support.polling import eventually
 
 INTERVAL = 0.5
+HANDLER = "tests.support.handlers.record_handler:handle"
 
 
 async def _count_api(nc: Client) -> tuple[Counter[str], Any]:
@@ -238,3 +244,65 @@ async def test_a_group_not_shown_is_not_read(jetstream: JetStream, served_consol
     status, body = await _get(http, served.url + path)
     assert status == 404 and "no consumer group" in body["error"]
     assert served.console.reads == 0
+
+
+@pytest.mark.slow
+async def test_pin_changes_and_a_step_down_from_the_console(
+        nats_server: NatsServer, jetstream: JetStream, tmp_path: Any, served_console: Any,
+        http: aiohttp.ClientSession, closing: list[Any]) -> None:
+    """Pinned mode: the server's pin advisories show in the group's timeline as pin
+    changes of the member; a step-down asked from the console (the CLI's admin call)
+    moves the pin to the standby, and the timeline shows the unpin, the new pin and the
+    standby becoming active."""
+    await make_group(jetstream, partitions=2, members=("m1",))
+    served = await served_console(jetstream, allow_actions=True, interval=0.3)
+    url = served.url + "api/groups/ORDERS/g"
+    assert (await _get(http, url))[0] == 200  # following from now on
+
+    def join(name: str) -> JoinProcess:
+        proc = JoinProcess(nats_server.url, tmp_path, name, "--stream", "ORDERS", "--group",
+                           "g", "--member", "m1", "--handler", HANDLER, "--exclusivity",
+                           "pinned", "--instance-id", name, "--status-interval", "0.3",
+                           record=tmp_path / "handled.jsonl", metrics=False)
+        closing.append(proc)
+        return proc
+
+    async def timeline() -> list[dict[str, Any]]:
+        return list((await _get(http, url))[1]["events"])
+
+    async def kinds() -> list[tuple[str, str | None, str | None]]:
+        return [(e["kind"], e.get("member"), e.get("instance")) for e in await timeline()]
+
+    a = join("a")
+    for i in range(4):  # the server pins a puller when it has messages to deliver
+        await jetstream.nc.publish(f"orders.k{i}", b"{}")
+    await eventually(lambda: _has(kinds, ("active", "m1", "a")), 30, what="a active",
+                     diagnostics=a.log_tail)
+    await eventually(lambda: _has(kinds, ("pinned", "m1", None)), 10, what="a pin advisory")
+    b = join("b")
+
+    async def b_standing_by() -> bool:
+        members = (await _get(http, url))[1]["members"]
+        return any(i["instance"] == "b" and i["state"] == "standby"
+                   for m in members for i in m["instances"])
+
+    await eventually(b_standing_by, 30, what="b standing by", diagnostics=b.log_tail)
+    async with http.post(url + "/actions/step-down", json={"member": "m1"}, headers={
+            TOKEN_HEADER: served.console.token, "Origin": served.url.rstrip("/")}) as r:
+        assert r.status == 200, await r.text()
+        assert (await r.json())["message"] == "asked the active instance of m1 to step down"
+    for i in range(4):  # for the standby to be pinned
+        await jetstream.nc.publish(f"orders.k{i}", b"{}")
+    await eventually(lambda: _has(kinds, ("active", "m1", "b")), 30, what="b active",
+                     diagnostics=lambda: f"{b.log_tail()}\n{a.log_tail()}")
+    seen = await kinds()
+    assert ("unpinned", "m1", None) in seen, seen
+    assert len([k for k in seen if k[0] == "pinned"]) >= 2, seen
+    pins = [e["text"] for e in await timeline() if e["kind"] in ("pinned", "unpinned")]
+    assert all("ORDERS/g" in t and "member m1" in t for t in pins), pins
+    assert any(e["kind"] == "console" and "step-down done" in e["text"]
+               for e in await timeline())
+
+
+async def _has(kinds: Any, wanted: tuple[str, str | None, str | None]) -> bool:
+    return wanted in await kinds()
