@@ -11,7 +11,6 @@ from cgroupd.cli.context import check_names, globals_of, stop_on_signals
 from cgroupd.cli.errors import CliError, bad_arguments
 from cgroupd.cli.parsers import parse_listen
 from cgroupd.connect import connect
-from cgroupd.console import Console, ConsoleOptions, serve
 from cgroupd.jetstream import JetStream
 
 #: Where the console listens unless told: this machine only.
@@ -43,6 +42,9 @@ def console(
     """Serve a web console: per group the partitions as a grid coloured by member, lag,
     members and instances, the events as a timeline, the record; with --allow-actions
     the CLI's actions, confirmed in the page. Runs until Ctrl-C."""
+    # Imported here: the console brings aiohttp, which no other command loads at start.
+    from cgroupd.console import Console, ConsoleOptions, serve
+
     check_names(stream=streams or [])
     with bad_arguments():
         host, port = parse_listen(listen)

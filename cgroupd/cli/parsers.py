@@ -7,7 +7,6 @@ tests/unit/test_cli_parsing.py, tests/unit/test_views.py and tests/unit/test_cli
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Sequence
 from datetime import datetime
@@ -179,6 +178,9 @@ def parse_time(text: str) -> float:
     return when.timestamp()
 
 
+_IPV6_CHARS = re.compile(r"[0-9A-Fa-f:.]+(%[\w.-]+)?")
+
+
 def parse_listen(text: str) -> tuple[str, int]:
     """``HOST:PORT``, ``[IPv6]:PORT`` or ``:PORT`` (every address) → ``(host, port)``;
     ValueError otherwise."""
@@ -188,10 +190,8 @@ def parse_listen(text: str) -> tuple[str, int]:
     host = host.strip()
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise ValueError(f"--listen {text!r}: {host!r} is not an IPv6 address") from None
+        if ":" not in host or not _IPV6_CHARS.fullmatch(host):
+            raise ValueError(f"--listen {text!r}: {host!r} is not an IPv6 address")
     elif ":" in host:
         raise ValueError(f"--listen {text!r}: write an IPv6 address in brackets, "
                          "e.g. [::1]:8480")

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from cgroupd.console._actions import ACTIONS, ActionFailed, Outcome, run_action
+from cgroupd.console._actions import ACTIONS, Outcome, run_action
 from cgroupd.console._server import (
     TOKEN_HEADER,
     Console,
@@ -53,7 +53,6 @@ async def serve(js: JetStream, options: ConsoleOptions, stop: asyncio.Event,
 __all__ = [
     "ACTIONS",
     "TOKEN_HEADER",
-    "ActionFailed",
     "Console",
     "ConsoleOptions",
     "Outcome",

@@ -20,19 +20,16 @@ from cgroupd.jetstream import JetStream
 
 @dataclass(frozen=True)
 class Outcome:
-    """What an action did: the CLI's text, and its ``--json`` data."""
+    """What an action did: the CLI's text and its ``--json`` data; or, with a ``status``
+    other than 200, why it was refused (the CLI's message)."""
 
     message: str
-    data: Any
+    data: Any = None
+    status: int = 200
 
-
-class ActionFailed(Exception):
-    """An action refused or failed: ``status`` is the HTTP status, ``message`` the CLI's."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
 
 
 def _names(body: dict[str, Any], key: str) -> list[str]:
@@ -139,14 +136,15 @@ ACTIONS: dict[str, Callable[[JetStream, str, str, dict[str, Any]], Awaitable[Out
 
 async def run_action(js: JetStream, stream: str, group: str, action: str,
                      body: dict[str, Any]) -> Outcome:
-    """Run one action; ActionFailed with the CLI's message (400 for what the CLI calls
-    a usage error, 409 for what it calls a failure)."""
+    """Run one action: its outcome, or a refusal with the CLI's message (status 400 for
+    what the CLI calls a usage error, 409 for what it calls a failure, 404 for no such
+    action)."""
     op = ACTIONS.get(action)
     if op is None:
-        raise ActionFailed(404, f"no action {action!r}")
+        return Outcome(f"no action {action!r}", status=404)
     try:
         return await op(js, stream, group, body)
     except (UsageError, ConfigError) as exc:
-        raise ActionFailed(400, str(exc)) from exc
+        return Outcome(str(exc), status=400)
     except (CliError, CgroupdError) as exc:
-        raise ActionFailed(409, str(exc)) from exc
+        return Outcome(str(exc), status=409)

@@ -32,7 +32,7 @@ from yarl import URL
 import cgroupd
 from cgroupd import admin, events
 from cgroupd.cli.observe import problem
-from cgroupd.console._actions import ActionFailed, run_action
+from cgroupd.console._actions import run_action
 from cgroupd.console._watch import GroupWatch, Shared
 from cgroupd.jetstream import JetStream
 
@@ -252,11 +252,10 @@ class Console:
         if w is None:
             return _error(404, f"no consumer group {group!r} on stream {stream!r} here")
         action = request.match_info["action"]
-        try:
-            outcome = await run_action(self.js, stream, group, action, body)
-        except ActionFailed as exc:
-            w.timeline.add("console", f"{action} refused: {exc.message}")
-            return _error(exc.status, exc.message)
+        outcome = await run_action(self.js, stream, group, action, body)
+        if not outcome.ok:
+            w.timeline.add("console", f"{action} refused: {outcome.message}")
+            return _error(outcome.status, outcome.message)
         if action != "replay-plan":
             w.timeline.add("console", f"{action} done from the console: "
                                       f"{outcome.message.splitlines()[0]}")
