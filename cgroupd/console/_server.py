@@ -150,7 +150,14 @@ class Console:
                                self.options.discovery_wait)
                 self._watches[key] = w
                 self._starting[key] = asyncio.ensure_future(w.start())
-        await asyncio.shield(self._starting[key])
+        starting = self._starting[key]
+        try:
+            await asyncio.shield(starting)
+        except Exception:
+            if self._starting.get(key) is starting:  # the next request tries again
+                await self._watches.pop(key).close()
+                del self._starting[key]
+            raise
         return self._watches[key]
 
     @property
@@ -228,8 +235,9 @@ class Console:
         given = request.headers.get(TOKEN_HEADER, "")
         if not hmac.compare_digest(given.encode(), self.token.encode()):
             return _error(403, "missing or wrong console token (reload the page)")
-        origin = request.headers.get("Origin")
-        if origin is None or origin.lower() != f"http://{request.host}".lower():
+        origin = (request.headers.get("Origin") or "").lower()
+        # https: behind a proxy that terminates TLS and passes the Host header on.
+        if origin not in (f"http://{request.host}".lower(), f"https://{request.host}".lower()):
             return _error(403, "cross-origin request refused")
         if request.headers.get("Sec-Fetch-Site", "same-origin") != "same-origin":
             return _error(403, "cross-site request refused")

@@ -306,3 +306,20 @@ async def test_pin_changes_and_a_step_down_from_the_console(
 
 async def _has(kinds: Any, wanted: tuple[str, str | None, str | None]) -> bool:
     return wanted in await kinds()
+
+
+async def test_groups_of_every_stream_or_of_the_given_ones(
+        jetstream: JetStream, served_console: Any, http: aiohttp.ClientSession) -> None:
+    """Without --stream every group the credentials can read is listed; with it, only
+    that stream's."""
+    await make_group(jetstream, partitions=2, members=("m1",))
+    await make_group(jetstream, stream="PAYMENTS", group="p", partitions=2, members=("m1",))
+    every = await served_console(jetstream)
+    status, body = await _get(http, every.url + "api/groups")
+    assert status == 200 and [(g["stream"], g["group"]) for g in body["groups"]] == [
+        ("ORDERS", "g"), ("PAYMENTS", "p")]
+    one = await served_console(jetstream, streams=("PAYMENTS",))
+    status, body = await _get(http, one.url + "api/groups")
+    assert [(g["stream"], g["group"], g["type"]) for g in body["groups"]] == [
+        ("PAYMENTS", "p", "elastic")]
+    assert (await _get(http, one.url + "api/groups/ORDERS/g"))[0] == 404

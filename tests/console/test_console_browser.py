@@ -172,3 +172,36 @@ async def test_a_read_only_console_offers_no_action(
         "document.querySelector('meta[name=cgroupd-token]').content") == ""
     record = json.loads(await tab.evaluate("document.getElementById('record').textContent"))
     assert (record["stream"], record["group"], record["members"]) == ("ORDERS", "g", ["m1"])
+
+
+async def test_a_replay_shows_its_plan_before_it_is_executed(
+        nats_server: NatsServer, jetstream: JetStream, chromium: Chromium,
+        console_process: Callable[..., ConsoleProcess], http: aiohttp.ClientSession) -> None:
+    """Replay from the page: "Show the plan" shows the CLI's dry run and changes nothing;
+    "Execute" asks for confirmation, then runs that plan and says what it did."""
+    await make_group(jetstream, partitions=2, members=("m1",))
+    for i in range(6):
+        await jetstream.nc.publish(f"orders.k{i}", b"{}")
+    console = console_process(nats_server.url, "--allow-actions")
+    await console.ready(http)
+    tab = await chromium.new_tab(console.url)
+    await tab.wait_for("document.querySelectorAll('#grid .cell').length === 2", 20)
+    await tab.evaluate("document.querySelector('#f-replay button').click()")
+    plan = await tab.wait_for("!document.getElementById('plan').classList.contains('hidden')"
+                              " && document.getElementById('plan-text').textContent", 10,
+                              "the replay plan")
+    assert "dry run" in plan.lower(), plan
+    assert await tab.evaluate(
+        "document.getElementById('confirm').classList.contains('hidden')") is True
+    await tab.evaluate("document.getElementById('replay-execute').click()")
+    question = await tab.wait_for(
+        "!document.getElementById('confirm').classList.contains('hidden') && "
+        "document.getElementById('confirm-text').textContent", 5, "the confirmation")
+    assert "Execute the replay of ORDERS/g" in question
+    await tab.evaluate("document.getElementById('confirm-ok').click()")
+    done = await tab.wait_for("document.querySelector('#result.ok') && "
+                              "document.querySelector('#result').textContent", 20,
+                              "the replay's result")
+    assert "dry run" not in done.lower(), done
+    await tab.wait_for(f"{TIMELINE}.some(e => e.kind === 'console' && "
+                       "e.text.includes('replay-execute done'))", 10)
