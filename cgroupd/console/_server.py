@@ -27,7 +27,6 @@ from importlib import resources
 from typing import Any
 
 from aiohttp import web
-from yarl import URL
 
 import cgroupd
 from cgroupd import admin, events
@@ -91,10 +90,12 @@ def allowed_host_names(options: ConsoleOptions) -> frozenset[str] | None:
 
 
 def _host_name(request: web.Request) -> str | None:
-    try:
-        return (URL(f"http://{request.host}").host or "").lower().strip("[]") or None
-    except ValueError:
-        return None
+    """The name in the Host header, without its port (``[::1]:8480`` → ``::1``)."""
+    host = request.headers.get("Host", "").strip().lower()
+    if host.startswith("["):
+        end = host.find("]")
+        return host[1:end] if end > 0 else None
+    return host.rpartition(":")[0] if host.count(":") == 1 else (host or None)
 
 
 def server_label(js: JetStream) -> str:

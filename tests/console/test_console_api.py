@@ -152,9 +152,15 @@ async def test_read_only_by_default_and_every_post_guard(
         assert r.status == 200, await r.text()
     assert (await admin.get_group(jetstream, "ORDERS", "g")).config.members == ("m1", "m9")
 
+    port = rw.url.rstrip("/").rpartition(":")[2]
+    for host in (f"localhost:{port}", f"[::1]:{port}", "127.0.0.1"):
+        async with http.get(rw.url + "api/groups", headers={"Host": host}) as r:
+            assert r.status == 200, host
     for target in (rw.url, rw.url + "api/groups"):
-        async with http.get(target, headers={"Host": "evil.example"}) as r:
-            assert r.status == 421
+        for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example",
+                     "[::2]:80", ""):
+            async with http.get(target, headers={"Host": host}) as r:
+                assert r.status == 421, host
         async with http.options(target, headers={
                 "Origin": "http://evil.example",
                 "Access-Control-Request-Method": "POST"}) as r:
