@@ -6,6 +6,7 @@ its instance starts; the screenshot the docs show is taken on the way."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -205,3 +206,42 @@ async def test_a_replay_shows_its_plan_before_it_is_executed(
     assert "dry run" not in done.lower(), done
     await tab.wait_for(f"{TIMELINE}.some(e => e.kind === 'console' && "
                        "e.text.includes('replay-execute done'))", 10)
+
+
+async def test_five_tabs_cost_one_status_read_per_interval(
+        nats_server: NatsServer, jetstream: JetStream, chromium: Chromium,
+        console_process: Callable[..., ConsoleProcess], http: aiohttp.ClientSession) -> None:
+    """Five browser tabs watch one group, each refreshing on its own timer: over eight
+    intervals the console's $JS.API requests (seen by a monitoring subscription) stay
+    within one status read's worth per interval, as one `cgroupd status` costs."""
+    await make_group(jetstream, partitions=4, members=("m1", "m2"))
+    interval = 0.5
+    console = console_process(nats_server.url, "--interval", str(interval))
+    await console.ready(http)
+    tabs = [await chromium.new_tab(console.url) for _ in range(5)]
+    for tab in tabs:
+        await tab.wait_for("document.querySelectorAll('#grid .cell').length === 4", 20)
+    seen: list[str] = []
+
+    async def on_request(msg: Any) -> None:
+        seen.append(msg.subject)
+
+    nc = jetstream.nc
+    sub = await nc.subscribe("$JS.API.>", cb=on_request)
+    await nc.flush()
+    await admin.group_status(jetstream, "ORDERS", "g", in_flight=True)
+    await nc.flush()
+    one_read = len(seen)
+    seen.clear()
+    stamps = "document.getElementById('refreshed').textContent"
+    before = [await tab.evaluate(stamps) for tab in tabs]
+    windows = 8
+    await asyncio.sleep(windows * interval)  # measuring over a span of time, not waiting
+    await nc.flush()
+    await sub.unsubscribe()
+    after = [await tab.evaluate(stamps) for tab in tabs]
+    assert all(a != b for a, b in zip(after, before, strict=True)), (before, after)
+    assert one_read >= 3
+    assert 0 < len(seen) <= (windows + 1) * one_read, (len(seen), one_read)
+    print(f"\n5 tabs, {windows} intervals of {interval}s: {len(seen)} $JS.API requests "
+          f"(one status read = {one_read})")
