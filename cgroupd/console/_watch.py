@@ -35,8 +35,8 @@ class Shared(Generic[T]):
         self.ttl = ttl
         self._clock = clock
         self._began = -float("inf")
-        self._value: T | None = None
-        self._has_value = False
+        #: The last good result (empty until the first read succeeds).
+        self._value: list[T] = []
         self._running: asyncio.Future[T] | None = None
         #: Reads made (each one the expensive call).
         self.reads = 0
@@ -47,8 +47,8 @@ class Shared(Generic[T]):
 
     async def get(self) -> T:
         if self._running is None:
-            if self._has_value and self._clock() - self._began < self.ttl:
-                return self._value  # type: ignore[return-value]
+            if self._value and self._clock() - self._began < self.ttl:
+                return self._value[0]
             self._began = self._clock()
             self.reads += 1
             self._running = asyncio.ensure_future(self._read())
@@ -59,7 +59,7 @@ class Shared(Generic[T]):
     def _finished(self, future: asyncio.Future[T]) -> None:
         self._running = None
         if not future.cancelled() and future.exception() is None:
-            self._value, self._has_value = future.result(), True
+            self._value = [future.result()]
 
 
 class Timeline:

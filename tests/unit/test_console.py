@@ -116,3 +116,18 @@ def test_parse_listen(text: str, expected: tuple[str, int]) -> None:
 def test_parse_listen_refuses(text: str) -> None:
     with pytest.raises(ValueError, match="--listen"):
         parse_listen(text)
+
+
+def test_without_chromium_ci_fails_and_elsewhere_skips(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The browser tests never pass silently in CI: no Chromium fails there, and skips
+    elsewhere saying how to install it."""
+    from tests.support import browser
+
+    monkeypatch.delenv("CGROUPD_CHROMIUM", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true and no Chromium"):
+        browser.require_chromium()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="apt-get install -y chromium"):
+        browser.require_chromium()
