@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 
-from cgroupd import admin
+from cgroupd import admin, events
 from cgroupd.jetstream import JetStream
 from tests.console.conftest import ConsoleProcess
 from tests.support.browser import Chromium, Tab
@@ -153,26 +152,38 @@ async def test_takeover_and_a_new_member_appear_in_the_page(
     assert b.proc.poll() is None
 
 
-@pytest.mark.parametrize("mode", ["read-only"])
-async def test_a_read_only_console_offers_no_action(
+async def test_a_read_only_console_offers_no_action_and_shows_hostile_text_as_text(
         nats_server: NatsServer, jetstream: JetStream, chromium: Chromium,
-        console_process: Callable[..., ConsoleProcess], http: aiohttp.ClientSession,
-        mode: str) -> None:
+        console_process: Callable[..., ConsoleProcess], http: aiohttp.ClientSession) -> None:
     """Without --allow-actions the page shows the group and its record but no action
-    form, says read-only, and holds no token."""
+    form, says read-only, and holds no token. An advisory anyone could publish, with
+    markup in its names, shows as text: no element is made of it, no script runs."""
     await make_group(jetstream, partitions=3, members=("m1",))
     console = console_process(nats_server.url)
     await console.ready(http)
     tab = await chromium.new_tab(console.url)
     await tab.wait_for("document.querySelectorAll('#grid .cell.unowned').length === 3", 20,
                        "three unowned partitions")
-    assert await tab.evaluate("document.getElementById('mode').textContent") == mode
+    assert await tab.evaluate("document.getElementById('mode').textContent") == "read-only"
     assert await tab.evaluate(
         "document.getElementById('actions').classList.contains('hidden')") is True
     assert await tab.evaluate(
         "document.querySelector('meta[name=cgroupd-token]').content") == ""
     record = json.loads(await tab.evaluate("document.getElementById('record').textContent"))
     assert (record["stream"], record["group"], record["members"]) == ("ORDERS", "g", ["m1"])
+
+    hostile = "<img src=x onerror=\"window.pwned=1\">"
+    event = events.make_event("active", "ORDERS", "g", member=hostile, instance=hostile,
+                              host="<b>h</b>", partitions=[0])
+    await jetstream.nc.publish(events.event_subject("ORDERS", "g", "active"),
+                               json.dumps(event).encode())
+    text = await tab.wait_for("document.querySelector('#timeline li .what') && "
+                              "document.querySelector('#timeline li .what').textContent", 10,
+                              "the hostile advisory in the timeline")
+    assert hostile in text and "<b>h</b>" in text, text
+    assert await tab.evaluate("document.querySelectorAll('#timeline img, #timeline b')"
+                              ".length") == 0
+    assert await tab.evaluate("window.pwned === undefined") is True
 
 
 async def test_a_replay_shows_its_plan_before_it_is_executed(
