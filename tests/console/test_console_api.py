@@ -96,7 +96,8 @@ async def test_one_status_read_per_interval_however_many_pages_watch(
     reads = served.console.reads - reads_before
     api_total = _api_total(nats_server) - api_before
     requests = sum(seen.values())
-    assert all(s == 200 for s in answers) and len(answers) >= 5 * windows * 3, len(answers)
+    # At least one poll per client per interval: five times the reads allowed below.
+    assert all(s == 200 for s in answers) and len(answers) >= 5 * windows, len(answers)
     # One read per interval (plus one for a window boundary), never one per page poll.
     assert 1 <= reads <= windows + 1, reads
     assert requests <= (windows + 1) * one_read, (requests, one_read, seen)
