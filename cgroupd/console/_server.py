@@ -219,11 +219,11 @@ class Console:
             return _error(400, "after: an event number")
         try:
             w = await self.watch(stream, group)
-        except Exception as exc:  # noqa: BLE001 - shown in the page
+            if w is None:
+                return _error(404, f"no consumer group {group!r} on stream {stream!r} here")
+            data = dict(await w.status.get())
+        except Exception as exc:  # noqa: BLE001 - shown in the page, asked again next time
             return _error(502, problem(exc))
-        if w is None:
-            return _error(404, f"no consumer group {group!r} on stream {stream!r} here")
-        data = dict(await w.status.get())
         data["events"] = w.timeline.after(after)
         data["now"] = events.iso(time.time())
         return web.json_response(data)

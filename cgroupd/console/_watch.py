@@ -153,8 +153,12 @@ class GroupWatch:
         if self._pins_for is not None:
             return
         self._pins_for = consume_stream
-        await self._follow(lambda ready: events.follow_pins(self.js.nc, consume_stream, ready),
-                           self._on_pin)
+        try:
+            await self._follow(
+                lambda ready: events.follow_pins(self.js.nc, consume_stream, ready),
+                self._on_pin)
+        except Exception:  # noqa: BLE001 - the status still shows; tried again next read
+            self._pins_for = None
 
     async def _read(self) -> dict[str, Any]:
         """One status read as ``cgroupd status`` makes it (record, consumers, lag,

@@ -16,6 +16,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from cgroupd import admin
+from cgroupd.config import ElasticGroupConfig, PartitioningFilter
 from cgroupd.connect import ConnectionOptions, connect
 from cgroupd.console import TOKEN_HEADER
 from cgroupd.jetstream import JetStream
@@ -330,3 +331,34 @@ async def test_groups_of_every_stream_or_of_the_given_ones(
     assert [(g["stream"], g["group"], g["type"]) for g in body["groups"]] == [
         ("PAYMENTS", "p", "elastic")]
     assert (await _get(http, one.url + "api/groups/ORDERS/g"))[0] == 404
+
+
+async def test_a_failed_read_keeps_the_last_good_one_and_says_why(
+        jetstream: JetStream, served_console: Any, http: aiohttp.ClientSession) -> None:
+    """The group deleted while a page watches it: the next refresh answers the last good
+    read marked stale, with the CLI's message; re-created, the group reads fresh again."""
+    await make_group(jetstream, partitions=2, members=("m1",))
+    served = await served_console(jetstream, interval=0.2)
+    url = served.url + "api/groups/ORDERS/g"
+    status, body = await _get(http, url)
+    assert status == 200 and body["error"] is None and not body["stale"]
+    await admin.delete_group(jetstream, "ORDERS", "g")
+
+    async def stale() -> dict[str, Any] | None:
+        answer = (await _get(http, url))[1]
+        return answer if answer.get("stale") else None
+
+    body = await eventually(stale, 10, what="a stale answer")
+    assert body["error"] == "no consumer group 'g' on stream 'ORDERS'"
+    assert len(body["status"]["partitions"]) == 2  # the last good read
+    await admin.create_elastic_group(jetstream, "ORDERS", "g", ElasticGroupConfig(
+        max_members=3, members=("m1",),
+        partitioning_filters=(PartitioningFilter("orders.*", (1,)),)))
+
+    async def fresh() -> dict[str, Any] | None:
+        answer = (await _get(http, url))[1]
+        return answer if answer.get("error") is None else None
+
+    body = await eventually(fresh, 10, what="a fresh read")
+    assert len(body["status"]["partitions"]) == 3 and body["stale"] is False
+
