@@ -362,3 +362,36 @@ async def test_a_failed_read_keeps_the_last_good_one_and_says_why(
     body = await eventually(fresh, 10, what="a fresh read")
     assert len(body["status"]["partitions"]) == 3 and body["stale"] is False
 
+
+
+async def test_membership_actions_change_the_record_as_the_cli_does(
+        nats_server: NatsServer, jetstream: JetStream, served_console: Any,
+        http: aiohttp.ClientSession) -> None:
+    """mapping set and clear and member drop from the console: the record changes, the
+    answer is the CLI's text, and the next refresh shows the change at once (the action
+    expires the shared read)."""
+    await make_group(jetstream, partitions=4, members=("m1", "m2"))
+    served = await served_console(jetstream, allow_actions=True, interval=60)
+    headers = {TOKEN_HEADER: served.console.token, "Origin": served.url.rstrip("/")}
+    url = served.url + "api/groups/ORDERS/g"
+    assert (await _get(http, url))[1]["record"]["mappings"] == []
+
+    async def act(action: str, body: dict[str, Any]) -> dict[str, Any]:
+        async with http.post(f"{url}/actions/{action}", json=body, headers=headers) as r:
+            assert r.status == 200, await r.text()
+            return dict(await r.json())
+
+    answer = await act("mapping-set", {"mappings": "m1=0,1 m2=2-3"})
+    assert answer["message"].startswith("mappings set; members of ORDERS/g: m1, m2")
+    record = (await _get(http, url))[1]["record"]  # read again despite the 60 s interval
+    assert record["mappings"] == [{"member": "m1", "partitions": [0, 1]},
+                                  {"member": "m2", "partitions": [2, 3]}]
+    answer = await act("mapping-clear", {})
+    assert answer["message"].startswith("mappings cleared")
+    answer = await act("member-drop", {"members": ["m2"]})
+    cli_text = (await asyncio.to_thread(cli, nats_server.url, "member", "drop", "ORDERS",
+                                        "g", "m2")).stdout.strip()
+    assert answer["message"] == cli_text
+    status = (await _get(http, url))[1]["status"]
+    assert {p["member"] for p in status["partitions"]} == {"m1"}
+    assert (await admin.get_group(jetstream, "ORDERS", "g")).config.members == ("m1",)
