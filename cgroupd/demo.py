@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import aiohttp
 from nats.aio.client import Client
@@ -79,6 +79,8 @@ class DemoOptions:
     rate: float = 50.0
     #: Redraw in place (a terminal) or print snapshots (logs, CI).
     interactive: bool = False
+    #: ``(host, port)`` to serve ``cgroupd console`` on for the demo's group, or None.
+    console: tuple[str, int] | None = None
 
     def __post_init__(self) -> None:
         if self.members < 1 or self.partitions < self.members:
@@ -139,6 +141,8 @@ class Demo:
     stream_created: bool = False
     _spawned: int = 0
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _console_stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _console: asyncio.Task[None] | None = None
     #: While True (and interactive), events show inside the redrawn view.
     _live_view: bool = False
 
@@ -185,9 +189,27 @@ class Demo:
             partitioning_filters=(PartitioningFilter(f"{self.subject_prefix}.*", (1,)),)))
         self.event(f"stream {self.stream}, group {GROUP}: {o.partitions} partitions, "
                    f"members {', '.join(members)}, two instances each")
+        if o.console is not None:
+            await self._start_console(js, *o.console)
         for m in members:
             for _ in range(2):
                 self._spawn(m)
+
+    async def _start_console(self, js: JetStream, host: str, port: int) -> None:
+        """``cgroupd console`` for the demo's stream, in this process, until cleanup."""
+        from cgroupd.console import ConsoleOptions, serve
+
+        listening: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        options = ConsoleOptions(streams=(self.stream,), host=host, port=port, interval=1.0,
+                                 allow_actions=True)
+        self._console = asyncio.create_task(
+            serve(js, options, self._console_stop,
+                  lambda _, url: listening.set_result(url)), name="demo-console")
+        waited: set[asyncio.Future[Any]] = {self._console, listening}
+        done, _ = await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+        if self._console in done:
+            self._console.result()  # could not listen: say why
+        self.event(f"console on {listening.result()} (actions enabled)")
 
     def _spawn(self, member: str) -> Instance:
         self._spawned += 1
@@ -358,6 +380,10 @@ class Demo:
 
     async def _cleanup(self) -> None:
         """Stop members (gracefully, then by force), drop demo state, stop the server."""
+        if self._console is not None:
+            self._console_stop.set()
+            with contextlib.suppress(Exception):
+                await self._console
         for inst in self._live():
             with contextlib.suppress(ProcessLookupError):
                 inst.proc.terminate()

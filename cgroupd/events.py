@@ -128,6 +128,58 @@ async def follow(nc: Client, stream: str, group: str,
         await sub.unsubscribe()
 
 
+#: The server's advisories on pins of a priority group (pinned_client, nats-server >=
+#: 2.11): the reference implementation's pin changes, announced by the server itself.
+PIN_ADVISORIES = {"$JS.EVENT.ADVISORY.CONSUMER.PINNED": "pinned",
+                  "$JS.EVENT.ADVISORY.CONSUMER.UNPINNED": "unpinned"}
+
+
+def clean_pin_advisory(subject: str, data: bytes) -> dict[str, Any] | None:
+    """A pin advisory reduced to what an operator reads (kind, time, consumer, priority
+    group, reason), or None when it is not one; the pin id is left out (with pull rights
+    it would let anyone pull as the pinned client)."""
+    kind = next((k for prefix, k in PIN_ADVISORIES.items()
+                 if subject.startswith(prefix + ".")), None)
+    try:
+        advisory = json.loads(data)
+    except ValueError:
+        return None
+    if kind is None or not isinstance(advisory, dict):
+        return None
+    out: dict[str, Any] = {"type": kind}
+    for key in ("timestamp", "stream", "consumer", "group", "reason"):
+        value = advisory.get(key)
+        out[key] = value[:_INFO_TEXT_MAX] if isinstance(value, str) else None
+    return out if out["consumer"] else None
+
+
+async def follow_pins(nc: Client, consume_stream: str,
+                      ready: Callable[[], None] | None = None
+                      ) -> AsyncIterator[dict[str, Any]]:
+    """Every pin change the server announces on the consumers of ``consume_stream`` from
+    now on (see :func:`clean_pin_advisory`), until cancelled; ``ready`` as in
+    :func:`follow`."""
+    queue: asyncio.Queue[Msg] = asyncio.Queue()
+
+    async def on_msg(msg: Msg) -> None:
+        queue.put_nowait(msg)
+
+    subs = [await nc.subscribe(f"{prefix}.{consume_stream}.*", cb=on_msg)
+            for prefix in PIN_ADVISORIES]
+    await nc.flush()
+    if ready is not None:
+        ready()
+    try:
+        while True:
+            msg = await queue.get()
+            event = clean_pin_advisory(msg.subject, msg.data)
+            if event is not None:
+                yield event
+    finally:
+        for sub in subs:
+            await sub.unsubscribe()
+
+
 async def discover(nc: Client, stream: str, group: str,
                    wait: float = DISCOVERY_WAIT) -> list[dict[str, Any]]:
     """What every running ``cgroupd join`` instance of the group says of itself, sorted by

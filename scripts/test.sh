@@ -14,6 +14,12 @@ export PATH="$PWD/$VENV/bin:$PATH"
 if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
     bash scripts/install-prometheus.sh || true
 fi
+# Chromium (Debian's chromium package) for the console's browser tests (tests/console/):
+# installed the same way; without it those tests fail in CI and are skipped elsewhere.
+if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null \
+        && ! command -v google-chrome >/dev/null; then
+    bash scripts/install-chromium.sh || true
+fi
 "$VENV/bin/python" -m ruff check cgroupd tests bench
 "$VENV/bin/python" -m mypy
 "$VENV/bin/python" -m pytest "$@"

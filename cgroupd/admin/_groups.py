@@ -219,7 +219,14 @@ async def list_group_records(js: JetStream, stream: str) -> list[ListedGroup]:
 
 async def list_groups(js: JetStream, stream: str) -> list[tuple[str, str]]:
     """``(group, "elastic"|"static")`` for every group of ``stream``, sorted."""
-    out: list[tuple[str, str]] = []
+    return [(group, kind) for head, group, kind in await list_every_group(js)
+            if head == stream]
+
+
+async def list_every_group(js: JetStream) -> list[tuple[str, str, str]]:
+    """``(stream, group, "elastic"|"static")`` for every group of every stream whose
+    record the credentials can read, sorted."""
+    out: list[tuple[str, str, str]] = []
     for bucket, kind in ((ELASTIC_BUCKET, "elastic"), (STATIC_BUCKET, "static")):
         try:
             keys = await js.keys(bucket)
@@ -227,8 +234,8 @@ async def list_groups(js: JetStream, stream: str) -> list[tuple[str, str]]:
             continue
         for key in keys:
             head, _, name = key.partition(".")
-            if head == stream and name:
-                out.append((name, kind))
+            if head and name:
+                out.append((head, name, kind))
     return sorted(out)
 
 

@@ -11,6 +11,7 @@ Commands::
       status       per partition: member, active instance, lag; --watch, --members
       events       follow the group's advisories
       replay       reprocess from a sequence or a time (dry run unless --execute)
+      console      the groups in a browser: partitions, lag, instances, events, actions
       demo         a self-contained demo with an embedded nats-server
 
 Exit codes: 0 success, 1 operational failure (server unreachable, group missing, any
@@ -22,7 +23,7 @@ come from ``NATS_URL``.
 Modules: ``application`` (the app, global options, errors to exit codes), ``errors``,
 ``context`` (what commands share), ``options`` (shared arguments), ``parsers`` (pure),
 one per command family: ``join``, ``groups``, ``members`` (member, mapping, step-down),
-``observe`` (status, events), ``replay``, ``demo``. Rendering lives in
+``observe`` (status, events), ``replay``, ``console``, ``demo``. Rendering lives in
 :mod:`cgroupd.views`.
 """
 

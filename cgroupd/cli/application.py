@@ -19,7 +19,7 @@ from typer.core import TyperGroup
 
 import cgroupd
 from cgroupd import logs
-from cgroupd.cli import demo, groups, join, members, observe, replay
+from cgroupd.cli import console, demo, groups, join, members, observe, replay
 from cgroupd.cli.context import Globals
 from cgroupd.cli.errors import CliError, UsageError
 from cgroupd.connect import DEFAULT_CONNECT_TIMEOUT
@@ -117,6 +117,7 @@ app.command("step-down", no_args_is_help=True)(members.step_down)
 app.command("status", no_args_is_help=True)(observe.status)
 app.command("events", no_args_is_help=True)(observe.events_)
 app.command("replay", no_args_is_help=True)(replay.replay_)
+app.command("console")(console.console)
 app.command("demo")(demo.demo)
 app.add_typer(group_app, name="group")
 group_app.command("create", cls=groups.PairedFiltersCommand, no_args_is_help=True)(

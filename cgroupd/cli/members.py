@@ -16,12 +16,21 @@ from cgroupd.cli.parsers import parse_mappings
 from cgroupd.config import GroupConfig
 
 
+def membership_text(stream: str, group: str, config: GroupConfig, verb: str) -> str:
+    """What a membership change prints (the CLI) or answers (the console)."""
+    return (f"{verb}; members of {stream}/{group}: "
+            f"{', '.join(config.member_names) or '-'}\n\n{views.assignment_text(config)}")
+
+
+def no_active_instance(stream: str, group: str, member: str) -> CliError:
+    """A step-down of a member that has no active instance (the CLI and the console)."""
+    return CliError(f"member {member} of {stream}/{group} has no active instance")
+
+
 def _membership_out(ctx: typer.Context, stream: str, group: str, config: GroupConfig,
                     verb: str) -> None:
     emit(ctx, views.group_data(stream, group, config),
-         lambda: f"{verb}; members of {stream}/{group}: "
-                 f"{', '.join(config.member_names) or '-'}\n\n"
-                 f"{views.assignment_text(config)}")
+         lambda: membership_text(stream, group, config, verb))
 
 
 def add(
@@ -93,6 +102,6 @@ def step_down(
     check_names(stream=stream, group=group, member=member)
     done = run_admin(ctx, lambda js: admin.step_down(js, stream, group, member))
     if not done:
-        raise CliError(f"member {member} of {stream}/{group} has no active instance")
+        raise no_active_instance(stream, group, member)
     emit(ctx, {"stream": stream, "group": group, "member": member, "stepped_down": True},
          f"asked the active instance of {member} to step down")

@@ -47,7 +47,7 @@ def status(
         return _watch_status(ctx, stream, group, interval)
 
     async def op(js: JetStream) -> tuple[admin.GroupStatus, list[dict[str, Any]]]:
-        return await _status_and_instances(js, stream, group)
+        return await status_and_instances(js, stream, group)
 
     st, instances = run_admin(ctx, op)
     data = views.status_data(st, instances)
@@ -60,16 +60,19 @@ def show_members(ctx: typer.Context, stream: str, group: str) -> None:
     check_names(stream=stream, group=group)
 
     async def op(js: JetStream) -> tuple[admin.GroupStatus, list[dict[str, Any]]]:
-        return await _status_and_instances(js, stream, group, events.DISCOVERY_WAIT)
+        return await status_and_instances(js, stream, group, events.DISCOVERY_WAIT)
 
     st, instances = run_admin(ctx, op)
     rows = views.members_data(st, instances)
     emit(ctx, rows, lambda: views.members_text(stream, group, rows))
 
 
-async def _status_and_instances(js: JetStream, stream: str, group: str,
-                                wait: float = STATUS_DISCOVERY_WAIT
-                                ) -> tuple[admin.GroupStatus, list[dict[str, Any]]]:
+async def status_and_instances(js: JetStream, stream: str, group: str,
+                               wait: float = STATUS_DISCOVERY_WAIT
+                               ) -> tuple[admin.GroupStatus, list[dict[str, Any]]]:
+    """One status read, as ``cgroupd status`` and the console make it: the group's
+    record, consumers and lag (in flight included), and the instances answering
+    discovery within ``wait``."""
     st = await admin.group_status(js, stream, group, in_flight=True)
     found = await events.discover(js.nc, stream, group, wait) if wait > 0 else []
     return st, found
@@ -107,13 +110,13 @@ def _watch_status(ctx: typer.Context, stream: str, group: str, interval: float) 
                 except Exception as exc:  # shown, then retried
                     if previous is None:
                         raise  # nothing shown yet: a typo or no server, fail at once
-                    problem = _problem(exc)
+                    problem_text = problem(exc)
                     if g.json:
                         frame = json.dumps({"time": events.iso(time.time()),
-                                            "error": problem})
+                                            "error": problem_text})
                     else:
                         frame = views.watch_problem_frame(
-                            stream, group, problem, clock, last_clock,
+                            stream, group, problem_text, clock, last_clock,
                             shown if live else None, size.columns, size.lines)
                 else:
                     now = time.monotonic()
@@ -147,15 +150,15 @@ def _watch_status(ctx: typer.Context, stream: str, group: str, interval: float) 
 async def _watch_read(js: JetStream, stream: str, group: str) -> dict[str, Any]:
     """One refresh of ``status --watch``: the status view plus the work stream's last
     sequence (for the rates)."""
-    st, instances = await _status_and_instances(js, stream, group)
+    st, instances = await status_and_instances(js, stream, group)
     data = views.status_data(st, instances)
     info = await js.stream_info(st.group.consume_stream)
     data["appended"] = int(info.state.last_seq) if info is not None else 0
     return data
 
 
-def _problem(exc: BaseException) -> str:
-    """A one-line description of a failed refresh."""
+def problem(exc: BaseException) -> str:
+    """A one-line description of a failed refresh (``status --watch``, the console)."""
     if isinstance(exc, CgroupdError):
         return str(exc)
     text = str(exc).strip()

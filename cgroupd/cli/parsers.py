@@ -183,3 +183,23 @@ def parse_time(text: str) -> float:
     if when.tzinfo is None:
         when = when.astimezone()  # local time, as Kafka's --to-datetime
     return when.timestamp()
+
+
+_IPV6_CHARS = re.compile(r"[0-9A-Fa-f:.]+(%[\w.-]+)?")
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``[IPv6]:PORT`` or ``:PORT`` (every address) → ``(host, port)``;
+    ValueError otherwise."""
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--listen {text!r}: give HOST:PORT, e.g. 127.0.0.1:8480")
+    host = host.strip()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        if ":" not in host or not _IPV6_CHARS.fullmatch(host):
+            raise ValueError(f"--listen {text!r}: {host!r} is not an IPv6 address")
+    elif ":" in host:
+        raise ValueError(f"--listen {text!r}: write an IPv6 address in brackets, "
+                         "e.g. [::1]:8480")
+    return host, int(port)

@@ -19,6 +19,29 @@ TARGETS = ("--to-earliest, --to-sequence, --to-time, --by-duration, --to-latest,
            "--to-current, --shift-by or --from-file")
 
 
+def target_of(to_earliest: bool, to_sequence: int | None, to_time: str | None,
+              by_duration: str | None, *, to_latest: bool = False, to_current: bool = False,
+              shift_by: int | None = None, from_file: bool = False) -> replay.Target:
+    """Where a replay restarts, from the command's options (and the console's form, with
+    the same checks and messages); UsageError when not exactly one is given or one is
+    malformed. A plan read ``from_file`` carries its own positions."""
+    try:
+        when = (parse_time(to_time) if to_time is not None else
+                time.time() - parse_duration(by_duration) if by_duration is not None
+                else None)
+        given = sum([to_earliest, to_sequence is not None, when is not None, to_latest,
+                     to_current, shift_by is not None, from_file])
+        if given != 1:
+            raise ValueError("exactly one")
+        if from_file:
+            return replay.Target(current=True)
+        return replay.Target(earliest=to_earliest, sequence=to_sequence, time=when,
+                             latest=to_latest, current=to_current, shift=shift_by)
+    except ValueError as exc:
+        raise UsageError(str(exc) if "exactly one" not in str(exc) else
+                         f"give exactly one of {TARGETS}") from exc
+
+
 def replay_(
     ctx: typer.Context,
     stream: Stream,
@@ -78,20 +101,9 @@ def replay_(
     if export is not None and not export.parent.is_dir():
         raise UsageError(f"--export: directory {export.parent} does not exist")
     imported = _read_file(from_file, stream, group) if from_file is not None else None
-    try:
-        when = (parse_time(to_time) if to_time is not None else
-                time.time() - parse_duration(by_duration) if by_duration is not None
-                else None)
-        given = sum([to_earliest, to_sequence is not None, when is not None, to_latest,
-                     to_current, shift_by is not None, imported is not None])
-        if given != 1:
-            raise ValueError("exactly one")
-        target = (replay.Target(current=True) if imported is not None else
-                  replay.Target(earliest=to_earliest, sequence=to_sequence, time=when,
-                                latest=to_latest, current=to_current, shift=shift_by))
-    except ValueError as exc:
-        raise UsageError(str(exc) if "exactly one" not in str(exc) else
-                         f"give exactly one of {TARGETS}") from exc
+    target = target_of(to_earliest, to_sequence, to_time, by_duration, to_latest=to_latest,
+                       to_current=to_current, shift_by=shift_by,
+                       from_file=imported is not None)
 
     async def op(js: JetStream) -> list[replay.Plan]:
         if imported is not None:

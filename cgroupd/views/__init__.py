@@ -9,7 +9,7 @@ replay plans), ``_status`` (status and members), ``_watch`` (``status --watch``)
 ``_events`` (advisories).
 """
 
-from cgroupd.views._events import event_line
+from cgroupd.views._events import event_line, pin_line
 from cgroupd.views._groups import (
     assignment_text,
     group_data,
@@ -35,6 +35,7 @@ __all__ = [
     "listed_group_data",
     "members_data",
     "members_text",
+    "pin_line",
     "ranges",
     "replay_text",
     "status_data",

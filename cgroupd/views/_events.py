@@ -58,3 +58,16 @@ def _advisory_line(event: dict[str, Any], kind: str, when: str) -> str:
                 f"no active instance (members without one: {missing}; "
                 f"{event.get('pending', 0)} messages waiting there)").lstrip()
     return f"[{when}] {where} {kind.upper()} {text}"
+
+
+def pin_line(event: dict[str, Any], stream: str, group: str, member: str | None) -> str:
+    """One human line for a pin change the server announced (``events.follow_pins``):
+    the pinned-client mode's takeovers, whoever's instances hold the pins."""
+    stamp = str(event.get("timestamp") or "")
+    when = stamp[11:23] if len(stamp) >= 23 else (stamp or "-")
+    who = f"member {member}" if member else f"consumer {event.get('consumer')}"
+    if event.get("type") == "pinned":
+        text = f"{who}: the server pinned a new instance (a takeover)"
+    else:
+        text = f"{who}: the server removed the pin ({event.get('reason') or 'no reason given'})"
+    return f"[{when}] {stream}/{group} {str(event.get('type')).upper()} {text}"

@@ -54,6 +54,8 @@ async def test_wheel_installs_and_runs(server: NatsServer, tmp_path: Path) -> No
     assert sorted(p.name for p in dist.iterdir()) == sorted([wheel.name, sdist.name])
     names = zipfile.ZipFile(wheel).namelist()
     assert "cgroupd/py.typed" in names and "cgroupd/spark/__init__.py" in names
+    assert {f"cgroupd/console/static/{f}" for f in ("index.html", "console.js",
+                                                     "console.css")} <= set(names)
     assert not [n for n in names if n.startswith("tests/")], names
     with tarfile.open(sdist) as tar:
         assert f"cgroupd-{version}/README.md" in tar.getnames()

@@ -29,8 +29,9 @@ LAYERS: dict[str, set[str]] = {
     # What users and operators touch: the public package, the CLI and daemon, Spark.
     "edges": {"__init__", "__main__", "cli", "daemon", "demo", "handlers", "metrics",
               "cli.application", "cli.context", "cli.demo", "cli.errors", "cli.groups",
-              "cli.join", "cli.members", "cli.observe", "cli.options", "cli.parsers",
-              "cli.replay", "embedded", "healthwatch", "joinoptions", "joinrun",
+              "cli.console", "cli.join", "cli.members", "cli.observe", "cli.options",
+              "cli.parsers", "cli.replay", "console", "console._actions", "console._server",
+              "console._watch", "embedded", "healthwatch", "joinoptions", "joinrun",
               "loopmonitor", "natscontext", "operations", "probes",
               "spark", "spark.directget", "spark.driver", "spark.layout", "spark.lease",
               "spark.offsets", "spark.options", "spark.rows", "spark.source", "spark.wire",
