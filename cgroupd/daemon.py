@@ -28,7 +28,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
@@ -37,6 +38,7 @@ from cgroupd.config import STATIC_BUCKET, group_key
 from cgroupd.connect import Connection, ConnectionOptions, connect
 from cgroupd.errors import (
     BucketNotFound,
+    CgroupdError,
     ConfigError,
     GroupNotFound,
     StartupError,
@@ -50,6 +52,7 @@ from cgroupd.member import Member, MemberState
 from cgroupd.metrics import Metrics
 from cgroupd.operations import Operations
 from cgroupd.partitions import member_partitions
+from cgroupd.retrying import retry_delay
 from cgroupd.settings import MemberSettings
 from cgroupd.tasks import cancel_and_wait
 
@@ -64,6 +67,8 @@ log = logs.get_logger("cgroupd.daemon")
 DEAD_LETTER_TIMEOUT = 5.0
 
 _READY_STATES = (MemberState.STANDBY, MemberState.ACTIVE)
+
+T = TypeVar("T")
 
 
 def jetstream_publisher(js: JetStream, timeout: float = DEAD_LETTER_TIMEOUT) -> Publish:
@@ -107,6 +112,8 @@ class Daemon:
         #: Advisories, discovery answers, status and lag loops (once connected).
         self.operations: Operations | None = None
         self._info_sub: Any = None
+        #: The transient failure a start-up step keeps retrying (shown by /readyz).
+        self._waiting_for: str | None = None
 
     # -- signals --------------------------------------------------------------------
     def _on_signal(self, sig: signal.Signals) -> None:
@@ -144,7 +151,9 @@ class Daemon:
                                 reconnected_cb=self._reconnected)
         self.metrics.set_connected(True)
         js = JetStream(self.nc)
-        static = await self._group_kind(js)
+        static = await self._until_stopped("read group", lambda: self._group_kind(js))
+        if static is None:
+            return 0
         if self.handler_options.webhook is not None:
             import aiohttp
 
@@ -241,12 +250,22 @@ class Daemon:
         return (await admin.get_group(js, o.stream, o.group)).static
 
     async def _start_member(self, member: Member) -> bool:
-        """Start competing; False if a signal came first. Raises if the group is unusable."""
+        """Start competing; False if a signal came first. Raises if the group is unusable.
+
+        While the member retries a transient failure (``member.waiting_for``: a server too
+        busy to answer, as in a mass start) the start goes on past ``start_timeout``,
+        said in a warning each time; only a start that hangs for no known reason fails."""
         starting = asyncio.ensure_future(member.start())
         stop = asyncio.ensure_future(self._stop.wait())
         try:
-            done, _ = await asyncio.wait({starting, stop}, timeout=self.options.start_timeout,
-                                         return_when=asyncio.FIRST_COMPLETED)
+            while True:
+                done, _ = await asyncio.wait({starting, stop},
+                                             timeout=self.options.start_timeout,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if done or member.waiting_for is None:
+                    break
+                self.metrics.startup_retried("join")
+                self._log.warning("still joining; retrying", waiting_for=member.waiting_for)
         finally:
             stop.cancel()
         if starting in done:
@@ -260,6 +279,31 @@ class Daemon:
             return False
         raise StartupError(f"group {self.options.stream}/{self.options.group} could not be "
                            f"read within {self.options.start_timeout:g}s")
+
+    async def _until_stopped(self, step: str, attempt: Callable[[], Awaitable[T]]) -> T | None:
+        """``attempt()``, tried again after each transient failure (a timeout, a 503) with
+        a jittered, growing pause until it succeeds; None if a signal came first. A
+        failure that retrying cannot mend is raised: the process exits on it (issue 27:
+        under a mass start the first reads time out, which used to end the process)."""
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                result = await attempt()
+            except CgroupdError as exc:
+                if not exc.retriable:
+                    raise
+                self.metrics.startup_retried(step)
+                self._waiting_for = f"{step}: {exc}"
+                self._log.warning("transient failure; retrying", step=step, error=str(exc),
+                                  attempt=failures + 1)
+            else:
+                self._waiting_for = None
+                return result
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(retry_delay(failures, self.settings.retry_interval)):
+                    await self._stop.wait()
+            failures += 1
+        return None
 
     async def _shutdown(self) -> None:
         await self._flush_events()
@@ -344,6 +388,7 @@ class Daemon:
             "state": m.state.value if m is not None else "starting",
             "instance": m.instance_id if m is not None else None,
             "partitions": list(m.partitions) if m is not None else [],
+            "waiting_for": self._waiting_for or (m.waiting_for if m is not None else None),
         }
 
 
