@@ -11,7 +11,8 @@ instances at once: a mass start). It reports
 
 - ``all_active_s``: from the start until every member has an active instance;
 - ``died``: instances whose start failed or whose runtime stopped by itself (connect
-  failures apart, as ``connect_failed``), and workers that exited;
+  failures apart, as ``connect_failed``; timed-out connects are retried as ``cgroupd join``
+  retries them: ``connect_retries``), and workers that exited;
 - at rest, over ``--idle`` seconds: the server's CPU (% of one core), its JetStream API
   requests per second (``/jsz``), and the workers' CPU per instance (% of one core);
 - ``first_round_served_s``: one message to each of 8 keys per member (every partition
@@ -44,9 +45,10 @@ from bench.common import CpuMeter, emit, machine, server
 from cgroupd import admin
 from cgroupd.config import ElasticGroupConfig, PartitioningFilter
 from cgroupd.connect import ConnectionOptions, connect
-from cgroupd.errors import CgroupdError
+from cgroupd.errors import CgroupdError, ServerBusy
 from cgroupd.jetstream import JetStream
 from cgroupd.member import Member, MemberState
+from cgroupd.retrying import retry_delay
 from cgroupd.settings import MemberSettings
 from tests.support.natsserver import NatsServer
 
@@ -73,15 +75,23 @@ class _Instance:
     runtime: Member | None = None
     error: str | None = None
     connect_failed: bool = False
+    connect_retries: int = 0
     nc: Any = None
 
 
 async def _start_one(url: str, inst: _Instance) -> None:
-    try:
-        inst.nc = await connect(ConnectionOptions(servers=(url,), name=f"fleet-{inst.name}"))
-    except CgroupdError as exc:
-        inst.connect_failed, inst.error = True, str(exc)
-        return
+    """Connect as ``cgroupd join`` does (a connect that timed out is retried, a refused
+    one is not), then start the member."""
+    options = ConnectionOptions(servers=(url,), name=f"fleet-{inst.name}")
+    while inst.nc is None:
+        try:
+            inst.nc = await connect(options)
+        except ServerBusy:
+            await asyncio.sleep(retry_delay(inst.connect_retries, 1.0))
+            inst.connect_retries += 1
+        except CgroupdError as exc:
+            inst.connect_failed, inst.error = True, str(exc)
+            return
     member = Member(JetStream(inst.nc), STREAM, GROUP, inst.member, _record, MemberSettings(),
                     instance_id=inst.name)
     try:
@@ -104,7 +114,8 @@ def _status(instances: list[_Instance]) -> dict[str, Any]:
             inst.error = inst.error or f"stopped: {m.stop_reason}"
         else:
             state = m.state.value
-        out[inst.name] = {"member": inst.member, "state": state, "error": inst.error}
+        out[inst.name] = {"member": inst.member, "state": state, "error": inst.error,
+                          "connect_retries": inst.connect_retries}
     return out
 
 
@@ -178,6 +189,9 @@ class Fleet:
     def died(self) -> dict[str, str]:
         return {name: s["error"] or s["state"] for name, s in self.states().items()
                 if s["state"] in ("died", "failed")}
+
+    def connect_retries(self) -> int:
+        return sum(s["connect_retries"] for s in self.states().values())
 
     def connect_failed(self) -> int:
         return sum(s["state"] == "connect-failed" for s in self.states().values())
@@ -277,6 +291,7 @@ async def measure(srv: NatsServer, fleet: Fleet, members: int, instances: int,
     result["died"] = len(fleet.died())
     result["died_examples"] = sorted(set(fleet.died().values()))[:5]
     result["connect_failed"] = fleet.connect_failed()
+    result["connect_retries"] = fleet.connect_retries()
     result["workers_exited"] = len(fleet.exited())
     return result
 

@@ -23,7 +23,7 @@ import nats.errors
 from nats.aio.client import Client
 
 from cgroupd import logs
-from cgroupd.errors import ConfigError, PermissionDenied, ServerUnreachable
+from cgroupd.errors import ConfigError, PermissionDenied, ServerBusy, ServerUnreachable
 from cgroupd.natsload import enable_websockets
 
 log = logs.get_logger("cgroupd.connect")
@@ -218,4 +218,6 @@ async def connect(options: ConnectionOptions, *,
     where = ", ".join(options.server_list)
     if isinstance(reason, nats.errors.AuthorizationError):
         raise PermissionDenied(f"{where}: {describe(reason)}")
+    if reason is None or isinstance(reason, (TimeoutError, asyncio.TimeoutError)):
+        raise ServerBusy(f"cannot connect to {where}: {describe(reason)}")
     raise ServerUnreachable(f"cannot connect to {where}: {describe(reason)}")

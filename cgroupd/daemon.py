@@ -41,6 +41,7 @@ from cgroupd.errors import (
     CgroupdError,
     ConfigError,
     GroupNotFound,
+    ServerBusy,
     StartupError,
 )
 from cgroupd.handlers import HandlerOptions, Publish, build_handler
@@ -147,8 +148,13 @@ class Daemon:
 
     async def _run(self) -> int:
         o = self.options
-        self.nc = await connect(self.connection, disconnected_cb=self._disconnected,
-                                reconnected_cb=self._reconnected)
+        nc = await self._until_stopped(
+            "connect", lambda: connect(self.connection, disconnected_cb=self._disconnected,
+                                       reconnected_cb=self._reconnected),
+            transient=lambda exc: isinstance(exc, ServerBusy))
+        if nc is None:
+            return 0
+        self.nc = nc
         self.metrics.set_connected(True)
         js = JetStream(self.nc)
         static = await self._until_stopped("read group", lambda: self._group_kind(js))
@@ -280,8 +286,10 @@ class Daemon:
         raise StartupError(f"group {self.options.stream}/{self.options.group} could not be "
                            f"read within {self.options.start_timeout:g}s")
 
-    async def _until_stopped(self, step: str, attempt: Callable[[], Awaitable[T]]) -> T | None:
-        """``attempt()``, tried again after each transient failure (a timeout, a 503) with
+    async def _until_stopped(self, step: str, attempt: Callable[[], Awaitable[T]],
+                             transient: Callable[[CgroupdError], bool] = lambda exc:
+                             exc.retriable) -> T | None:
+        """``attempt()``, tried again after each ``transient`` failure (a timeout, a 503) with
         a jittered, growing pause until it succeeds; None if a signal came first. A
         failure that retrying cannot mend is raised: the process exits on it (issue 27:
         under a mass start the first reads time out, which used to end the process)."""
@@ -290,7 +298,7 @@ class Daemon:
             try:
                 result = await attempt()
             except CgroupdError as exc:
-                if not exc.retriable:
+                if not transient(exc):
                     raise
                 self.metrics.startup_retried(step)
                 self._waiting_for = f"{step}: {exc}"
