@@ -155,12 +155,14 @@ class Fleet:
     workdir: Path
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
+    logs: list[Any] = field(default_factory=list)
 
     def start(self, members: list[str], copies: int, processes: int) -> None:
         shares = [members[i::processes] for i in range(processes)]
         for n, share in enumerate(s for s in shares if s):
             status = self.workdir / f"worker-{n}.json"
-            log = open(self.workdir / f"worker-{n}.log", "wb")  # noqa: SIM115 - kept for the run
+            log = open(self.workdir / f"worker-{n}.log", "wb")  # noqa: SIM115 - closed in stop()
+            self.logs.append(log)
             self.files.append(status)
             self.procs.append(subprocess.Popen(
                 [sys.executable, "-m", "bench.fleet", "worker", self.url, str(status),
@@ -206,6 +208,8 @@ class Fleet:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        for log in self.logs:
+            log.close()
 
 
 async def wait_all_active(fleet: Fleet, members: int, timeout: float) -> float | None:
