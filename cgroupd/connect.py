@@ -33,7 +33,7 @@ from nats.aio.client import Client
 from nats.aio.transport import TcpTransport
 
 from cgroupd import jsapi, logs
-from cgroupd.errors import ConfigError, PermissionDenied, ServerUnreachable
+from cgroupd.errors import ConfigError, PermissionDenied, ServerBusy, ServerUnreachable
 from cgroupd.natsload import enable_websockets
 from cgroupd.redact import redact_text, redact_url
 
@@ -322,4 +322,6 @@ async def connect(options: ConnectionOptions, *,
         raise ServerUnreachable(f"cannot connect to {where}: {reason}")
     if isinstance(reason, nats.errors.AuthorizationError):
         raise PermissionDenied(f"{where}: {describe(reason)}")
+    if reason is None or isinstance(reason, (TimeoutError, asyncio.TimeoutError)):
+        raise ServerBusy(f"cannot connect to {where}: {describe(reason)}")
     raise ServerUnreachable(f"cannot connect to {where}: {describe(reason)}")

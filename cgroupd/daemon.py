@@ -30,8 +30,8 @@ import asyncio
 import contextlib
 import secrets
 import signal
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
@@ -50,6 +50,7 @@ from cgroupd.errors import (
     ConfigError,
     DeadLetterFailed,
     GroupNotFound,
+    ServerBusy,
     StartupError,
 )
 from cgroupd.handlers import (
@@ -70,6 +71,7 @@ from cgroupd.operations import Operations
 from cgroupd.partitions import assignment_ranges, member_partitions
 from cgroupd.records import static_from_json
 from cgroupd.redact import redact_url
+from cgroupd.retrying import retry_delay
 from cgroupd.settings import MemberSettings
 from cgroupd.tasks import cancel_and_wait
 
@@ -86,6 +88,8 @@ WORK_QUEUE_RECHECK = 2.0
 DEAD_LETTER_TIMEOUT = 5.0
 
 _READY_STATES = (MemberState.STANDBY, MemberState.ACTIVE)
+
+T = TypeVar("T")
 
 
 def jetstream_publisher(js: JetStream, timeout: float = DEAD_LETTER_TIMEOUT,
@@ -172,6 +176,8 @@ class Daemon:
         #: Why the group cannot be consumed though this instance runs (its work-queue
         #: stream does not exist): /readyz answers 503 with it, the status loop says it.
         self.group_problem: str | None = None
+        #: The transient failure a start-up step keeps retrying (shown by /readyz).
+        self._waiting_for: str | None = None
 
     # -- signals --------------------------------------------------------------------
     def _on_signal(self, sig: signal.Signals) -> None:
@@ -205,12 +211,19 @@ class Daemon:
 
     async def _run(self) -> int:
         o = self.options
-        self.nc = await connect(self.connection, disconnected_cb=self._disconnected,
-                                reconnected_cb=self._reconnected)
+        nc = await self._until_stopped(
+            "connect", lambda: connect(self.connection, disconnected_cb=self._disconnected,
+                                       reconnected_cb=self._reconnected),
+            transient=lambda exc: isinstance(exc, ServerBusy))
+        if nc is None:
+            return 0
+        self.nc = nc
         self._watch_denials(self.nc)
         self.metrics.set_connected(True)
         js = JetStream(self.nc)
-        static = await self._group_kind(js)
+        static = await self._until_stopped("read group", lambda: self._group_kind(js))
+        if static is None:
+            return 0
         if not static:
             await self._check_work_queue(js)
         if self.handler_options.webhook is not None:
@@ -362,12 +375,22 @@ class Daemon:
             await self._check_work_queue(js)
 
     async def _start_member(self, member: Member) -> bool:
-        """Start competing; False if a signal came first. Raises if the group is unusable."""
+        """Start competing; False if a signal came first. Raises if the group is unusable.
+
+        While the member retries a transient failure (``member.waiting_for``: a server too
+        busy to answer, as in a mass start) the start goes on past ``start_timeout``,
+        said in a warning each time; only a start that hangs for no known reason fails."""
         starting = asyncio.ensure_future(member.start())
         stop = asyncio.ensure_future(self._stop.wait())
         try:
-            done, _ = await asyncio.wait({starting, stop}, timeout=self.options.start_timeout,
-                                         return_when=asyncio.FIRST_COMPLETED)
+            while True:
+                done, _ = await asyncio.wait({starting, stop},
+                                             timeout=self.options.start_timeout,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if done or member.waiting_for is None:
+                    break
+                self.metrics.startup_retried("join")
+                self._log.warning("still joining; retrying", waiting_for=member.waiting_for)
         finally:
             stop.cancel()
         if starting in done:
@@ -381,6 +404,33 @@ class Daemon:
             return False
         raise StartupError(f"group {self.options.stream}/{self.options.group} could not be "
                            f"read within {self.options.start_timeout:g}s")
+
+    async def _until_stopped(self, step: str, attempt: Callable[[], Awaitable[T]],
+                             transient: Callable[[CgroupdError], bool] = lambda exc:
+                             exc.retriable) -> T | None:
+        """``attempt()``, tried again after each ``transient`` failure (a timeout, a 503) with
+        a jittered, growing pause until it succeeds; None if a signal came first. A
+        failure that retrying cannot mend is raised: the process exits on it (issue 27:
+        under a mass start the first reads time out, which used to end the process)."""
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                result = await attempt()
+            except CgroupdError as exc:
+                if not transient(exc):
+                    raise
+                self.metrics.startup_retried(step)
+                self._waiting_for = f"{step}: {exc}"
+                self._log.warning("transient failure; retrying", step=step, error=str(exc),
+                                  attempt=failures + 1)
+            else:
+                self._waiting_for = None
+                return result
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(retry_delay(failures, self.settings.retry_interval)):
+                    await self._stop.wait()
+            failures += 1
+        return None
 
     async def _shutdown(self) -> None:
         await self._flush_events()
@@ -496,6 +546,7 @@ class Daemon:
             "instance": m.instance_id if m is not None else None,
             "partitions": list(m.partitions) if m is not None else [],
             **({"problem": self.group_problem} if self.group_problem else {}),
+            "waiting_for": self._waiting_for or (m.waiting_for if m is not None else None),
         }
 
 

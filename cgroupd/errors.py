@@ -22,6 +22,7 @@ error of its kind, or one error for one case.
     │   ├── JetStreamNotEnabled       the server (or account) has no JetStream
     │   ├── PermissionDenied          the server refused the operation for these credentials
     │   ├── ServerUnreachable         no server answered (retriable)
+    │   │   └── ServerBusy            a server was reached but did not let us in in time
     │   └── ApiError                  any other ``$JS.API`` error: status code and err_code
     │       └── DirectGetUnavailable  the stream does not answer direct gets
     ├── AckNotConfirmed               ``double_ack``: the server did not apply the ack
@@ -129,6 +130,12 @@ class ServerUnreachable(ServerError):
     """No NATS server answered in time."""
 
     retriable = True
+
+
+class ServerBusy(ServerUnreachable):
+    """The first connect timed out rather than being refused: a server (or the way to it)
+    too busy to finish the handshake in time, as under a mass start. ``cgroupd join``
+    retries it; a refused connection (nothing listens there) ends it."""
 
 
 class ConflictError(StateConflict):

@@ -6,7 +6,9 @@ Streams, KV records and consumers, with nats-py's exceptions translated into
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import random
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -35,6 +37,8 @@ from cgroupd.pull import Puller, PullOptions
 
 #: Header of a KV delete or purge marker.
 KV_OPERATION = "KV-Operation"
+#: A record watch reads the record again this often (seconds) even when it heard nothing.
+WATCH_RESYNC = 60.0
 
 
 @dataclass(frozen=True)
@@ -290,36 +294,44 @@ class JetStream:
         """The current record, then every change (value None = deleted), until cancelled.
 
         A record absent when the watch starts comes first as ``Record(None, 0)``.
+
+        Changes are heard on a plain subscription to the record's subject (every put,
+        delete and purge of a KV record is published there) and read back with
+        :meth:`get_record`, so a watcher costs the server no consumer. nats-server 2.15
+        limits a stream to 1,000 consumers unless the stream says otherwise
+        (``default_max_consumers``), and every instance of every group on a server
+        watches the one bucket: with nats-py's ``kv.watch`` (an ordered consumer each,
+        heartbeating) 280 of 1,000 instances could not start (``bench.fleet --members 500``
+        on 2.15.1: err_code 10026). A notification can be lost while the connection is
+        down, or across a cut route, so the record is read again after each reconnect
+        and every ``WATCH_RESYNC`` seconds (jittered).
         """
-        kv = await self.bucket(bucket)
+        changed = asyncio.Event()
+
+        async def heard(msg: Msg) -> None:
+            changed.set()
+
         with self._translated(f"watching {bucket}/{key}"):
-            watcher = await kv.watch(key)
-        seen = False
-        last = 0
+            await self.bucket(bucket)
+            sub = await self.nc.subscribe(f"$KV.{bucket}.{key}", cb=heard)
+            await self.nc.flush()  # subscribed before the first read: no change missed
+        remove = self.on_connection(lambda: None, changed.set)
+        last: int | None = None
         try:
             while True:
-                try:
-                    entry = await watcher.updates(timeout=60.0)  # type: ignore[no-untyped-call]
-                except (TimeoutError, nats.errors.TimeoutError):
-                    continue
-                if entry is None:  # end of the initial values
-                    if not seen:
-                        # nats-py may signal the end before an initial value it already
-                        # received reaches us: ask for the record itself.
-                        seen = True
-                        current = await self.get_record(bucket, key)
-                        last = current.revision if current else 0
-                        yield current or Record(None, 0)
-                    continue
-                if entry.revision is not None and entry.revision <= last:
-                    continue  # already yielded by the lookup above
-                seen = True
-                last = entry.revision or last
-                deleted = entry.operation in ("DEL", "PURGE")
-                yield Record(None if deleted else entry.value, entry.revision or 0)
+                changed.clear()
+                current = await self.get_record(bucket, key)
+                record = current or Record(None, 0)
+                if record.revision != last:
+                    last = record.revision
+                    yield record
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(WATCH_RESYNC * random.uniform(0.75, 1.25)):
+                        await changed.wait()
         finally:
+            remove()
             with contextlib.suppress(Exception):
-                await watcher.stop()  # type: ignore[no-untyped-call]
+                await sub.unsubscribe()
 
     # -- consumers -------------------------------------------------------------------
     async def create_consumer(self, stream: str, name: str, config: dict[str, Any],

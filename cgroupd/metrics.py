@@ -125,6 +125,9 @@ class _Series:
         self.status_errors = Counter(PREFIX + "status_errors", "Failed group status reads "
                                      "(for the unowned-partitions gauge).", LABELS,
                                      registry=r)
+        self.startup_retries = Counter(PREFIX + "startup_retries", "Transient failures "
+                                       "(timeouts, 503s) retried while joining, by step.",
+                                       (*LABELS, "step"), registry=r)
         # Children created up front so every series shows from the first scrape.
         for child in (self.active, self.owned, self.in_flight, self.connected,
                       self.unowned):
@@ -295,6 +298,10 @@ class Metrics:
         # The gauge keeps its last known value; the error counter says it is stale.
         if (s := self._s) is not None:
             s.status_errors.labels(**self._labels).inc()
+
+    def startup_retried(self, step: str) -> None:
+        if (s := self._s) is not None:
+            s.startup_retries.labels(**self._labels, step=step).inc()
 
     # -- lag ----------------------------------------------------------------------------
     def set_lag(self, lags: Mapping[int, tuple[int, float]], took: float) -> None:

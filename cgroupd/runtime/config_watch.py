@@ -20,6 +20,7 @@ from cgroupd.errors import (
 from cgroupd.jetstream import Record
 from cgroupd.partitions import member_partitions
 from cgroupd.records import elastic_from_json, static_from_json
+from cgroupd.retrying import retry_delay
 from cgroupd.runtime.core import MemberCore
 from cgroupd.runtime.state import MemberState, StepDown
 from cgroupd.tasks import cancel_and_wait
@@ -29,19 +30,31 @@ class ConfigWatch(MemberCore):
     """One job of :class:`cgroupd.member.Member` (see the module docstring)."""
 
     async def _watch_config(self) -> None:
-        """Follow the group record; never dies on a bad record (ADR: keep watching)."""
+        """Follow the group record; never dies on a bad record (ADR: keep watching).
+
+        A transient failure (the server did not answer in time, a 503) is retried with a
+        jittered, growing pause, also before the first record: under a mass start the
+        first read times out and used to end the process (issue 27). Only a failure that
+        retrying cannot mend (no permission, no bucket) ends :meth:`Member.start`."""
         decode = static_from_json if self.static else elastic_from_json
+        failures = 0
         while not self._stopping:
             try:
                 async for record in self.js.watch_record(self._bucket, self._key):
+                    failures = 0
+                    self.waiting_for = None
                     self._apply_record(record, decode)
             except asyncio.CancelledError:
                 raise
             except CgroupdError as exc:
-                if not self._first_config.done():
+                if not self._first_config.done() and not exc.retriable:
                     self._first_config.set_exception(exc)
                     return
-                self._log.warning("config watch failed; retrying", error=str(exc))
+                self.stats["watch_failures"] += 1
+                if not self._first_config.done():
+                    self.waiting_for = f"reading the group record: {exc}"
+                self._log.warning("config watch failed; retrying", error=str(exc),
+                                  attempt=failures + 1)
             except Exception as exc:  # noqa: BLE001 - a bug or an untranslated error
                 # Never die silently: a member that stops following its group would miss
                 # membership changes and the group's deletion.
@@ -50,7 +63,9 @@ class ConfigWatch(MemberCore):
                 if not self._first_config.done():
                     self._first_config.set_exception(exc)
                     return
-            await self._sleep(self.settings.retry_interval)
+            # Jittered: after a server restart every instance's watch fails at once.
+            await self._sleep(retry_delay(failures, self.settings.retry_interval))
+            failures += 1
 
     def _watch_ended(self, task: asyncio.Task[None]) -> None:
         """The config watch must run as long as the member does: restart it if it ended."""

@@ -113,6 +113,8 @@ class MemberCore:
         self.config: GroupConfig | None = None
         self.partitions: tuple[int, ...] = ()
         self.stop_reason: str | None = None
+        #: While joining: the transient failure :meth:`Member.start` keeps retrying.
+        self.waiting_for: str | None = None
         self._bucket = STATIC_BUCKET if static else ELASTIC_BUCKET
         self._key = group_key(stream, group)
         self._consume_stream = stream if static else work_queue_stream(stream, group)

@@ -71,6 +71,11 @@ async def test_no_lag_reads_while_everything_is_owned_and_the_advisory_still_com
 
     await eventually(all_owned, 30, what="every partition owned")
     lag_reads.clear()  # our own status read above, and start-up
+    # Advisories from before every partition was owned are true, not noise: under load
+    # the three processes join up to a second apart, and m1's active instance's first
+    # status read (0.3 s after it joined) saw m2 with no instance yet (CI, issue 26:
+    # "unowned [2, 3]" from b at 17:39:33.48, c joined at 33.82).
+    advisories.clear()
     await asyncio.sleep(10 * INTERVAL)  # ten status intervals of every instance
     assert lag_reads == [], f"{len(lag_reads)} lag reads while everything was owned"
     assert advisories == []
