@@ -126,6 +126,9 @@ def data_puller_ready(m: Member) -> bool:
 
 @pytest.fixture
 async def sync() -> AsyncIterator[Timeline]:
+    # Data consumers have per-member names now (m1~0..m1~3): a count left by an earlier
+    # test would look like a lost delivery to this test's consumer of the same name.
+    _delivered.clear()
     server = FakeServer()
     server.records[KEY] = config("m1").to_json()
     t = Timeline(server)
@@ -138,6 +141,7 @@ async def sync() -> AsyncIterator[Timeline]:
 
 @pytest.fixture
 async def pinned() -> AsyncIterator[Timeline]:
+    _delivered.clear()
     server = PinnedServer()
     server.records[KEY] = config("m1").to_json()
     t = Timeline(server)
