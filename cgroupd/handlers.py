@@ -47,6 +47,7 @@ from cgroupd.errors import (
 )
 from cgroupd.message import Message
 from cgroupd.metrics import Metrics
+from cgroupd.redact import safe_url
 
 if TYPE_CHECKING:  # aiohttp is imported only when a webhook is used (memory)
     import aiohttp
@@ -65,17 +66,6 @@ Publish = Callable[[str, bytes, dict[str, str]], Awaitable[None]]
 
 
 # -- options ---------------------------------------------------------------------------
-def safe_url(url: str) -> str:
-    """``url`` as it may be shown (logs, errors, dead letters): no userinfo, and a query
-    string (often a signature or token) reduced to ``?...``."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    netloc = parts.netloc.rpartition("@")[2]
-    return urlunsplit((parts.scheme, netloc, parts.path, "..." if parts.query else "", ""))
-
-
 @dataclass(frozen=True)
 class WebhookOptions:
     """Where and how to POST messages.
