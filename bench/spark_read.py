@@ -59,6 +59,7 @@ from cgroupd.spark.offsets import READ_SUBJECT, ReadRange  # noqa: E402
 from cgroupd.spark.options import SourceOptions  # noqa: E402
 from cgroupd.spark.source import ReadTask, close_executor_connections, read_task  # noqa: E402
 from tests.support.natsserver import client_options, running_server  # noqa: E402
+from tests.support.spark_cluster import descendants  # noqa: E402
 
 FILTER = PartitioningFilter("bench.*.*", (1,))
 
@@ -141,24 +142,6 @@ def _cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
-
-
 def spark_runs(url: str, tmp: Path, count: int, master: str | None = None,
                idle_figures: bool = True) -> dict[str, Any]:
     from pyspark import SparkContext
@@ -179,11 +162,11 @@ def spark_runs(url: str, tmp: Path, count: int, master: str | None = None,
         """CPU (% of a core) of the JVM and its children, and of the children alone, over
         ``seconds``: per process alive at the end (one that exited meanwhile, such as a
         stopped query's Python worker, is left out rather than counted negative)."""
-        before = {p: _cpu_seconds([p]) for p in _descendants(jvm)}
+        before = {p: _cpu_seconds([p]) for p in descendants(jvm)}
         began = time.monotonic()
         time.sleep(seconds)
         wall = time.monotonic() - began
-        used = {p: _cpu_seconds([p]) - before.get(p, 0.0) for p in _descendants(jvm)}
+        used = {p: _cpu_seconds([p]) - before.get(p, 0.0) for p in descendants(jvm)}
         return (round(100 * sum(used.values()) / wall, 1),
                 round(100 * sum(v for p, v in used.items() if p != jvm) / wall, 1))
 
