@@ -306,6 +306,13 @@ class JetStream:
         down, or across a cut route, so the record is read again after each reconnect
         and every ``WATCH_RESYNC`` seconds (jittered).
         """
+        if self.api != jsapi.API:
+            # Across a leaf node to another JetStream domain, nats-server passes no
+            # ``$KV.>`` traffic (its denyAllClientJs list, both ways): nothing would be
+            # heard. A consumer's deliveries reach our inbox there.
+            async for record in self._watch_with_consumer(bucket, key):
+                yield record
+            return
         changed = asyncio.Event()
 
         async def heard(msg: Msg) -> None:
@@ -332,6 +339,40 @@ class JetStream:
             remove()
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def _watch_with_consumer(self, bucket: str, key: str) -> AsyncIterator[Record]:
+        """:meth:`watch_record` through nats-py's ``kv.watch`` (an ordered consumer on the
+        bucket): for a JetStream domain reached through a leaf node only, as each watcher
+        costs a consumer (nats-server 2.15 allows 1,000 per stream by default)."""
+        kv = await self.bucket(bucket)
+        with self._translated(f"watching {bucket}/{key}"):
+            watcher = await kv.watch(key)
+        seen = False
+        last = 0
+        try:
+            while True:
+                try:
+                    entry = await watcher.updates(timeout=60.0)  # type: ignore[no-untyped-call]
+                except (TimeoutError, nats.errors.TimeoutError):
+                    continue
+                if entry is None:  # end of the initial values
+                    if not seen:
+                        # nats-py may signal the end before an initial value it already
+                        # received reaches us: ask for the record itself.
+                        seen = True
+                        current = await self.get_record(bucket, key)
+                        last = current.revision if current else 0
+                        yield current or Record(None, 0)
+                    continue
+                if entry.revision is not None and entry.revision <= last:
+                    continue  # already yielded by the lookup above
+                seen = True
+                last = entry.revision or last
+                deleted = entry.operation in ("DEL", "PURGE")
+                yield Record(None if deleted else entry.value, entry.revision or 0)
+        finally:
+            with contextlib.suppress(Exception):
+                await watcher.stop()  # type: ignore[no-untyped-call]
 
     # -- consumers -------------------------------------------------------------------
     async def create_consumer(self, stream: str, name: str, config: dict[str, Any],

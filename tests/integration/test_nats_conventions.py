@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from cgroupd.config import ELASTIC_BUCKET, group_key
 from cgroupd.connect import ConnectionOptions, connect
-from cgroupd.jetstream import JetStream
+from cgroupd.jetstream import JetStream, Record
 from tests.support.cli import restore_logging  # noqa: F401 - autouse fixture
 from tests.support.natsserver import NatsServer, find_free_port
 from tests.support.secure import Run, admin_round_trip, join_handles_one, make_stream, run_cli
@@ -103,6 +104,34 @@ async def _stream_names(url: str) -> list[str]:
         await nc.close()
 
 
+async def _record_changes_reach_the_leaf(args: list[str], options: ConnectionOptions
+                                         ) -> None:
+    """A member's config watch on the leaf hears a membership change made through it
+    within seconds (nats-server passes no ``$KV.>`` traffic across a leaf to another
+    domain: a watch that only listened there would learn of it at its minute's re-read)."""
+    from tests.support.polling import eventually
+
+    nc = await connect(options)
+    seen: list[Record] = []
+
+    async def follow() -> None:
+        async for record in JetStream(nc).watch_record(ELASTIC_BUCKET,
+                                                       group_key("ORDERS", "g")):
+            seen.append(record)
+
+    task = asyncio.create_task(follow())
+    try:
+        await eventually(lambda: bool(seen), 10, what="the record, read through the leaf")
+        added = await asyncio.to_thread(run_cli, *args, "member", "add", "ORDERS", "g", "zz")
+        assert added.exit_code == 0, added.output
+        await eventually(lambda: b'"zz"' in (seen[-1].value or b""), 10,
+                         what="the membership change, heard through the leaf")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await nc.close()
+
+
 async def test_js_domain_across_a_leaf_node(hub_and_leaf: tuple[NatsServer, NatsServer],
                                             tmp_path: Path) -> None:
     """group create, group ls, status and a join handling a message, all from the leaf
@@ -125,6 +154,7 @@ async def test_js_domain_across_a_leaf_node(hub_and_leaf: tuple[NatsServer, Nats
     status = await asyncio.to_thread(run_cli, *args, "--json", "status", "ORDERS", "g")
     assert status.exit_code == 0, status.output
     await join_handles_one(args, options, tmp_path, run)
+    await _record_changes_reach_the_leaf(args, options)
     on_hub = await _stream_names(hub.url)
     assert "ORDERS" in on_hub and "ORDERS-g" in on_hub, on_hub
     assert any(name.startswith("KV_") for name in on_hub), on_hub
