@@ -2,9 +2,11 @@
 
 Lifecycle (one supervisor coroutine, :meth:`Daemon.run`)::
 
-    connect ─► check group ─► HTTP probes ─► member.start() ─► "joined"
-       │            │               │               │
-       └── fails: one-line error, exit 1 ───────────┘
+    HTTP probes ─► connect ─► check group ─► member.start() ─► "joined"
+       │              │            │               │
+       └── fails: one-line error, exit 1 ──────────┘
+    (a transient failure of connect, check group or start, e.g. a server too busy to
+    answer in time, is retried with a jittered, growing pause; /readyz says which)
     joined ─► wait for: SIGTERM/SIGINT │ the member stopping by itself
       signal        → member.stop(): no new messages, in-flight ones finish within the
                       drain timeout and are acked, own consumers deleted so a standby takes
@@ -211,6 +213,12 @@ class Daemon:
 
     async def _run(self) -> int:
         o = self.options
+        if o.metrics_port:
+            # Only /healthz reads the loop monitor: without it, its four wakeups a second
+            # would be an idle instance's largest cost after presence (issue 15 §3).
+            self._spawn(self.loop_monitor.run(), "cgroupd-loop-monitor")
+            # Before connecting: while a start-up step retries, /readyz says which.
+            await self._start_http()
         nc = await self._until_stopped(
             "connect", lambda: connect(self.connection, disconnected_cb=self._disconnected,
                                        reconnected_cb=self._reconnected),
@@ -252,11 +260,6 @@ class Daemon:
         structlog.contextvars.bind_contextvars(instance=member.instance_id)
         self._info_sub = await js.answer(events.info_subject(o.stream, o.group),
                                          ops.instance_info)
-        if o.metrics_port:
-            # Only /healthz reads the loop monitor: without it, its four wakeups a second
-            # would be an idle instance's largest cost after presence (issue 15 §3).
-            self._spawn(self.loop_monitor.run(), "cgroupd-loop-monitor")
-            await self._start_http()
         if not await self._start_member(member):
             return 0
         config = member.config

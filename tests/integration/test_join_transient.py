@@ -23,7 +23,7 @@ from tests.support.natsserver import NatsServer
 from tests.support.polling import eventually
 
 HANDLER = "tests.support.handlers.record_handler:handle"
-SILENT_FOR = 5.0
+SILENT_FOR = 8.0
 
 
 class SilentThenForwarding:
@@ -85,7 +85,7 @@ async def proxy(nats_server: NatsServer) -> AsyncIterator[SilentThenForwarding]:
 async def test_a_join_whose_first_connect_times_out_retries_and_joins(
         nats_server: NatsServer, jetstream: JetStream, proxy: SilentThenForwarding,
         tmp_path: Path) -> None:
-    """Connects time out for 5 s (connect timeout 2 s): the process does not exit, logs
+    """Connects time out for 8 s (connect timeout 2 s): the process does not exit, logs
     each retry, and becomes the active instance once the proxy forwards."""
     await make_group(jetstream, partitions=2, members=("m1",))
     proc = JoinProcess(proxy.url, tmp_path, "j", "--stream", "ORDERS", "--group", "g",
@@ -97,6 +97,12 @@ async def test_a_join_whose_first_connect_times_out_retries_and_joins(
                 status, body = await proc.get(session, "/readyz")
                 return status == 200 and '"active"' in body
 
+            async def says_why() -> bool:
+                status, body = await proc.get(session, "/readyz")
+                return status == 503 and "connect: cannot connect" in body
+
+            # While the connects time out, the probes already answer and say why.
+            await eventually(says_why, SILENT_FOR, what="/readyz naming the retried connect")
             await eventually(active, SILENT_FOR + 30, what="the instance to join")
             retries = [e for e in proc.events() if e.get("event") == "transient failure; "
                        "retrying" and e.get("step") == "connect"]
