@@ -156,7 +156,8 @@ class Daemon:
         self.metrics.count_ignored_input(lambda: self.member.stats if self.member else {})
         self.loop_monitor = LoopMonitor()
         #: What the server refused this instance (for /healthz; issue 25 row 10).
-        self.denials = Denials(dead_letter_subject=handler.dead_letter.subject)
+        self.denials = Denials(dead_letter_subject=handler.dead_letter.subject,
+                               inbox_prefix=connection.inbox_prefix)
         self.acks = AckWatch()
         self.nc: Connection | None = None
         self.member: Member | None = None

@@ -43,18 +43,25 @@ _PREFIXES = (("$js.ack.", "$JS.ACK.", "ack"), ("_cgroupd.", "_CGROUPD.", "contro
              ("_inbox.", "_INBOX.", "inbox"))
 
 
-def kind_of(subject: str, dead_letter_subject: str | None = None) -> str:
-    """The kind of a denied subject: ack, control, api, inbox, dead_letter or other."""
+def kind_of(subject: str, dead_letter_subject: str | None = None,
+            inbox_prefix: str | None = None) -> str:
+    """The kind of a denied subject: ack, control, api, inbox, dead_letter or other.
+    ``inbox_prefix``: the connection's own (``--inbox-prefix``), if not ``_INBOX``."""
     lower = subject.lower()
     if dead_letter_subject is not None and lower == dead_letter_subject.lower():
         return "dead_letter"
+    if inbox_prefix is not None and lower.startswith(inbox_prefix.lower() + "."):
+        return "inbox"
     return next((kind for prefix, _, kind in _PREFIXES if lower.startswith(prefix)), "other")
 
 
-def shown_subject(subject: str, kind: str) -> str:
+def shown_subject(subject: str, kind: str, inbox_prefix: str | None = None) -> str:
     """The subject as one problem line names it: its well-known prefix in its own case,
     and an ack subject only up to its consumer (the sequence numbers after it would make
-    every ack a problem of its own)."""
+    every ack a problem of its own); every reply subject as one (each request, each
+    prober has an inbox of its own)."""
+    if kind == "inbox":
+        return f"{inbox_prefix or '_INBOX'}.>"
     lower = subject.lower()
     for prefix, shown, _ in _PREFIXES:
         if lower.startswith(prefix):
@@ -86,9 +93,10 @@ class Denials:
     """The permission violations of one connection, by operation and subject."""
 
     def __init__(self, *, dead_letter_subject: str | None = None,
-                 window: float = DENIAL_WINDOW,
+                 inbox_prefix: str | None = None, window: float = DENIAL_WINDOW,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._dead_letter = dead_letter_subject
+        self._inbox = inbox_prefix
         self._window = window
         self._clock = clock
         self._seen: dict[tuple[str, str, str], _Seen] = {}
@@ -102,8 +110,8 @@ class Denials:
             return None
         operation = "publish" if m.group(1).lower() == "publish" else "subscribe"
         subject = m.group(2)
-        kind = kind_of(subject, self._dead_letter)
-        key = (operation, kind, shown_subject(subject, kind))
+        kind = kind_of(subject, self._dead_letter, self._inbox)
+        key = (operation, kind, shown_subject(subject, kind, self._inbox))
         seen = self._seen.get(key)
         now = self._clock()
         if seen is None:

@@ -52,6 +52,11 @@ def test_kinds_and_shown_subjects() -> None:
     assert kind_of("$JS.API.CONSUMER.CREATE.S") == "api"
     assert kind_of("$kv.bucket.key") == "api"
     assert kind_of("_INBOX.abc.def") == "inbox"
+    # With --inbox-prefix, the connection's own reply subjects are inboxes too, and every
+    # inbox denial is one problem line (each prober has an inbox of its own).
+    assert kind_of("_inbox_m1.abc.def", inbox_prefix="_INBOX_m1") == "inbox"
+    assert kind_of("_inbox_m1.abc.def") == "other"
+    assert shown_subject("_inbox_m1.abc.def", "inbox", "_INBOX_m1") == "_INBOX_m1.>"
     assert kind_of("orders.k1") == "other"
     assert shown_subject("$js.api.consumer.create.s", "api") == "$JS.API.consumer.>"
     assert shown_subject("orders.k1", "other") == "orders.k1"
