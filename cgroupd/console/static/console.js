@@ -117,7 +117,7 @@ function draw(d) {
   if (!d.status) return;
   const st = d.status, rec = d.record;
   $("g-kind").textContent = `${st.type}, ${rec.partitions} partitions`;
-  for (const m of [...rec.members, ...Object.keys(rec.assignment)].sort()) colorOf(m);
+  for (const m of [...rec.members, ...Object.keys(rec.assignment_ranges)].sort()) colorOf(m);
   const unowned = st.unowned_partitions.length;
   const health = $("g-health");
   health.textContent = st.idle ? "IDLE: nothing consumed" : unowned ? `${unowned} unowned` : "every partition owned";
@@ -171,7 +171,9 @@ function drawMembers(members, st) {
           "data-state": i.state || "" },
         n === 0 ? chip : el("td"), n === 0 ? parts : el("td"),
         el("td", { class: "mono" }, i.instance || "-"),
-        el("td", { class: `state ${i.state || ""}` }, i.state === "none" ? "NONE (not consumed)" : i.state || "-"),
+        el("td", { class: `state ${i.state || ""}`, title: i.holder ? "a Spark query holds this member: a step-down ends the query" : "" },
+          (i.state === "none" ? "NONE (not consumed)" : i.state || "-") +
+          (i.holder ? ` (${i.holder === "spark" ? "Spark" : i.holder}${i.application ? " " + i.application : ""})` : "")),
         el("td", {}, i.host || "-"), el("td", {}, i.pid || "-"),
         el("td", { title: i.since || "" }, i.since ? ago(i.since) : "-")));
     });
@@ -212,7 +214,7 @@ function addEvents(list) {
 function drawActions(rec) {
   $("actions").classList.toggle("hidden", !S.actions);
   if (!S.actions) return;
-  const sel = $("a-stepdown-member"), names = [...new Set([...rec.members, ...Object.keys(rec.assignment)])].sort();
+  const sel = $("a-stepdown-member"), names = [...new Set([...rec.members, ...Object.keys(rec.assignment_ranges)])].sort();
   if ([...sel.options].map(o => o.value).join() !== names.join()) {
     const keep = sel.value;
     sel.replaceChildren(...names.map(n => el("option", { value: n }, n)));
