@@ -407,6 +407,17 @@ def _find(headers: Mapping[str, str], name: str) -> str | None:
     return next((v for k, v in headers.items() if k.lower() == lower), None)
 
 
+def scrubbed(text: str, options: WebhookOptions, auth: AuthHeaders) -> str:
+    """``text`` with every credential value of the webhook (its header and token files'
+    values, the URL's password and query values) replaced by ``***``."""
+    basic = options.basic_auth
+    values = auth.secrets() + ([basic[1]] if basic and len(basic[1]) >= 4 else [])
+    values += [v for _, v in parse_qsl(urlsplit(options.url).query) if len(v) >= 4]
+    for value in sorted(values, key=len, reverse=True):
+        text = text.replace(value, "***")
+    return text
+
+
 class WebhookHandler:
     """POSTs each message to one URL over a shared session (connections are reused).
 
@@ -427,12 +438,7 @@ class WebhookHandler:
 
     def scrub(self, text: str) -> str:
         """``text`` with every credential value (and the URL's password) replaced."""
-        basic = self.options.basic_auth
-        values = self._auth.secrets() + ([basic[1]] if basic and len(basic[1]) >= 4 else [])
-        values += [v for _, v in parse_qsl(urlsplit(self.options.url).query) if len(v) >= 4]
-        for value in sorted(values, key=len, reverse=True):
-            text = text.replace(value, "***")
-        return text
+        return scrubbed(text, self.options, self._auth)
 
     async def __call__(self, message: Message) -> None:
         url = self.options.display_url
@@ -544,7 +550,8 @@ class WebhookEvents:
         except TimeoutError as exc:
             raise WebhookFailed(f"webhook {url} timed out on {event}") from exc
         except aiohttp.ClientError as exc:
-            reason = str(exc).replace(self.options.endpoint, url) or type(exc).__name__
+            reason = scrubbed(str(exc).replace(self.options.endpoint, url), self.options,
+                              self._auth) or type(exc).__name__
             raise WebhookFailed(f"webhook {url} failed on {event}: {reason}") from exc
         if not 200 <= status < 300:
             raise WebhookFailed(f"webhook {url} answered {status} to {event}")
