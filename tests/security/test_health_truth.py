@@ -83,7 +83,7 @@ async def test_a_member_that_may_not_ack_is_unhealthy_and_counted(
                 problems = await eventually(unhealthy, 15, what="/healthz 503",
                                             diagnostics=proc.log_tail)
                 problem = problems[0]
-                assert "NATS permission denied: publish to $JS.ACK.orders-g.m1-" in problem
+                assert "NATS permission denied: publish to $JS.ACK.orders-g.m1~" in problem
                 assert "acks are not applied" in problem and "grant" in problem
 
                 # The messages come back (ack wait 1 s): seen as acks not taking effect,
