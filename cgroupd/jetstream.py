@@ -34,11 +34,14 @@ from cgroupd.errors import (
 from cgroupd.jserrors import translated
 from cgroupd.lease import QUIET_PROBE, Answer, OwnerWatch, Prober, probe
 from cgroupd.pull import Puller, PullOptions
+from cgroupd.retrying import retry_delay
 
 #: Header of a KV delete or purge marker.
 KV_OPERATION = "KV-Operation"
 #: A record watch reads the record again this often (seconds) even when it heard nothing.
 WATCH_RESYNC = 60.0
+#: How often a bucket creation is asked for before its timeout is the caller's error.
+BUCKET_CREATE_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -207,14 +210,8 @@ class JetStream:
         """The KV bucket ``name``; created with ``create_with`` when absent and given."""
         if name in self._kv:
             return self._kv[name]
-        try:
-            with self._translated(f"bucket {name}"):
-                kv = await self.js.key_value(name)
-        except BucketNotFound:
-            if create_with is None:
-                raise
-            with self._translated(f"creating bucket {name}"):
-                kv = await self.js.create_key_value(config=create_with)
+        kv = await (self._open_bucket(name) if create_with is None
+                    else self._open_or_create_bucket(create_with))
         if self.api != jsapi.API:
             # nats-py 2.16 publishes KV writes to $KV.<bucket>.<key> whatever the domain;
             # from a leaf node those reach no stream. Address them as nats.go does, to
@@ -222,6 +219,32 @@ class JetStream:
             kv._js = _PrefixedPublish(kv._js, self.api)  # type: ignore[assignment]
         self._kv[name] = kv
         return kv
+
+    async def _open_bucket(self, name: str) -> KeyValue:
+        with self._translated(f"bucket {name}"):
+            return await self.js.key_value(name)
+
+    async def _open_or_create_bucket(self, config: api.KeyValueConfig) -> KeyValue:
+        """Open the bucket, or create it; asked again when the server did not answer in time.
+
+        A replicated bucket is answered only once its stream's replicas elected a leader,
+        which on a busy cluster (or one still forming) can outlast the request's timeout
+        while the creation goes on; asking again with the same config is harmless: the
+        server answers with the bucket it made. CI on 5e3894c timed out once at 10 s.
+        """
+        attempt = 0
+        while True:
+            try:
+                try:
+                    return await self._open_bucket(config.bucket)
+                except BucketNotFound:
+                    with self._translated(f"creating bucket {config.bucket}"):
+                        return await self.js.create_key_value(config=config)
+            except ServerUnreachable:
+                attempt += 1
+                if attempt == BUCKET_CREATE_ATTEMPTS:
+                    raise
+            await asyncio.sleep(retry_delay(attempt - 1, 0.5))
 
     async def get_record(self, bucket: str, key: str) -> Record | None:
         """Current value of a record; None when absent or deleted.

@@ -42,6 +42,7 @@ from cgroupd.errors import (
     ServerUnreachable,
     StreamNotFound,
 )
+from cgroupd.retrying import retry_delay
 from cgroupd.spark.wire import ReaderClient
 
 log = logs.get_logger("cgroupd.spark")
@@ -51,6 +52,9 @@ log = logs.get_logger("cgroupd.spark")
 MAX_BYTES = 8 << 20
 #: How long a range may keep ending early at replicas while the leader has more.
 STALE_TIMEOUT = 10.0
+#: How long direct gets may go unanswered ("no responders") before the stream is taken
+#: for missing or closed to direct get: a replicated stream's leader election fits in it.
+UNAVAILABLE_TIMEOUT = 10.0
 
 #: The server's trailer on a message of a direct-get *batch*, matched where the last
 #: ``\r\nNats-Stream: `` starts: one match instead of splitting and checking six lines
@@ -79,6 +83,11 @@ class _Call:
     pending: int = 0
     received: int = 0
     done: asyncio.Future[None] | None = None
+
+
+def _unavailable(call: _Call) -> bool:
+    """The server answered "no responders": no replica listens for direct gets."""
+    return call.status is not None and call.status[0] == "503"
 
 
 @dataclass(frozen=True)
@@ -173,6 +182,28 @@ class DirectGet:
             if call.done is not None and not call.done.done():
                 call.done.cancel()
 
+    async def _answered(self, body: bytes, batch: bool) -> _Call:
+        """:meth:`_call`, asked again while nobody answers direct gets on the stream.
+
+        "No responders" (503) is also what a stream that exists and allows direct get
+        says for a moment when no replica is subscribed: while its leader changes, or a
+        follower catches up under load (CI on 5e3894c, an R3 stream read through a
+        follower). Only when it persists for :data:`UNAVAILABLE_TIMEOUT` is it an error.
+        """
+        deadline = time.monotonic() + UNAVAILABLE_TIMEOUT
+        attempt = 0
+        while True:
+            call = await self._call(body, batch)
+            if not _unavailable(call) or time.monotonic() >= deadline:
+                self._check(call)
+                return call
+            if attempt == 0:
+                log.info("no replica answers direct gets yet, asking again",
+                         stream=self.stream)
+            await asyncio.sleep(min(retry_delay(attempt, 0.05, cap=1.0),
+                                    max(deadline - time.monotonic(), 0.0)))
+            attempt += 1
+
     def _check(self, call: _Call) -> None:
         """Raise for a status other than a normal end (204 EOB, or 404: nothing there)."""
         if call.status is None:
@@ -180,7 +211,7 @@ class DirectGet:
         code, description, _ = call.status
         if code in ("204", "404"):
             return
-        if code == "503":
+        if _unavailable(call):
             raise StreamNotFound(
                 f"stream {self.stream!r} does not answer direct get: it does not exist, "
                 "does not allow direct get (enable it with `nats stream edit "
@@ -190,16 +221,14 @@ class DirectGet:
 
     async def last(self, subject: str) -> int | None:
         """Sequence of the last message on ``subject`` (wildcards allowed), None if none."""
-        call = await self._call(jsapi.direct_get_body(last_by_subj=subject), batch=False)
-        self._check(call)
+        call = await self._answered(jsapi.direct_get_body(last_by_subj=subject), batch=False)
         return call.items[0][0] if call.items else None
 
     async def first(self, seq: int, subject: str) -> tuple[int, int] | None:
         """``(sequence, messages on subject after it)`` of the first message on
         ``subject`` at or after ``seq``; None if there is none."""
-        call = await self._call(jsapi.direct_get_body(
+        call = await self._answered(jsapi.direct_get_body(
             seq=max(seq, 1), next_by_subj=subject, batch=1), batch=True)
-        self._check(call)
         if not call.items:
             return None
         item = call.items[0]
@@ -208,16 +237,14 @@ class DirectGet:
 
     async def first_after_time(self, when: str) -> int | None:
         """Sequence of the first message stored at or after ``when`` (RFC 3339)."""
-        call = await self._call(jsapi.direct_get_body(start_time=when, batch=1), batch=True)
-        self._check(call)
+        call = await self._answered(jsapi.direct_get_body(start_time=when, batch=1), batch=True)
         return call.items[0][0] if call.items else None
 
     async def batch(self, seq: int, subject: str, n: int,
                     max_bytes: int = MAX_BYTES) -> Batch:
         """Up to ``n`` messages on ``subject`` with sequence >= ``seq``, in order."""
-        call = await self._call(jsapi.direct_get_body(
+        call = await self._answered(jsapi.direct_get_body(
             seq=max(seq, 1), next_by_subj=subject, batch=n, max_bytes=max_bytes), batch=True)
-        self._check(call)
         more = call.status is not None and call.status[0] == "204" and call.pending > 0
         return Batch(call.items, more)
 

@@ -13,15 +13,18 @@ from typing import Any
 import pytest
 import structlog
 from nats.aio.msg import Msg
+from nats.js import api
 
 from cgroupd import admin
 from cgroupd.config import group_key
 from cgroupd.connect import ConnectionOptions, connect
+from cgroupd.errors import StreamNotFound
 from cgroupd.jetstream import JetStream
 from cgroupd.lease import legacy_presence_subject
 from cgroupd.member import INSTANCE_KEY, MEMBER_KEY, Member, MemberState
 from cgroupd.message import Message
 from cgroupd.settings import MemberSettings
+from cgroupd.spark import directget
 from cgroupd.spark.directget import DirectGet, nth_sequence, read_range
 from cgroupd.spark.layout import PREFIXED, Layout, Mode
 from cgroupd.spark.lease import Lease, LeaseLost, LeaseUnavailable, claims_for
@@ -244,6 +247,39 @@ async def test_direct_get_reads_and_counts_like_a_full_scan(jetstream: JetStream
         assert everything == list(range(1, 301))
         assert await dg.last("7.>") is None
         assert (await dg.batch(1, "7.>", 10)).items == []
+    finally:
+        await dg.close()
+        await nc.close()
+
+
+async def test_direct_get_waits_out_a_moment_without_replicas(
+        jetstream: JetStream, monkeypatch: pytest.MonkeyPatch) -> None:
+    """"No responders" on the direct-get subject is what a replicated stream says while
+    its leader changes: a read asks again until a replica answers (here: the stream
+    appears 0.3 s after the first ask), and fails with StreamNotFound only when nobody
+    answers for the whole UNAVAILABLE_TIMEOUT (CI on 5e3894c failed a follower read)."""
+    nc = await connect_reader(ConnectionOptions(servers=(jetstream.nc.connected_url.geturl(),)),
+                              reconnect=False)
+    dg = DirectGet(nc, "LATE")
+    try:
+        async def appear() -> None:
+            await asyncio.sleep(0.3)
+            await jetstream.add_stream(api.StreamConfig(name="LATE", subjects=["late.>"],
+                                                        allow_direct=True))
+            await jetstream.publish("late.a", b"x")
+
+        started = time.monotonic()
+        creating = asyncio.create_task(appear())
+        assert await dg.last("late.>") == 1
+        await creating
+        assert time.monotonic() - started >= 0.3
+        monkeypatch.setattr(directget, "UNAVAILABLE_TIMEOUT", 0.4)
+        gone = DirectGet(nc, "NEVER")
+        started = time.monotonic()
+        with pytest.raises(StreamNotFound, match="no replica is available"):
+            await gone.last("x.>")
+        assert 0.4 <= time.monotonic() - started < 3.0
+        await gone.close()
     finally:
         await dg.close()
         await nc.close()

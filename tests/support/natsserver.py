@@ -600,7 +600,24 @@ class NatsCluster:
                 ):
                     raise
                 self._relaunch_on_fresh_ports()
-        self.meta_leader(max(deadline - time.monotonic(), 0.1))
+        self._wait_meta_current(deadline)
+
+    def _wait_meta_current(self, deadline: float) -> None:
+        """Wait until the meta leader counts every other node as a current peer.
+
+        A leader is known before its followers have caught up; an R3 stream created in
+        that window waits on peers still joining, and the first request of a test timed
+        out there (CI on 5e3894c: creating an R3 bucket, 10 s, in test_r3_group_on_cluster).
+        """
+        while True:
+            leader = self.meta_leader(max(deadline - time.monotonic(), 0.1))
+            meta = self._servers[leader].monitor("/jsz").get("meta_cluster") or {}
+            peers = meta.get("replicas") or []
+            if len(peers) == len(self._servers) - 1 and all(p.get("current") for p in peers):
+                return
+            if time.monotonic() >= deadline:
+                raise NatsServerError(f"meta peers not all current in {self!r}: {peers}")
+            time.sleep(_POLL)
 
     def _relaunch_on_fresh_ports(self) -> None:
         """A port was taken between find_free_port and bind: pick new ones, start over."""
