@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cgroupd.timestamps import rfc3339
+
 
 @dataclass(frozen=True)
 class ConsumerInfo:
@@ -99,6 +101,14 @@ class ConsumerInfo:
     @property
     def ack_floor_stream_seq(self) -> int:
         return int((self.raw.get("ack_floor") or {}).get("stream_seq", 0))
+
+    @property
+    def age(self) -> float | None:
+        """Seconds since the consumer was created, by the server's clock (its ``created``
+        and the reply's ``ts``); None when either is missing."""
+        created = rfc3339(str(self.raw.get("created") or ""))
+        now = rfc3339(str(self.raw.get("ts") or ""))
+        return None if created is None or now is None else max(0.0, now - created)
 
     @property
     def leader(self) -> str:

@@ -282,8 +282,20 @@ class SyncElection(MemberCore):
             # claim: it was idle in between), which is not the claim we saw left over.
             self._watch = None
             return True
-        if not watch.idle and ConsumerInfo(info).num_waiting:
-            self._decline_while_it_pulls(watch, ConsumerInfo(info).leader)
+        view = ConsumerInfo(info)
+        if not watch.idle and view.num_waiting:
+            self._decline_while_it_pulls(watch, view.leader)
+            return False
+        age = view.age
+        if watch.unseen and not watch.idle and age is not None and age < s.lease:
+            # A claim this young may have no pull request yet (its owner creates its data
+            # consumer first): "no responders" from our server and none at the leader
+            # prove nothing until it is a lease old (issue 29: across a cut, the old owner
+            # took a fresh claim back that way).
+            watch.vouch(self._clock(), s.lease - age)
+            self.stats["takeovers_declined"] += 1
+            self._log.info("not taking over a claim made a moment ago", active=watch.instance,
+                           claim_age=round(age, 3))
             return False
         why = "gone" if watch.gone else "idle" if watch.idle else "silent"
         silent = self._clock() - watch.heard
