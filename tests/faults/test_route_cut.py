@@ -1,0 +1,274 @@
+"""A route cut between two servers makes a live owner look dead (issue 29, part 1).
+
+A 3-node JetStream cluster, every node in its own network namespace on one host bridge
+(:class:`tests.faults.injectors.BridgedNamespaces`): A (``n0``), B (``n1``), C (``n2``).
+Only the A-B route is cut (blackhole routes inside A and B), A-C and B-C stay up, so
+JetStream keeps a quorum everywhere and every stream and consumer keeps working. The
+group is R3; m1's active instance runs inside A's namespace and knows only A, its standby
+inside B's and knows only B (sync exclusivity, ``--ordering key --max-in-flight 64``,
+the exactly-once recorder: a completion is a run whose double-ack the server confirmed).
+Keyed traffic at 200 msg/s comes from the host through C; both streams lead on C (so
+does the meta leader: the standby can create consumers through it).
+
+During the cut B no longer hears A's subscriptions, so the standby's presence probe gets
+"no responders" for an owner that is alive and renewing its lease through A. Variants:
+
+- ``fast_pings_leaders_on_c``: servers with ``ping_interval: 1s``, ``ping_max: 2`` (the
+  dead route is dropped within seconds), m1's consumer leaders on C: the owner keeps
+  reaching them, so it must keep the member (0 owner changes).
+- ``default_pings_leaders_on_c``: the same with server default pings (the route stays
+  "up", silent): 0 owner changes.
+- ``fast_pings_leaders_on_b``: m1's consumer leaders on B: the owner can no longer reach
+  them and a takeover is unavoidable: at most one owner change, no return to A.
+
+Every variant asserts: nothing lost, no completed message started again anywhere, every
+completion in per-key order, the owner changes above, and notes the longest gap in
+completions. The numbers go into the verdict's table (``-m faults`` prints them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nats.aio.client import Client
+
+from cgroupd import jsapi
+from cgroupd.consumerinfo import ConsumerInfo
+from cgroupd.naming import INSTANCE_KEY, sync_consumer
+from tests.faults.checks import FaultVerdict, Row, committed
+from tests.faults.injectors import BridgedNamespaces
+from tests.faults.runner import JoinProc
+from tests.faults.scenario import Scenario
+from tests.support.natsserver import NatsCluster, running_cluster
+from tests.support.polling import eventually
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+
+A, B, C = 0, 1, 2
+STREAM, WQ = "ORDERS", "ORDERS-g"
+RATE = 200.0
+KEYS = 16
+#: Seconds of traffic before the cut, of the cut, and after the heal.
+BEFORE, CUT, AFTER = 7.0, 15.0, 4.0
+FAST_PINGS = 'ping_interval: "1s"\nping_max: 2'
+ARGS = ("--ordering", "key", "--max-in-flight", "64")
+TAKEOVER = "taking over from the active instance"
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    #: Extra server configuration (the route pings).
+    config: str
+    #: The node m1's synchronization and data consumers lead on.
+    leaders_on: int
+    #: Whether the owner loses its consumer leaders in the cut (a takeover is unavoidable).
+    takeover: bool
+
+
+VARIANTS = [
+    Variant("fast_pings_leaders_on_c", FAST_PINGS, C, False),
+    Variant("default_pings_leaders_on_c", "", C, False),
+    Variant("fast_pings_leaders_on_b", FAST_PINGS, B, True),
+]
+
+
+@contextmanager
+def three_namespaced_nodes(tmp_path: Path, config: str
+                           ) -> Iterator[tuple[BridgedNamespaces, NatsCluster]]:
+    with BridgedNamespaces(3) as net, running_cluster(
+            hosts=dict(enumerate(net.addrs)), prefixes={i: net.prefix(i) for i in range(3)},
+            extra_config=config, workdir=tmp_path / "nats-cluster") as cl:
+        yield net, cl
+
+
+async def _api(nc: Client, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    reply = await nc.request(subject, json.dumps(body or {}).encode(), timeout=5)
+    answer: dict[str, Any] = json.loads(reply.data)
+    return answer
+
+
+async def _leader_to(sc: Scenario, what: str, node: str) -> None:
+    """Move the leader of ``what`` (``STREAM.<s>`` or ``CONSUMER.<s>.<c>``) to ``node``."""
+    assert sc.nc is not None
+    nc = sc.nc
+
+    async def there() -> bool:
+        info = await _api(nc, f"$JS.API.{what.replace('.', '.INFO.', 1)}")
+        if (info.get("cluster") or {}).get("leader") == node:
+            return True
+        await _api(nc, f"$JS.API.{what.replace('.', '.LEADER.STEPDOWN.', 1)}",
+                   {"placement": {"preferred": node}})
+        return False
+    await eventually(there, 30, 0.2, f"{what}'s leader on {node}", retry=(Exception,),
+                     diagnostics=sc.diagnostics)
+
+
+def _meta_leader_to(cl: NatsCluster, node: int) -> int:
+    """Restart the meta leader until ``node`` leads (the meta stepdown API is the system
+    account's); how many restarts it took."""
+    restarts = 0
+    while (leader := cl.meta_leader(30.0)) != node:
+        assert restarts < 8, f"meta leader still n{leader} after {restarts} restarts"
+        cl.stop(leader)
+        cl.meta_leader(30.0)
+        cl.restart(leader, 30.0)
+        restarts += 1
+    return restarts
+
+
+def _routes_between(cl: NatsCluster, i: int, j: int) -> int:
+    """How many route connections node ``i`` lists to node ``j``."""
+    routes = cl.servers[i].monitor("/routez").get("routes") or []
+    name = cl.servers[j].server_name
+    return sum(r.get("remote_name") == name for r in routes)
+
+
+def _at(event: dict[str, Any]) -> float:
+    return datetime.fromisoformat(event["timestamp"]).timestamp()
+
+
+@dataclass
+class RouteCut:
+    """What one cut showed; times in seconds after the cut."""
+
+    verdict: FaultVerdict
+    #: Messages started again after a run of theirs had completed (committed).
+    reruns: dict[int, list[str]]
+    #: Per key, completions out of publish order.
+    reorders: list[str]
+    #: (seconds after the cut, new owner) per owner change after the first activation.
+    changes: list[tuple[float, str]]
+    #: The standby's takeover decisions: (seconds after the cut, why, silent for).
+    takeovers: list[tuple[float, str, float]]
+    #: Whether the owner came back to the cut-off instance after losing it.
+    returned: bool
+
+
+def _reruns(rows: list[Row]) -> dict[int, list[str]]:
+    """Per message, the runs that started after a run of it had committed (its ack
+    confirmed by the server): work that was done and is done again."""
+    done = {s.row.n: s.row for s in committed(rows)[0]}
+    out: dict[int, list[str]] = defaultdict(list)
+    for r in rows:
+        first = done.get(r.n)
+        if first is not None and r is not first and r.t_start > first.t_start:
+            out[r.n].append(f"{r.instance} seq {r.seq} delivery {r.deliveries} {r.status} "
+                            f"after {first.instance}'s commit")
+    return dict(out)
+
+
+def _reorders(rows: list[Row]) -> list[str]:
+    """Every committed run per key in commit order: its index must grow each time."""
+    by_key: dict[str, list[Row]] = defaultdict(list)
+    for s in committed(rows)[0]:
+        by_key[s.row.subject].append(s.row)
+    out = []
+    for key, runs in sorted(by_key.items()):
+        runs.sort(key=lambda r: r.t_done or r.t_end or 0.0)
+        last = -1
+        for r in runs:
+            if r.i <= last:
+                out.append(f"{key}: #{r.n} (i {r.i}) committed by {r.instance} after i {last}")
+            last = max(last, r.i)
+    return out
+
+
+def _judge(sc: Scenario, procs: list[JoinProc], owner: JoinProc, cut_at: float) -> RouteCut:
+    rows = sc.rows()
+    active = sorted((_at(e), p.instance) for p in procs for e in p.events()
+                    if e.get("event") == "became active" and _at(e) < sc.settled_at)
+    changes, holder = [], None
+    for t, who in active:
+        if holder is not None and who != holder:
+            changes.append((round(t - cut_at, 2), who))
+        holder = who
+    returned = any(who == owner.instance for _, who in changes)
+    takeovers = sorted((round(_at(e) - cut_at, 2), str(e.get("why")),
+                        float(e.get("silent_for") or 0.0))
+                       for p in procs for e in p.events() if e.get("event") == TAKEOVER)
+    reruns, reorders = _reruns(rows), _reorders(rows)
+    sc.note(f"owner changes {len(changes)} (seconds after the cut, new owner): {changes}; "
+            f"takeover decisions (t, why, silent for): {takeovers}"
+            + ("; the member came back to the cut-off instance" if returned else ""))
+    sc.note(f"completed messages run again: {len(reruns)} "
+            f"{[(n, v) for n, v in sorted(reruns.items())[:5]]}; per-key reorders of "
+            f"completions: {len(reorders)} {reorders[:5]}")
+    verdict = sc.verdict()  # the longest gap in completions is its max stall
+    return RouteCut(verdict, reruns, reorders, changes, takeovers, returned)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=[v.name for v in VARIANTS])
+async def test_route_cut_between_the_owner_and_standby_servers(
+        tmp_path: Path, variant: Variant) -> None:
+    """Cut only the A-B route for 15 s under 200 msg/s keyed traffic while m1's owner
+    is on A and its standby on B (see the module doc). Nothing lost, no completed message
+    run again, every completion in per-key order; with the consumer leaders on C the live
+    owner keeps the member (0 owner changes), with them on B at most one owner change and
+    no ping-pong back to A."""
+    env = {"FAULTS_DELAY": "0.01"}
+    with three_namespaced_nodes(tmp_path, variant.config) as (net, cl):
+        na, nb, nc_ = cl.servers
+        began = time.monotonic()
+        restarts = await asyncio.to_thread(_meta_leader_to, cl, C)
+        moved = time.monotonic() - began
+        async with Scenario(f"route_cut_{variant.name}", [nc_.url],
+                            tmp_path / "scenario") as sc:
+            # Acks the cut-off owner sends to leaders it cannot reach are lost.
+            sc.lost_acks = variant.takeover
+            sc.note(f"A {na.url}, B {nb.url}, C {nc_.url}; meta leader on C after "
+                    f"{restarts} restarts ({moved:.1f}s)")
+            await sc.make_group(partitions=4, members=("m1",), replicas=3)
+            for stream in (STREAM, WQ):
+                await _leader_to(sc, f"STREAM.{stream}", nc_.server_name)
+            owner = sc.start("m1", netns=net.names[A], urls=[na.url], args=ARGS, env=env)
+            assert await sc.wait_active("m1") is owner
+            standby = sc.start("m1", netns=net.names[B], urls=[nb.url], args=ARGS, env=env)
+            await sc.wait_joined([standby])
+            assert sc.nc is not None
+            sync = sync_consumer("g", "m1", False)
+            data = [info["name"] for info in await jsapi.list_consumers(sc.nc, WQ)
+                    if ConsumerInfo(info).meta(INSTANCE_KEY) == owner.instance
+                    and info["name"] != sync]
+            assert data, "the owner's data consumer"
+            leader = cl.servers[variant.leaders_on].server_name
+            for name in (sync, *data):
+                await _leader_to(sc, f"CONSUMER.{WQ}.{name}", leader)
+            sc.note(f"streams and meta leader on C; m1's consumers {[sync, *data]} lead "
+                    f"on {leader}")
+            pub = sc.traffic(int(RATE * (BEFORE + CUT + AFTER)), keys=KEYS, rate=RATE)
+            pub.start()
+            await sc.wait_for(lambda: pub.published >= RATE * BEFORE, BEFORE + 30,
+                              "traffic before the cut")
+            routes = await asyncio.to_thread(_routes_between, cl, B, A)
+            net.cut(A, B)
+            cut_at, cut_n = time.time(), pub.published
+            await asyncio.sleep(CUT)  # the fault's duration, not a synchronisation
+            left = await asyncio.to_thread(_routes_between, cl, B, A)
+            net.heal(A, B)
+            sc.note(f"A-B cut after {cut_n} published, for {CUT:g}s; "
+                    f"B listed {routes} routes to A before, {left} at the heal")
+            await sc.settle(timeout=60)
+            cut = _judge(sc, [owner, standby], owner, cut_at)
+            # The attack happened: the fast pings dropped the dead route, the defaults
+            # kept it listed (silent).
+            assert routes > 0
+            assert (left == 0) if variant.config else (left > 0), left
+            table = cut.verdict.table()
+            if variant.takeover:
+                assert len(cut.changes) <= 1 and not cut.returned, table
+            else:
+                assert not cut.changes, f"a live owner was replaced:\n{table}"
+            assert not cut.reruns, f"completed messages run again:\n{table}"
+            assert not cut.reorders, f"completions out of key order:\n{table}"
+            cut.verdict.assert_ok()
