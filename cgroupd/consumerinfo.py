@@ -101,6 +101,12 @@ class ConsumerInfo:
         return int((self.raw.get("ack_floor") or {}).get("stream_seq", 0))
 
     @property
+    def leader(self) -> str:
+        """The server that leads the consumer (answered this), "" when not clustered."""
+        cluster = self.raw.get("cluster")
+        return str(cluster.get("leader") or "") if isinstance(cluster, dict) else ""
+
+    @property
     def quorum_age(self) -> float:
         """Seconds since the server that answered last heard from a quorum of the
         consumer's replicas, as that server saw it when it answered: 0 for an unreplicated

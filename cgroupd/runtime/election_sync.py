@@ -20,6 +20,7 @@ from cgroupd.errors import (
 from cgroupd.lease import (
     OwnerWatch,
     Presence,
+    confirm_gone,
     may_reclaim,
     owner_presence_subject,
     presence_subject,
@@ -279,6 +280,17 @@ class SyncElection(MemberCore):
             # claim: it was idle in between), which is not the claim we saw left over.
             self._watch = None
             return True
+        if watch.unseen and not watch.idle and ConsumerInfo(info).num_waiting:
+            # "No responders" from our server, yet its pull request is at the consumer's
+            # leader: the instance lives, as the cluster sees it (a cut between servers).
+            watch.vouch(self._clock(), min(s.pull_expires, s.lease / 3))
+            self.stats["takeovers_declined"] += 1
+            say = self._log.warning if self.stats["takeovers_declined"] == 1 \
+                else self._log.info
+            say("not taking over: our server has no responders for the active "
+                "instance, but the consumer's leader holds its pull request (a cut between "
+                "servers?)", active=watch.instance, leader=ConsumerInfo(info).leader or None)
+            return False
         why = "gone" if watch.gone else "idle" if watch.idle else "silent"
         silent = self._clock() - watch.heard
         self._log.warning("taking over from the active instance", active=watch.instance,
@@ -384,7 +396,8 @@ class SyncElection(MemberCore):
                 subject = owner_presence_subject(self._key, meta)
                 if subject is None:
                     continue
-                answer = await self.js.probe(subject, self._probe_timeout)
+                answer = confirm_gone(await self.js.probe(subject, self._probe_timeout),
+                                      info.num_waiting)
                 held = self._clock() - gen.claimed_at
                 if may_reclaim(answer, held, self.settings.lease) and not gen.ended.done():
                     self._log.warning("reclaiming abandoned data consumer", consumer=name,

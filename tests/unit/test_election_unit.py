@@ -168,8 +168,9 @@ async def test_a_gone_owner_is_replaced_at_once_with_its_consumers(group: Group)
 
 
 async def test_a_silent_owner_is_replaced_only_after_lease_and_margin(group: Group) -> None:
-    """An owner that stops answering (alive, but cut off) keeps the member for its lease
-    plus the takeover margin, then loses it; it learns so and steps down."""
+    """An owner that stops answering (alive, but cut off from the cluster: its pull
+    requests expire at the leaders too) keeps the member for its lease plus the takeover
+    margin, then loses it; it learns so and steps down."""
     a = await group.start(member_class=Muted)
     assert isinstance(a, Muted)
     await eventually(lambda: a.active, 5, what="a active")
@@ -177,11 +178,35 @@ async def test_a_silent_owner_is_replaced_only_after_lease_and_margin(group: Gro
     await eventually(lambda: b.state is MemberState.STANDBY, 5, what="b to watch a")
     loop = asyncio.get_running_loop()
     a.muted = True
+    a.js.pulls_reach_leader = False
     muted_at = loop.time()
     await eventually(lambda: b.active, 5, what="b to take over")
     assert loop.time() - muted_at >= SETTINGS.lease
     await eventually(lambda: a.state is MemberState.STANDBY, 5, what="a to step down")
     assert group.holder() == b.instance_id and a.stats["step_downs"] == 1
+
+
+async def test_an_owner_whose_pulls_reach_the_leader_is_not_replaced(group: Group) -> None:
+    """Issue 29: "no responders" (our server lost the owner's subscriptions: a cut between
+    two servers) while the consumer's leader still holds the owner's pull requests is no
+    death: the standby declines for three leases, the owner keeps the member throughout.
+    Once the owner really dies, the standby takes over at once."""
+    a = await group.start()
+    await eventually(lambda: a.active, 5, what="a active")
+    b = await group.start()
+    await eventually(lambda: b.state is MemberState.STANDBY, 5, what="b to watch a")
+    a.js.hide()  # "no responders" from b's server
+    await eventually(lambda: b.stats["takeovers_declined"] >= 1, 5, what="b to decline")
+    await asyncio.sleep(3 * SETTINGS.lease)
+    assert a.active and b.state is MemberState.STANDBY
+    assert b.stats["takeovers"] == 0 and group.holder() == a.instance_id
+    # Declines are spaced by the pull requests' lifetime, not made at every probe.
+    assert b.stats["takeovers_declined"] <= 3 * SETTINGS.lease / (SETTINGS.lease / 3) + 2
+    loop = asyncio.get_running_loop()
+    a.js.crash()
+    crashed_at = loop.time()
+    await eventually(lambda: b.active, 5, what="b to take over from the dead owner")
+    assert loop.time() - crashed_at < SETTINGS.lease  # not the silent path's wait
 
 
 async def test_a_second_process_with_the_same_instance_id_is_refused(group: Group) -> None:
