@@ -74,6 +74,7 @@ system_account: SYS
 no_auth_user: app"""
 ARGS = ("--ordering", "key", "--max-in-flight", "64")
 TAKEOVER = "taking over from the active instance"
+DECLINED = "not taking over"
 
 
 @dataclass(frozen=True)
@@ -234,6 +235,15 @@ def _judge(sc: Scenario, procs: list[JoinProc], owner: JoinProc, cut_at: float) 
         first is not None and any(who == owner.instance and t > first
                                   for t, who in active))
     reruns, reorders = _reruns(rows), _reorders(rows)
+    for p in procs:
+        events = [e for e in p.events() if cut_at < _at(e) < sc.settled_at]
+        declined = sum(str(e.get("event", "")).startswith(DECLINED) for e in events)
+        unanswered = sum("no answer to $JS.API.CONSUMER.CREATE" in str(e.get("error"))
+                         for e in events)
+        sc.note(f"{p.instance} ({'owner' if p is owner else 'standby'}) after the cut: "
+                f"{declined} takeovers declined (the leader holds the pull), "
+                f"{unanswered} consumer creates unanswered (the new consumer's leader "
+                f"across the cut)")
     sc.note(f"owner changes {len(changes)} (seconds after the cut, new owner): {changes}; "
             f"takeover decisions (t, by, why, silent for): {takeovers}"
             + ("; the member came back to the cut-off instance" if returned else ""))
