@@ -315,8 +315,10 @@ async def test_route_cut_between_the_owner_and_standby_servers(
             else:
                 assert not cut.takeovers and not cut.changes, \
                     f"a live owner was replaced:\n{table}"
-                # The owner kept its leaders and its member: no pause past a lease.
+                # The owner kept its leaders and its member: no pause past a lease, and
+                # no message handled twice (not even a run rolled back and redone).
                 assert cut.verdict.stall <= SETTINGS.lease, table
+                assert cut.verdict.duplicates == 0, table
             assert not cut.reruns, f"completed messages run again:\n{table}"
             assert not cut.reorders, f"completions out of key order:\n{table}"
             cut.verdict.assert_ok()
