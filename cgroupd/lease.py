@@ -25,8 +25,9 @@ leader agrees: the active instance always holds a pull request on its consumers 
 every ``pull_expires / 2``), which the leader drops within milliseconds of the instance's
 connection closing, wherever the two are. A leader that still holds one (``num_waiting``)
 vouches for the instance (:func:`confirm_gone`, :meth:`OwnerWatch.vouch`). Silence (no
-answer at all) is not judged so: a stalled process's last pull request stays at the leader
-for up to ``pull_expires``, and the lease already makes a silent takeover safe.
+answer at all) is judged so only once a held request must be younger than the silence
+(:func:`pulled_since_silent`): a stalled process's last request stays at the leader for up
+to ``pull_expires``.
 """
 
 from __future__ import annotations
@@ -161,6 +162,8 @@ class OwnerWatch:
     unseen: bool = False
     #: Until then the consumer's leader vouches for it (see :meth:`vouch`).
     vouched_until: float = -math.inf
+    #: A silent instance is not judged again before then (see :meth:`defer`).
+    recheck_at: float = -math.inf
 
     def update(self, answer: Answer, now: float) -> None:
         self.probes += 1
@@ -186,6 +189,12 @@ class OwnerWatch:
     def vouched(self, now: float) -> bool:
         return self.unseen and now < self.vouched_until
 
+    def defer(self, until: float) -> None:
+        """Silent, but the consumer's leader holds a pull request that it may have sent
+        before it fell silent: judge it again at ``until``, when any such request has
+        expired (see :func:`pulled_since_silent`)."""
+        self.recheck_at = until
+
     def silent_for(self, now: float) -> float:
         return now - self.heard
 
@@ -194,7 +203,26 @@ class OwnerWatch:
         the consumer's leader vouches for it."""
         if self.vouched(now):
             return False
-        return self.gone or self.idle or self.silent_for(now) >= lease + margin
+        if self.gone or self.idle:
+            return True
+        return self.silent_for(now) >= lease + margin and now >= self.recheck_at
+
+
+#: Seconds allowed for a probe or a pull request to travel (see :func:`pulled_since_silent`).
+TRAVEL_SLACK = 0.5
+
+
+def pulled_since_silent(silent_for: float, pull_expires: float, presence_interval: float) -> bool:
+    """Does a pull request that the consumer's leader holds now prove that a silent instance
+    sent it *after* it fell silent (so it lives, and only our probes go unanswered)?
+
+    It answered ``silent_for`` seconds ago and missed the probe one ``presence_interval``
+    later, so a stall began before that probe reached it; a request still held was sent
+    less than ``pull_expires`` ago. Once ``silent_for`` exceeds both together (and the
+    travel slack), the request is younger than the silence: the instance pulls, it lives.
+    Before that, it may be a stalled instance's last request, which proves nothing.
+    """
+    return silent_for >= pull_expires + presence_interval + TRAVEL_SLACK
 
 
 def confirm_gone(answer: Answer, pulls_waiting: int) -> Answer:

@@ -116,7 +116,8 @@ async def first_matches(nc: Client, stream: str, queries: list[tuple[str, int]],
 
     async def one(i: int, subject: str, start: int) -> FirstMatch:
         key = str(i)
-        fut = waiting[key] = loop.create_future()
+        fut: asyncio.Future[FirstMatch] = loop.create_future()
+        waiting[key] = fut
         body: dict[str, Any] = {"batch": 1, "next_by_subj": subject}
         if start > 0:
             body["seq"] = start
@@ -124,10 +125,11 @@ async def first_matches(nc: Client, stream: str, queries: list[tuple[str, int]],
             try:
                 await nc.publish(direct_get_subject(stream, api(nc)), json.dumps(body).encode(),
                                  reply=f"{inbox}.{key}")
-                return await asyncio.wait_for(fut, timeout)
-            except TimeoutError as exc:
-                raise ServerUnreachable(f"no answer to a direct get on {stream} within "
-                                        f"{timeout:.1f}s") from exc
+                await asyncio.wait({fut}, timeout=timeout)
+                if not fut.done():
+                    raise ServerUnreachable(f"no answer to a direct get on {stream} within "
+                                            f"{timeout:.1f}s")
+                return fut.result()
             except (nats.errors.ConnectionClosedError,
                     nats.errors.ConnectionReconnectingError) as exc:
                 raise ServerUnreachable(f"not connected to NATS: {exc}") from exc

@@ -18,12 +18,14 @@ from cgroupd.errors import (
     WorkQueueOverlap,
 )
 from cgroupd.lease import (
+    TRAVEL_SLACK,
     OwnerWatch,
     Presence,
     confirm_gone,
     may_reclaim,
     owner_presence_subject,
     presence_subject,
+    pulled_since_silent,
 )
 from cgroupd.naming import (
     DATA_SLOTS,
@@ -280,16 +282,8 @@ class SyncElection(MemberCore):
             # claim: it was idle in between), which is not the claim we saw left over.
             self._watch = None
             return True
-        if watch.unseen and not watch.idle and ConsumerInfo(info).num_waiting:
-            # "No responders" from our server, yet its pull request is at the consumer's
-            # leader: the instance lives, as the cluster sees it (a cut between servers).
-            watch.vouch(self._clock(), min(s.pull_expires, s.lease / 3))
-            self.stats["takeovers_declined"] += 1
-            say = self._log.warning if self.stats["takeovers_declined"] == 1 \
-                else self._log.info
-            say("not taking over: our server has no responders for the active "
-                "instance, but the consumer's leader holds its pull request (a cut between "
-                "servers?)", active=watch.instance, leader=ConsumerInfo(info).leader or None)
+        if not watch.idle and ConsumerInfo(info).num_waiting:
+            self._decline_while_it_pulls(watch, ConsumerInfo(info).leader)
             return False
         why = "gone" if watch.gone else "idle" if watch.idle else "silent"
         silent = self._clock() - watch.heard
@@ -312,6 +306,30 @@ class SyncElection(MemberCore):
             return False
         self._watch = None
         return True
+
+    def _decline_while_it_pulls(self, watch: OwnerWatch, leader: str) -> None:
+        """The consumer's leader holds a pull request of the watched instance, which we
+        were about to replace: it lives, or may (issue 29).
+
+        "No responders" from our server while the leader holds its request: our server
+        lost sight of it, the cluster did not (a cut between two servers). Silence: once
+        the request must be younger than the silence, the instance pulls and only our
+        probes are lost; before that it may be a stalled instance's last request, so it
+        is judged again when that one has expired.
+        """
+        s, now = self.settings, self._clock()
+        silent_for = watch.silent_for(now)
+        if not watch.unseen and not pulled_since_silent(silent_for, s.pull_expires,
+                                                        s.presence_interval):
+            watch.defer(watch.heard + s.pull_expires + s.presence_interval + TRAVEL_SLACK)
+            return
+        watch.vouch(now, min(s.pull_expires, s.lease / 3))
+        self.stats["takeovers_declined"] += 1
+        say = self._log.warning if self.stats["takeovers_declined"] == 1 else self._log.info
+        say("not taking over: the consumer's leader holds the active instance's pull request",
+            active=watch.instance, leader=leader or None,
+            our_server="no responders" if watch.unseen else "no answer",
+            silent_for=round(silent_for, 3))
 
     async def _add_data_consumer(self, gen: Generation, partitions: tuple[int, ...],
                                  reclaim: Callable[[], Awaitable[object]] | None = None

@@ -209,6 +209,27 @@ async def test_an_owner_whose_pulls_reach_the_leader_is_not_replaced(group: Grou
     assert loop.time() - crashed_at < SETTINGS.lease  # not the silent path's wait
 
 
+async def test_a_silent_owner_that_still_pulls_is_not_replaced(group: Group) -> None:
+    """Issue 29, default server pings: across a cut the standby's probes go unanswered
+    (no "no responders") while the owner pulls through another server. Its pull request
+    at the leader may be a stalled owner's last one until ``pull_expires`` has passed; then
+    it proves the owner pulls after falling silent: the standby declines and the owner keeps
+    the member, for three leases and more."""
+    a = await group.start(member_class=Muted)
+    assert isinstance(a, Muted)
+    await eventually(lambda: a.active, 5, what="a active")
+    b = await group.start()
+    await eventually(lambda: b.state is MemberState.STANDBY, 5, what="b to watch a")
+    loop = asyncio.get_running_loop()
+    a.muted = True
+    muted_at = loop.time()
+    await eventually(lambda: b.stats["takeovers_declined"] >= 1, 15, what="b to decline")
+    assert loop.time() - muted_at >= SETTINGS.pull_expires
+    await asyncio.sleep(3 * SETTINGS.lease)
+    assert a.active and b.state is MemberState.STANDBY
+    assert b.stats["takeovers"] == 0 and group.holder() == a.instance_id
+
+
 async def test_a_second_process_with_the_same_instance_id_is_refused(group: Group) -> None:
     a = await group.start(instance_id="same")
     await eventually(lambda: a.active, 5, what="a active")

@@ -14,6 +14,7 @@ from cgroupd.lease import (
     may_reclaim,
     owner_presence_subject,
     presence_subject,
+    pulled_since_silent,
 )
 from cgroupd.naming import INSTANCE_KEY, MEMBER_KEY, PRESENCE_BY_MEMBER, PRESENCE_KEY
 
@@ -128,6 +129,21 @@ def test_a_vouched_owner_is_not_replaceable_while_our_server_cannot_see_it() -> 
     silent.update(Answer(Presence.SILENT), 1.5)
     assert not silent.unseen and not silent.vouched(1.5)
     assert silent.replaceable(5.0, 3.0, 1.0)  # silent since the vouch, lease + margin
+
+
+def test_a_held_pull_proves_life_only_once_it_is_younger_than_the_silence() -> None:
+    """Pulls live 5 s, probes every 0.25 s: a request still held 4 s into a silence may be
+    a stalled instance's last one; 5.75 s in, it was sent after the silence began. A silent
+    watch deferred to then is not replaceable before it, whatever the lease says."""
+    assert not pulled_since_silent(4.0, 5.0, 0.25)
+    assert not pulled_since_silent(5.7, 5.0, 0.25)
+    assert pulled_since_silent(5.75, 5.0, 0.25)
+    watch = OwnerWatch("a", heard=0.0)
+    assert watch.replaceable(4.0, 3.0, 1.0)
+    watch.defer(5.75)
+    assert not watch.replaceable(5.7, 3.0, 1.0) and watch.replaceable(5.75, 3.0, 1.0)
+    watch.update(Answer(Presence.GONE), 5.0)
+    assert watch.replaceable(5.0, 3.0, 1.0), "a death is not deferred"
 
 
 def test_where_an_owner_answers_presence() -> None:
