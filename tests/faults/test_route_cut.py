@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -160,6 +161,45 @@ async def _consumer_leaders(sc: Scenario) -> list[tuple[str, str, str]]:
         out.append((view.name, str(view.meta(INSTANCE_KEY)),
                     str((info.get("cluster") or {}).get("leader"))))
     return sorted(out)
+
+
+def _stamp(text: str | None) -> float:
+    """An RFC 3339 server time (nanoseconds allowed) as epoch seconds; nan if absent."""
+    if not text:
+        return float("nan")
+    head, _, frac = text.rstrip("Z").partition(".")
+    return datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}+00:00").timestamp()
+
+
+async def _watch_owner(nc: Client, names: list[str], into: list[tuple[float, str, int, float]]
+                       ) -> None:
+    """Ask the leaders of the owner's consumers every 0.25 s (from the host, through C)
+    what they see of it: (time, consumer, pull requests waiting, last ack applied)."""
+    while True:
+        t = time.time()
+        for name in names:
+            try:
+                info = await _api(nc, f"$JS.API.CONSUMER.INFO.{WQ}.{name}")
+            except Exception:  # noqa: BLE001 - unanswered: recorded as such
+                info = {}
+            into.append((t, name, int(info.get("num_waiting", -1)),
+                         _stamp((info.get("ack_floor") or {}).get("last_active"))))
+        await asyncio.sleep(max(0.0, t + 0.25 - time.time()))  # the poll's pace
+
+
+def _owner_seen(seen: list[tuple[float, str, int, float]], cut_at: float) -> str:
+    """What the leaders showed of the owner during the cut."""
+    during = [s for s in seen if s[0] > cut_at]
+    out = []
+    for name in sorted({s[1] for s in during}):
+        mine = [s for s in during if s[1] == name]
+        waiting = [s for s in mine if s[2] > 0]
+        acks = [s[3] - cut_at for s in mine if s[3] == s[3]]
+        out.append(f"{name}: {len(waiting)}/{len(mine)} answers with its pull waiting "
+                   f"(last {max((s[0] - cut_at for s in waiting), default=math.nan):.2f}s "
+                   f"after the cut), {sum(s[2] < 0 for s in mine)} unanswered or missing, "
+                   f"last ack applied {max(acks, default=math.nan):.2f}s after the cut")
+    return "; ".join(out)
 
 
 def _at(event: dict[str, Any]) -> float:
@@ -294,15 +334,22 @@ async def test_route_cut_between_the_owner_and_standby_servers(
             await sc.wait_for(lambda: pub.published >= RATE * BEFORE, BEFORE + 30,
                               "traffic before the cut")
             routes = await asyncio.to_thread(_routes_between, cl, B, A)
-            net.cut(A, B)
-            cut_at, cut_n = time.time(), pub.published
-            await asyncio.sleep(CUT)  # the fault's duration, not a synchronisation
+            seen: list[tuple[float, str, int, float]] = []
+            watch = asyncio.create_task(_watch_owner(sc.nc, [sync, *data], seen))
+            try:
+                net.cut(A, B)
+                cut_at, cut_n = time.time(), pub.published
+                await asyncio.sleep(CUT)  # the fault's duration, not a synchronisation
+            finally:
+                watch.cancel()
+                await asyncio.gather(watch, return_exceptions=True)
             left = await asyncio.to_thread(_routes_between, cl, B, A)
             leaders = await _consumer_leaders(sc)
             net.heal(A, B)
             sc.note(f"A-B cut after {cut_n} published, for {CUT:g}s; "
                     f"B listed {routes} routes to A before, {left} at the heal; consumer "
                     f"leaders at the heal (consumer, instance, leader): {leaders}")
+            sc.note(f"the owner's consumers' leaders during the cut: {_owner_seen(seen, cut_at)}")
             await sc.settle(timeout=60)
             cut = _judge(sc, [owner, standby], owner, cut_at)
             # The attack happened: the fast pings dropped the dead route, the defaults
