@@ -173,7 +173,7 @@ def _stamp(text: str | None) -> float:
 
 async def _watch_owner(nc: Client, names: list[str], into: list[tuple[float, str, int, float]]
                        ) -> None:
-    """Ask the leaders of the owner's consumers every 0.25 s (from the host, through C)
+    """Ask the leaders of the owner's consumers every 0.1 s (from the host, through C)
     what they see of it: (time, consumer, pull requests waiting, last ack applied)."""
     while True:
         t = time.time()
@@ -184,7 +184,7 @@ async def _watch_owner(nc: Client, names: list[str], into: list[tuple[float, str
                 info = {}
             into.append((t, name, int(info.get("num_waiting", -1)),
                          _stamp((info.get("ack_floor") or {}).get("last_active"))))
-        await asyncio.sleep(max(0.0, t + 0.25 - time.time()))  # the poll's pace
+        await asyncio.sleep(max(0.0, t + 0.1 - time.time()))  # the poll's pace
 
 
 def _owner_seen(seen: list[tuple[float, str, int, float]], cut_at: float) -> str:
@@ -195,9 +195,11 @@ def _owner_seen(seen: list[tuple[float, str, int, float]], cut_at: float) -> str
         mine = [s for s in during if s[1] == name]
         waiting = [s for s in mine if s[2] > 0]
         acks = [s[3] - cut_at for s in mine if s[3] == s[3]]
+        none = [round(s[0] - cut_at, 2) for s in mine if s[2] == 0]
         out.append(f"{name}: {len(waiting)}/{len(mine)} answers with its pull waiting "
                    f"(last {max((s[0] - cut_at for s in waiting), default=math.nan):.2f}s "
-                   f"after the cut), {sum(s[2] < 0 for s in mine)} unanswered or missing, "
+                   f"after the cut, none at {none[:8]}), "
+                   f"{sum(s[2] < 0 for s in mine)} unanswered or missing, "
                    f"last ack applied {max(acks, default=math.nan):.2f}s after the cut")
     return "; ".join(out)
 
