@@ -53,7 +53,7 @@ def whole_subject_problem(config: ElasticGroupConfig,
 
 
 #: Consumers nats-server 2.15 lets a stream have when its ``max_consumers`` is unset (-1):
-#: a larger group fails with err_code 10026 (tests/integration/test_group_records.py).
+#: a larger group fails with err_code 10026 (tests/integration/test_group_stream_limits.py).
 SERVER_DEFAULT_MAX_CONSUMERS = 1000
 #: Consumers beyond the members' own that a group's stream should take: Spark leases,
 #: ``cgroupd`` tools, a reference member or two during an upgrade.
