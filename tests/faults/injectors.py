@@ -27,9 +27,11 @@ import random
 import secrets
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
+from nats.aio.client import Client
 
 from tests.support.natsserver import NatsCluster, NatsServer
 from tests.support.polling import eventually
@@ -426,3 +428,25 @@ class HoldingProxy:
     async def wait_seen(self, pattern: bytes, count: int, timeout: float = 10.0) -> None:
         await eventually(lambda: self.seen(pattern) >= count, timeout, 0.005,
                          f"{count} x {pattern!r} sent through the proxy")
+
+
+async def js_api(nc: Client, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One ``$JS.API`` request with a JSON body, its JSON answer."""
+    reply = await nc.request(subject, json.dumps(body or {}).encode(), timeout=5)
+    answer: dict[str, Any] = json.loads(reply.data)
+    return answer
+
+
+async def move_leader(nc: Client, what: str, node: str,
+                      diagnostics: Callable[[], str] | None = None) -> None:
+    """Move the leader of ``what`` (``STREAM.<s>`` or ``CONSUMER.<s>.<c>``) to the server
+    named ``node``: step it down, preferring ``node``, until the info names it."""
+    async def there() -> bool:
+        info = await js_api(nc, f"$JS.API.{what.replace('.', '.INFO.', 1)}")
+        if (info.get("cluster") or {}).get("leader") == node:
+            return True
+        await js_api(nc, f"$JS.API.{what.replace('.', '.LEADER.STEPDOWN.', 1)}",
+                     {"placement": {"preferred": node}})
+        return False
+    await eventually(there, 30, 0.2, f"{what}'s leader on {node}", retry=(Exception,),
+                     diagnostics=diagnostics)

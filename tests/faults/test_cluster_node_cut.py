@@ -45,11 +45,10 @@ from cgroupd.consumerinfo import ConsumerInfo
 from cgroupd.naming import INSTANCE_KEY, sync_consumer
 from cgroupd.settings import MemberSettings
 from tests.faults.checks import FaultVerdict, Row
-from tests.faults.injectors import VethNamespace, namespace_for_test
+from tests.faults.injectors import VethNamespace, js_api, move_leader, namespace_for_test
 from tests.faults.runner import JoinProc
 from tests.faults.scenario import Scenario
 from tests.support.natsserver import NatsCluster, running_cluster
-from tests.support.polling import eventually
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
@@ -66,25 +65,6 @@ def cluster_with_node_in_namespace(tmp_path: Path) -> Iterator[tuple[VethNamespa
             host=ns.host_addr, hosts={ISOLATED: ns.ns_addr}, prefixes={ISOLATED: ns.prefix()},
             workdir=tmp_path / "nats-cluster") as cl:
         yield ns, cl
-
-
-async def _api(nc: Client, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-    reply = await nc.request(subject, json.dumps(body or {}).encode(), timeout=5)
-    answer: dict[str, Any] = json.loads(reply.data)
-    return answer
-
-
-async def _leader_to(nc: Client, consumer: str, node: str, sc: Scenario) -> None:
-    """Move the leader of ``consumer`` (on the work-queue stream) to ``node``."""
-    async def there() -> bool:
-        info = await _api(nc, f"$JS.API.CONSUMER.INFO.{WQ}.{consumer}")
-        if (info.get("cluster") or {}).get("leader") == node:
-            return True
-        await _api(nc, f"$JS.API.CONSUMER.LEADER.STEPDOWN.{WQ}.{consumer}",
-                   {"placement": {"preferred": node}})
-        return False
-    await eventually(there, 30, 0.2, f"{consumer}'s leader on {node}", retry=(Exception,),
-                     diagnostics=sc.diagnostics)
 
 
 async def _meta_leader_off(cl: NatsCluster, node: int) -> bool:
@@ -185,13 +165,13 @@ def _twice(rows: list[Row], cut_at: float) -> list[str]:
 async def _left_in_stream(sc: Scenario, rows: list[Row]) -> str:
     """The messages the work-queue stream still holds, and how the recorder saw them."""
     assert sc.nc is not None
-    info = await _api(sc.nc, f"$JS.API.STREAM.INFO.{WQ}")
+    info = await js_api(sc.nc, f"$JS.API.STREAM.INFO.{WQ}")
     state = info.get("state") or {}
     first, last = int(state.get("first_seq", 0)), int(state.get("last_seq", 0))
     done = {r.seq: r for r in rows if r.status == "committed"}
     held = []
     for seq in range(first, min(last, first + 200) + 1):
-        reply = await _api(sc.nc, f"$JS.API.STREAM.MSG.GET.{WQ}", {"seq": seq})
+        reply = await js_api(sc.nc, f"$JS.API.STREAM.MSG.GET.{WQ}", {"seq": seq})
         if "message" in reply:
             r = done.get(seq)
             held.append(f"{seq}" + (f" (committed by {r.instance})" if r else ""))
@@ -231,7 +211,7 @@ async def _cut(sc: Scenario, ns: VethNamespace, cl: NatsCluster, isolated: JoinP
     # leader that moved back to n2 since the setup makes the takeover much slower).
     meta = cl.servers[await asyncio.to_thread(cl.meta_leader, 5.0)].server_name
     assert sc.nc is not None
-    stream = ((await _api(sc.nc, f"$JS.API.STREAM.INFO.{WQ}")).get("cluster") or {}).get("leader")
+    stream = ((await js_api(sc.nc, f"$JS.API.STREAM.INFO.{WQ}")).get("cluster") or {}).get("leader")
     ns.cut()
     cut_at = time.time()
     sc.note(f"link down; busy handlers {sorted(held.items())}; meta leader {meta}, "
@@ -330,7 +310,7 @@ async def test_cluster_node_cut_with_the_active_instance_on_it(tmp_path: Path) -
                     and info["name"] != sync]
             assert data, "the isolated instance's data consumer"
             for name in (sync, *data):
-                await _leader_to(sc.nc, name, n2.server_name, sc)
+                await move_leader(sc.nc, f"CONSUMER.{WQ}.{name}", n2.server_name, sc.diagnostics)
             sc.note("meta leader off n2; m1's consumer leaders on n2")
             pub = sc.traffic(1600, keys=16, rate=200)
             busy = zip(sc.keys_of(range(4), keys=16), (6.0, 8.0, 10.0, 12.0), strict=False)
@@ -390,7 +370,7 @@ async def test_cluster_node_cut_with_the_pinned_holder_on_it(tmp_path: Path) -> 
             await sc.wait_joined([isolated])
             assert sc.nc is not None
             member = sync_consumer("g", "m1", False)
-            await _leader_to(sc.nc, member, n2.server_name, sc)
+            await move_leader(sc.nc, f"CONSUMER.{WQ}.{member}", n2.server_name, sc.diagnostics)
             sc.note("meta leader off n2; m1's member consumer's leader on n2")
             pub = sc.traffic(1000, keys=16, rate=200)
             busy = zip(sc.keys_of(range(4), keys=16), (1.2, 5.0, 6.0, 7.0), strict=False)
@@ -426,7 +406,7 @@ async def _quorum_ages(nc: Client, consumer: str, into: list[tuple[float, float]
     while True:
         t = time.time()
         with contextlib.suppress(Exception):
-            info = await _api(nc, f"$JS.API.CONSUMER.INFO.{WQ}.{consumer}")
+            info = await js_api(nc, f"$JS.API.CONSUMER.INFO.{WQ}.{consumer}")
             if "cluster" in info:
                 into.append((t, ConsumerInfo(info).quorum_age))
         await asyncio.sleep(max(0.0, t + 0.05 - time.time()))

@@ -32,7 +32,6 @@ completions. The numbers go into the verdict's table (``-m faults`` prints them)
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
 import time
@@ -53,7 +52,7 @@ from cgroupd.consumerinfo import ConsumerInfo
 from cgroupd.naming import INSTANCE_KEY, sync_consumer
 from cgroupd.settings import MemberSettings
 from tests.faults.checks import FaultVerdict, Row, committed
-from tests.faults.injectors import BridgedNamespaces
+from tests.faults.injectors import BridgedNamespaces, js_api, move_leader
 from tests.faults.runner import JoinProc
 from tests.faults.scenario import Scenario
 from tests.support.natsserver import NatsCluster, client_options, running_cluster
@@ -117,28 +116,6 @@ def three_namespaced_nodes(tmp_path: Path, config: str
         yield net, cl
 
 
-async def _api(nc: Client, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-    reply = await nc.request(subject, json.dumps(body or {}).encode(), timeout=5)
-    answer: dict[str, Any] = json.loads(reply.data)
-    return answer
-
-
-async def _leader_to(sc: Scenario, what: str, node: str) -> None:
-    """Move the leader of ``what`` (``STREAM.<s>`` or ``CONSUMER.<s>.<c>``) to ``node``."""
-    assert sc.nc is not None
-    nc = sc.nc
-
-    async def there() -> bool:
-        info = await _api(nc, f"$JS.API.{what.replace('.', '.INFO.', 1)}")
-        if (info.get("cluster") or {}).get("leader") == node:
-            return True
-        await _api(nc, f"$JS.API.{what.replace('.', '.LEADER.STEPDOWN.', 1)}",
-                   {"placement": {"preferred": node}})
-        return False
-    await eventually(there, 30, 0.2, f"{what}'s leader on {node}", retry=(Exception,),
-                     diagnostics=sc.diagnostics)
-
-
 async def _meta_leader_to(cl: NatsCluster, node: int, sc: Scenario) -> None:
     """Move the JetStream meta leader to ``node`` (as the system account's user)."""
     name = cl.servers[node].server_name
@@ -148,7 +125,7 @@ async def _meta_leader_to(cl: NatsCluster, node: int, sc: Scenario) -> None:
         async def there() -> bool:
             if await asyncio.to_thread(cl.meta_leader, 10.0) == node:
                 return True
-            await _api(nc, "$JS.API.META.LEADER.STEPDOWN", {"placement": {"preferred": name}})
+            await js_api(nc, "$JS.API.META.LEADER.STEPDOWN", {"placement": {"preferred": name}})
             return False
         await eventually(there, 30, 0.2, f"the meta leader on {name}", retry=(Exception,),
                          diagnostics=sc.diagnostics)
@@ -191,7 +168,7 @@ async def _watch_owner(nc: Client, names: list[str], into: list[tuple[float, str
         t = time.time()
         for name in names:
             try:
-                info = await _api(nc, f"$JS.API.CONSUMER.INFO.{WQ}.{name}")
+                info = await js_api(nc, f"$JS.API.CONSUMER.INFO.{WQ}.{name}")
             except Exception:  # noqa: BLE001 - unanswered: recorded as such
                 info = {}
             into.append((t, name, int(info.get("num_waiting", -1)),
@@ -327,13 +304,13 @@ async def test_route_cut_between_the_owner_and_standby_servers(
             sc.note(f"A {na.url}, B {nb.url}, C {nc_.url}")
             await _meta_leader_to(cl, C, sc)
             await sc.make_group(partitions=4, members=("m1",), replicas=3)
+            assert sc.nc is not None
             for stream in (STREAM, WQ):
-                await _leader_to(sc, f"STREAM.{stream}", nc_.server_name)
+                await move_leader(sc.nc, f"STREAM.{stream}", nc_.server_name, sc.diagnostics)
             owner = sc.start("m1", netns=net.names[A], urls=[na.url], args=ARGS, env=env)
             assert await sc.wait_active("m1") is owner
             standby = sc.start("m1", netns=net.names[B], urls=[nb.url], args=ARGS, env=env)
             await sc.wait_joined([standby])
-            assert sc.nc is not None
             sync = sync_consumer("g", "m1", False)
             data = [info["name"] for info in await jsapi.list_consumers(sc.nc, WQ)
                     if ConsumerInfo(info).meta(INSTANCE_KEY) == owner.instance
@@ -341,7 +318,7 @@ async def test_route_cut_between_the_owner_and_standby_servers(
             assert data, "the owner's data consumer"
             leader = cl.servers[variant.leaders_on].server_name
             for name in (sync, *data):
-                await _leader_to(sc, f"CONSUMER.{WQ}.{name}", leader)
+                await move_leader(sc.nc, f"CONSUMER.{WQ}.{name}", leader, sc.diagnostics)
             sc.note(f"streams and meta leader on C; m1's consumers {[sync, *data]} lead "
                     f"on {leader}")
             pub = sc.traffic(int(RATE * (BEFORE + CUT + AFTER)), keys=KEYS, rate=RATE)
