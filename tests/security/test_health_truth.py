@@ -126,10 +126,13 @@ async def test_a_member_without_presence_permission_says_why(
         try:
             async with aiohttp.ClientSession() as http:
                 async def unhealthy() -> list[str]:
+                    # Until it has connected, /healthz says "not connected to NATS" (503
+                    # too): wait for the 503 that names a permission.
                     status, problems = await _health(proc, http)
-                    return problems if status == 503 else []
+                    denied = status == 503 and any("permission" in p for p in problems)
+                    return problems if denied else []
 
-                problems = await eventually(unhealthy, 20, what="/healthz 503",
+                problems = await eventually(unhealthy, 20, what="/healthz 503 (permission)",
                                             diagnostics=proc.log_tail)
                 assert any("NATS permission denied" in p and "_CGROUPD.presence" in p
                            and "cgroupd control subjects" in p for p in problems), problems
