@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -23,6 +22,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from cgroupd import jsapi, logs
+from cgroupd.clock import LOOP_CLOCK
 from cgroupd.tasks import cancel_and_wait
 
 log = logs.get_logger("cgroupd.pull")
@@ -98,7 +98,7 @@ class Puller:
         consumer: str,
         options: PullOptions,
         on_message: Callable[[Msg], None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = LOOP_CLOCK.now,
         capacity: Callable[[], int] | None = None,
     ) -> None:
         self._nc = nc

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from cgroupd import jsapi, logs
 from cgroupd.adapter import JetStreamPort
+from cgroupd.clock import LOOP_CLOCK, Clock
 from cgroupd.config import (
     ELASTIC_BUCKET,
     STATIC_BUCKET,
@@ -83,8 +83,7 @@ class MemberCore:
         on_partitions_assigned: PartitionsCallback | None = None,
         on_partitions_revoked: PartitionsCallback | None = None,
         on_partitions_lost: PartitionsCallback | None = None,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = LOOP_CLOCK,
     ) -> None:
         self.js = js
         self.stream = validate_name("stream", stream)
@@ -107,8 +106,11 @@ class MemberCore:
         #: Kafka's rebalance listener: see :mod:`cgroupd.runtime.listener`.
         self.listener = PartitionListener(on_partitions_assigned, on_partitions_revoked,
                                           on_partitions_lost, self.settings.listener_timeout)
-        self._sleep = sleep
-        self._clock = clock
+        #: Where every part of this member reads the time and sleeps (see
+        #: :mod:`cgroupd.clock`): its generations' leases, the dispatcher, the prober.
+        self.clock = clock
+        self._sleep = clock.sleep
+        self._clock = clock.now
         self.state = MemberState.JOINING
         self.config: GroupConfig | None = None
         self.partitions: tuple[int, ...] = ()
@@ -224,7 +226,7 @@ class MemberCore:
             ack_wait=s.ack_wait, backoff=s.backoff,
             key_of=key_function(s.key, self.config), before_start=lambda: self._fence(gen),
             on_settled=lambda: self._refill(gen), log=self._log, stats=self.stats,
-            hand_back_on_close=pinned, completed=self._completed)
+            hand_back_on_close=pinned, completed=self._completed, clock=self.clock)
         gen.dispatcher.accept = set(partitions)
         # Opened once the listener heard of the partitions (Member._run_active; pinned
         # mode: the takeover): nothing starts before on_partitions_assigned returned.

@@ -18,6 +18,8 @@ from tests.support.fakes_pinned import PinnedJetStream
 from tests.support.polling import eventually
 from tests.unit.test_election_pinned_unit import Group
 
+pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
+
 #: What nats-server 2.15.1's isolated leader answered 10 s into a cut (measured by
 #: tests/faults/test_cluster_node_cut.py): itself leader, replicas last heard 10 s ago.
 CUT_OFF = {"leader": "n2", "replicas": [{"name": "n0", "current": True, "active": 10 * 10**9},

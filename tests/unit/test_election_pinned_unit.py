@@ -27,6 +27,8 @@ from cgroupd.settings import PRIORITY_GROUP, Exclusivity, MemberSettings
 from tests.support.fakes_pinned import PinnedJetStream, PinnedServer
 from tests.support.polling import eventually
 
+pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
+
 TTL = 0.4
 SETTINGS = MemberSettings(exclusivity=Exclusivity.PINNED, pinned_ttl=TTL, retry_interval=0.05,
                           lease=0.4, pull_expires=0.1, heartbeat=0.05, rejoin_delay=0.05,

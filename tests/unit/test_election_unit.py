@@ -26,6 +26,8 @@ from cgroupd.settings import MemberSettings
 from tests.support.fakes import FakeJetStream, FakeServer
 from tests.support.polling import eventually
 
+pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
+
 SETTINGS = MemberSettings(retry_interval=0.05, lease=0.4, takeover_margin=0.1,
                           presence_interval=0.02, pull_expires=0.2, heartbeat=0.05,
                           inactive_threshold=5, rejoin_delay=0.05, drain_timeout=1.0)

@@ -33,6 +33,8 @@ from tests.support.polling import eventually
 from tests.unit.test_election_pinned_unit import SETTINGS as PINNED
 from tests.unit.test_election_unit import SETTINGS as SYNC
 
+pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
+
 WQ = work_queue_stream("ORDERS", "g")
 KEY = (ELASTIC_BUCKET, group_key("ORDERS", "g"))
 

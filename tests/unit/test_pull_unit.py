@@ -14,6 +14,8 @@ import pytest
 from cgroupd.pull import PENDING_MSGS, PIN_ID, PullEnd, Puller, PullOptions
 from tests.support.fakes import FakeClock, FakeNats, delivery, status
 
+pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
+
 
 class Harness:
     def __init__(self, options: PullOptions) -> None:

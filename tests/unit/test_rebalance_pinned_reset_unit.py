@@ -30,6 +30,8 @@ from tests.support.polling import eventually
 from tests.unit.test_election_pinned_reset_unit import NO_ANSWER, NO_RESPONDERS, RESET_SETTINGS
 from tests.unit.test_election_pinned_unit import MEMBER, WQ, Group
 
+pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
+
 
 @pytest.fixture
 async def group() -> AsyncIterator[Group]:

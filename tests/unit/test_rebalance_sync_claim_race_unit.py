@@ -25,6 +25,8 @@ from tests.support.fakes import FakeJetStream, FakeServer
 from tests.support.polling import eventually
 from tests.unit.test_election_unit import SETTINGS, handler
 
+pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
+
 FREE = 2  # m3's partition: m3 never starts
 
 

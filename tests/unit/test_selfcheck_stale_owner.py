@@ -28,6 +28,8 @@ from tests.support.fakes import FakeJetStream, FakeServer, status
 from tests.support.polling import eventually
 from tests.unit.test_election_unit import SETTINGS, WQ, Group, handler
 
+pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
+
 
 def _answer(info: dict[str, Any], owner: str, heard_ago: float) -> dict[str, Any]:
     """``info`` as a leader that last heard both other replicas ``heard_ago`` s ago, naming

@@ -22,6 +22,8 @@ from tests.support.fakes import FakeJetStream, FakeServer
 from tests.unit.test_election_unit import SETTINGS as ELECTION
 from tests.unit.test_election_unit import Group, handler
 
+pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
+
 #: Checks every second (the default), so the backoff's cap (0.5 s) is what limits retries.
 SETTINGS = dataclasses.replace(ELECTION, retry_interval=1.0, lease=3.0, takeover_margin=0.5,
                                pull_expires=5.0, heartbeat=1.0, inactive_threshold=30)

@@ -18,6 +18,8 @@ from tests.support.fakes import FakeJetStream
 from tests.unit.test_election_unit import SETTINGS as ELECTION
 from tests.unit.test_election_unit import WQ, Group, handler
 
+pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
+
 #: Checks every 0.05 s: three in a row take 0.15 s.
 SETTINGS = ELECTION
 
