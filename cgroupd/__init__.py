@@ -75,6 +75,7 @@ from cgroupd.errors import (
 )
 from cgroupd.jetstream import JetStream
 from cgroupd.member import Member, MemberState, StepDown
+from cgroupd.runtime.generation import GenerationInfo
 from cgroupd.message import Message
 from cgroupd.ordering import Ordering
 from cgroupd.partitions import assignment, member_partitions
@@ -100,6 +101,7 @@ __all__ = [
     "DirectGetUnavailable",
     "ElasticGroupConfig",
     "Exclusivity",
+    "GenerationInfo",
     "GroupConfig",
     "GroupExists",
     "GroupNotFound",

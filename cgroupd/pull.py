@@ -135,6 +135,11 @@ class Puller:
         return self._consumer
 
     @property
+    def inbox(self) -> str:
+        """Where the server delivers this puller's messages ("" before :meth:`start`)."""
+        return self._inbox
+
+    @property
     def delivers(self) -> bool:
         """Whether messages from this consumer are handled (it has a capacity)."""
         return self._capacity is not None

@@ -43,7 +43,7 @@ from cgroupd.naming import (
 )
 from cgroupd.partitions import key_function
 from cgroupd.pull import PullEnd, Puller, PullOptions
-from cgroupd.runtime.generation import Generation
+from cgroupd.runtime.generation import Generation, GenerationInfo
 from cgroupd.runtime.listener import ASSIGNED, LOST, REVOKED, PartitionListener, PartitionsCallback
 from cgroupd.runtime.pinned_acks import PinnedAcks
 from cgroupd.runtime.state import (
@@ -130,6 +130,7 @@ class MemberCore:
         #: Pinned mode: where an operator's step-down request reaches the pin holder.
         self._step_down_sub: Any = None
         self._gen: Generation | None = None
+        self._generations = 0  # how many this instance began (GenerationInfo.number)
         self._first_config = asyncio.get_running_loop().create_future()
         #: Sync exclusivity: this process's token (see TOKEN_KEY), a standby's watch over
         #: the active instance, and the sequences this instance completed (a redelivery
@@ -170,6 +171,13 @@ class MemberCore:
         watch = self._watch
         return (self.state is MemberState.STANDBY and watch is not None and not watch.gone
                 and not watch.idle and watch.silent_for(self._clock()) < self.settings.lease)
+
+    @property
+    def generation(self) -> GenerationInfo | None:
+        """The current generation (claiming, active, moving or stepping down), as a
+        read-only snapshot; None while this instance has none (standby, joining)."""
+        gen = self._gen
+        return gen.info() if gen is not None else None
 
     @property
     def sync_consumer(self) -> str:
@@ -218,7 +226,9 @@ class MemberCore:
 
     def _generation(self, partitions: tuple[int, ...]) -> Generation:
         s = self.settings
-        gen = Generation(partitions, lease=Lease(s.lease, self._clock))
+        self._generations += 1
+        gen = Generation(partitions, number=self._generations,
+                         lease=Lease(s.lease, self._clock))
         pinned = s.exclusivity is Exclusivity.PINNED
         deliveries = Deliveries(self.js.nc, PinnedAcks(self, gen) if pinned else None)
         gen.dispatcher = Dispatcher(

@@ -184,6 +184,8 @@ class FakeJetStream:
         #: is stalled, or cut off from the cluster), so they expire there.
         self.pulls_reach_leader = True
         self._answering: list[tuple[str, Callable[[bytes], str | None]]] = []
+        #: Every puller this process started, oldest first (a test delivers through them).
+        self.pullers: list[Puller] = []
 
     # -- consumers ---------------------------------------------------------------------
     async def create_consumer(self, stream: str, name: str, config: dict[str, Any],
@@ -235,6 +237,7 @@ class FakeJetStream:
         puller = Puller(self.nc, stream, consumer, options,  # type: ignore[arg-type]
                         on_message, capacity=capacity)
         await puller.start()
+        self.pullers.append(puller)
         pulled = self.server.consumers.get((stream, consumer))
         if pulled is not None:
             pulled.pulling.append((self, puller))

@@ -106,8 +106,8 @@ async def group() -> AsyncIterator[Group]:
 
 
 def _pin_of(member: Member) -> str | None:
-    gen = member._gen
-    return None if gen is None or gen.pin_lease is None else gen.pin_lease.pin_id
+    gen = member.generation
+    return None if gen is None else gen.pin_id
 
 
 async def test_nobody_is_active_until_a_message_pins_one(group: Group) -> None:
