@@ -144,10 +144,10 @@ async def test_release_waits_until_the_stream_removed_what_we_acked(group: Group
 
 def _claim_inbox(m: Member) -> str:
     """The inbox the active instance's claim (sync consumer) puller listens on."""
-    gen = m._gen
-    assert gen is not None
-    puller = next(p for p in gen.pullers if p.consumer == "m1")
-    return puller._inbox
+    assert isinstance(m.js, FakeJetStream)
+    puller = next((p for p in reversed(m.js.pullers)
+                   if p.consumer == "m1" and not p.ended.done()), None)
+    return "" if puller is None else puller.inbox
 
 
 async def _claim_told_deleted(m: Member) -> None:
@@ -162,20 +162,25 @@ async def test_a_claim_said_deleted_by_a_stale_node_is_kept(group: Group) -> Non
     back). The claim still names us on the servers in touch: we carry on, pulling anew."""
     a = await group.start("a")
     await eventually(lambda: a.active, 5, what="a active")
-    gen = a._gen
+    gen = a.generation
+    assert gen is not None
     old = _claim_inbox(a)
+    assert old
     await _claim_told_deleted(a)
-    await eventually(lambda: a._gen is gen and _claim_inbox(a) != old, 5,
-                     what="a new claim puller")
-    assert a.active and not gen.ended.done(), gen.ended.result() if gen.ended.done() else ""
+    await eventually(lambda: (now := a.generation) is not None and now.number == gen.number
+                     and _claim_inbox(a) not in ("", old), 5, what="a new claim puller")
+    assert a.active and a.generation is not None and a.generation.number == gen.number
+    assert not a.generation.ended
 
 
 async def test_a_claim_really_deleted_ends_the_generation(group: Group) -> None:
-    a = await group.start("a")
+    reasons: list[str] = []
+    a = Member(FakeJetStream(group.server), "ORDERS", "g", "m1", handler,  # type: ignore[arg-type]
+               SETTINGS, instance_id="a", on_standby=reasons.append)
+    await a.start()
+    group.members.append(a)
     await eventually(lambda: a.active, 5, what="a active")
-    gen = a._gen
-    assert gen is not None
     del group.server.consumers[(WQ, "m1")]
     await _claim_told_deleted(a)
-    await eventually(lambda: gen.ended.done(), 5, what="the generation to end")
-    assert gen.ended.result()[0] is StepDown.SYNC_LOST
+    await eventually(lambda: reasons, 5, what="the generation to end")
+    assert reasons[0] == StepDown.SYNC_LOST.value
