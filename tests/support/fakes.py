@@ -340,3 +340,15 @@ class _Unsubscribe:
 
     async def unsubscribe(self, limit: int = 0) -> None:
         self._undo()
+
+
+def data_puller(member: Any) -> Puller | None:
+    """The running puller (started through the fake adapter) of ``member``'s current
+    data consumer, found through public reads only: ``member.generation`` names the
+    consumers, the fake adapter knows its pullers."""
+    gen = member.generation
+    js = member.js
+    if gen is None or not isinstance(js, FakeJetStream):
+        return None
+    return next((p for p in reversed(js.pullers)
+                 if p.delivers and p.consumer in gen.consumers and not p.ended.done()), None)

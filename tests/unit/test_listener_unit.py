@@ -26,9 +26,8 @@ from cgroupd.config import (
 )
 from cgroupd.member import Member
 from cgroupd.partitions import member_partitions
-from cgroupd.pull import Puller
 from cgroupd.settings import MemberSettings
-from tests.support.fakes import FakeJetStream, FakeMsg, FakeServer
+from tests.support.fakes import FakeJetStream, FakeMsg, FakeServer, data_puller
 from tests.support.fakes_pinned import PinnedJetStream, PinnedServer
 from tests.support.polling import eventually
 from tests.unit.test_election_pinned_unit import SETTINGS as PINNED
@@ -111,7 +110,7 @@ _delivered: dict[str, int] = {}
 
 def deliver_to(m: Member, seq: int, partition: int) -> Any:
     """A delivery of stream sequence ``seq`` of ``partition`` on ``m``'s data consumer."""
-    puller = _data_puller(m)
+    puller = data_puller(m)
     assert puller is not None
     # The consumer's own delivery numbers have no gap (a gap is a delivery lost).
     cseq = _delivered[puller.consumer] = _delivered.get(puller.consumer, 0) + 1
@@ -126,17 +125,8 @@ def _number(m: Member) -> int | None:
     return info.number if info is not None else None
 
 
-def _data_puller(m: Member) -> Puller | None:
-    """The puller (the fake adapter made) that serves ``m``'s current data consumer."""
-    gen = m.generation
-    if gen is None:
-        return None
-    return next((p for p in reversed(m.js.pullers)  # type: ignore[attr-defined]
-                 if p.delivers and p.consumer in gen.consumers and not p.ended.done()), None)
-
-
 def data_puller_ready(m: Member) -> bool:
-    puller = _data_puller(m)
+    puller = data_puller(m)
     return puller is not None and bool(puller.inbox)
 
 
