@@ -48,12 +48,20 @@ class HealingJetStream(FakeJetStream):
         super().__init__(server)
         self.sync = sync
         self.answer_as: tuple[str, float] | None = None
+        #: How many times the sync consumer's info was answered (each self-check asks).
+        self.answered = 0
 
     async def consumer_info(self, stream: str, name: str) -> dict[str, Any] | None:
         info = await super().consumer_info(stream, name)
         if info is None or name != self.sync or self.answer_as is None:
             return info
+        self.answered += 1
         return _answer(info, *self.answer_as)
+
+    async def checks(self, n: int) -> None:
+        """Wait until ``n`` more self-checks got the answer set now."""
+        target = self.answered + n
+        await eventually(lambda: self.answered >= target, 30, what=f"{n} self-checks")
 
 
 @pytest.fixture
@@ -62,6 +70,12 @@ async def group() -> AsyncIterator[Group]:
     yield g
     for m in g.members:
         await asyncio.wait_for(m.stop(), 10)
+
+
+def _same(m: Member, number: int) -> bool:
+    """``m`` is in generation ``number`` still, and it has not ended."""
+    now = m.generation
+    return now is not None and now.number == number and not now.ended
 
 
 async def _active(group: Group) -> tuple[Member, HealingJetStream]:
@@ -80,29 +94,30 @@ async def _active(group: Group) -> tuple[Member, HealingJetStream]:
 
 async def test_a_stale_answer_naming_the_previous_owner_ends_nothing(group: Group) -> None:
     m, js = await _active(group)
-    gen = m._gen
+    gen = m.generation
     assert gen is not None
     with capture_logs() as logged:
         # The cut-off node, healed a moment ago: it last heard a quorum 15 s ago.
         js.answer_as = ("a", 15.0)
-        assert await m._verify(gen) is None
-        assert not gen.ended.done(), gen.ended.result()
+        await js.checks(3)
+        assert _same(m, gen.number), m.generation
+        assert m.stats["stale_checks"] >= 3
         # The real leader's answer again: still ours.
         js.answer_as = (m.instance_id, 0.05)
-        assert await m._verify(gen) is True
-    assert not gen.ended.done()
+        await js.checks(3)
+    assert _same(m, gen.number) and m.state is MemberState.ACTIVE
     stale = [e for e in logged if e["event"].startswith("self-check answered by a server out")]
     assert len(stale) == 1 and stale[0]["owner"] == "a", stale
 
 
 async def test_a_fresh_answer_naming_another_owner_ends_the_generation(group: Group) -> None:
     m, js = await _active(group)
-    gen = m._gen
-    assert gen is not None
-    js.answer_as = ("a", 0.05)
-    assert await m._verify(gen) is False
-    why, detail = gen.ended.result()
-    assert why is StepDown.SYNC_LOST and "(a)" in detail
+    with capture_logs() as logged:
+        js.answer_as = ("a", 0.05)
+        await eventually(lambda: m.state is not MemberState.ACTIVE, 5, what="a step-down")
+    down = [e for e in logged if e["event"] == "stepped down"]
+    assert down and down[0]["reason"] == StepDown.SYNC_LOST.value, logged
+    assert "(a)" in down[0]["detail"], down
 
 
 async def test_a_stale_answer_naming_us_deletes_no_sync_consumer(group: Group) -> None:
