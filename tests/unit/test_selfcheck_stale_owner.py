@@ -14,17 +14,15 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections.abc import AsyncIterator
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
 from cgroupd.member import Member, MemberState
-from cgroupd.message import Outcome
 from cgroupd.naming import INSTANCE_KEY
 from cgroupd.runtime.state import StepDown
-from tests.support.fakes import FakeJetStream, FakeServer, status
+from tests.support.fakes import FakeJetStream, FakeMsg, FakeServer, data_puller, status
 from tests.support.polling import eventually
 from tests.unit.test_election_unit import SETTINGS, WQ, Group, handler
 
@@ -88,7 +86,7 @@ async def _active(group: Group) -> tuple[Member, HealingJetStream]:
         if m.state is MemberState.ACTIVE:
             break
         await asyncio.sleep(0.01)
-    assert m.state is MemberState.ACTIVE and m._gen is not None
+    assert m.state is MemberState.ACTIVE and m.generation is not None
     return m, js
 
 
@@ -125,7 +123,7 @@ async def test_a_stale_answer_naming_us_deletes_no_sync_consumer(group: Group) -
     token). Reading that as "ours, left over" (standing by) or as "still ours" (releasing)
     would delete the sync consumer by name: the new owner's."""
     m, js = await _active(group)
-    key = (m._consume_stream, m.sync_consumer)
+    key = (WQ, m.sync_consumer)
     js.answer_as = (m.instance_id, 15.0)
     assert await m._sync_is_ours() is False
     await m._learn_owner()
@@ -139,22 +137,23 @@ async def test_release_waits_until_the_stream_removed_what_we_acked(group: Group
     (nats-server 2.15.1: acks confirmed while the stream had no leader, the consumer then
     deleted, and a new consumer got every message again). Releasing waits, bounded, until
     the stream no longer holds the last message acked before deleting the data consumer."""
-    m, _ = await _active(group)
-    gen = m._gen
-    assert gen is not None
-    dispatcher = gen.dispatcher
-    assert dispatcher is not None
-    acked = SimpleNamespace(outcome=Outcome.ACK, stream_sequence=7)
-    dispatcher.last_settled = acked  # type: ignore[assignment]
-    try:
-        group.server.stored[m._consume_stream] = {7}  # acked, not yet removed
-        waiting = asyncio.ensure_future(m._wait_removed(gen))
-        await asyncio.sleep(0.3)  # a leaderless stream's length, not a synchronisation
-        assert not waiting.done(), "went on while the stream still held an acked message"
-        group.server.stored[m._consume_stream].clear()  # a stream leader removed it
-        await asyncio.wait_for(waiting, 1.0)
-    finally:
-        dispatcher.last_settled = None
+    m, js = await _active(group)
+    await eventually(lambda: (p := data_puller(m)) is not None and p.inbox, 5, what="pulling")
+    puller = data_puller(m)
+    assert puller is not None
+    data = puller.consumer
+    group.server.stored[WQ] = {7}  # #7 is acked below, not yet removed
+    await js.nc.deliver(puller.inbox, FakeMsg(subject="0.orders.k", data=b"m", consumer_seq=1,
+                                              reply=f"$JS.ACK.{WQ}.{data}.1.7.1.0.0"))
+    await eventually(lambda: m.stats["acked"] == 1, 5, what="#7 acked")
+    stopping = asyncio.ensure_future(m.stop())
+    await asyncio.sleep(0.3)  # a leaderless stream's length, not a synchronisation
+    assert not stopping.done(), "went on while the stream still held an acked message"
+    assert (WQ, data) in group.server.consumers, "deleted while the stream held #7"
+    group.server.stored[WQ].clear()  # a stream leader removed it
+    async with asyncio.timeout(1.0):
+        await stopping
+    assert (WQ, data) not in group.server.consumers
 
 
 def _claim_inbox(m: Member) -> str:

@@ -28,8 +28,7 @@ STILL_PRIVATE: dict[str, set[str]] = {
     "test_rebalance_pinned_reset_unit.py": {"_update_config", "_member_filters"},
     "test_rebalance_sync_claim_race_unit.py": {"_gen", "_claim", "_move_partitions",
                                                "_acquire_sync", "_release"},
-    "test_selfcheck_stale_owner.py": {"_gen", "_sync_is_ours", "_learn_owner",
-                                      "_wait_removed", "_consume_stream"},
+    "test_selfcheck_stale_owner.py": {"_sync_is_ours", "_learn_owner"},
 }
 
 def _uses_fakes(tree: ast.Module) -> bool:
