@@ -168,8 +168,9 @@ async def test_a_newly_pinned_puller_asks_again_with_its_pin_id() -> None:
     """Requests sent before the pin carry no pin id, and the server serves only requests
     that carry it: once pinned, ask again at once, with it (a previous holder's
     handed-back messages waited a whole pinned TTL, until the consumer reset)."""
-    h = Harness(PullOptions(batch=8, expires=2.0, heartbeat=0.5, group="PCG"))
-    h.puller = Puller(h.nc, "S", "c", h.puller._opts,  # type: ignore[arg-type]
+    options = PullOptions(batch=8, expires=2.0, heartbeat=0.5, group="PCG")
+    h = Harness(options)
+    h.puller = Puller(h.nc, "S", "c", options,  # type: ignore[arg-type]
                       h.got.append, clock=h.clock, capacity=lambda: 8)
     await h.puller.start()
     await asyncio.sleep(0)
