@@ -82,9 +82,11 @@ async def _retargeted(group: Group, a: Member) -> None:
     The holder sees the mark at its next renewal and moves in place (``_move_pinned``)."""
     info = await a.js.consumer_info(WQ, MEMBER)
     assert info is not None
-    real, _ = member_consumer_filters(info["config"].get("filter_subjects") or [])
-    assert real, "the member consumer delivers a's partitions"
-    await a._update_config(MEMBER, a._member_filters(real, set()), {RESET_KEY: "1"})
+    real, held = member_consumer_filters(info["config"].get("filter_subjects") or [])
+    assert real and not held, "the member consumer delivers a's partitions, holds none"
+    config = dict(info["config"])
+    config["metadata"] = {**(config.get("metadata") or {}), RESET_KEY: "1"}
+    await a.js.create_consumer(WQ, MEMBER, config, action="update")
 
 
 @pytest.mark.parametrize("failure", [NO_ANSWER, NO_RESPONDERS], ids=["no-answer", "no-responders"])

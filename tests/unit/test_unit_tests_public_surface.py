@@ -24,7 +24,6 @@ UNIT = Path(__file__).resolve().parent
 STILL_PRIVATE: dict[str, set[str]] = {
     "test_election_pinned_unit.py": {"_step_down_requested"},
     "test_election_unit.py": {"_data_slot"},
-    "test_rebalance_pinned_reset_unit.py": {"_update_config", "_member_filters"},
     "test_rebalance_sync_claim_race_unit.py": {"_gen", "_claim", "_move_partitions",
                                                "_acquire_sync", "_release"},
     "test_selfcheck_stale_owner.py": {"_sync_is_ours", "_learn_owner"},
