@@ -75,10 +75,10 @@ from cgroupd.errors import (
 )
 from cgroupd.jetstream import JetStream
 from cgroupd.member import Member, MemberState, StepDown
-from cgroupd.runtime.generation import GenerationInfo
 from cgroupd.message import Message
 from cgroupd.ordering import Ordering
 from cgroupd.partitions import assignment, member_partitions
+from cgroupd.runtime.generation import GenerationInfo
 from cgroupd.settings import Exclusivity, MemberSettings
 
 #: The version, written only here (pyproject.toml reads it when building).
