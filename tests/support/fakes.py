@@ -22,16 +22,20 @@ from cgroupd.pull import Puller, PullOptions
 
 
 class FakeClock:
-    """A monotonic clock that moves only when told to."""
+    """A :class:`cgroupd.clock.Clock` whose time moves only when told to (its sleeps are
+    the loop's: a test steps the reading apart from the timers)."""
 
     def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
+        self.t = now
 
-    def __call__(self) -> float:
-        return self.now
+    def now(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
 
     def advance(self, seconds: float) -> None:
-        self.now += seconds
+        self.t += seconds
 
 
 @dataclass

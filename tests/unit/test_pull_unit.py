@@ -59,7 +59,7 @@ async def test_heartbeat_is_liveness_only(pull: Harness) -> None:
     """100: the server is there; nothing delivered, nothing ends."""
     pull.clock.advance(5)
     await pull.send(status("100", "Idle Heartbeat"))
-    assert pull.puller.last_seen == pull.clock.now
+    assert pull.puller.last_seen == pull.clock.now()
     assert not pull.puller.ended.done() and pull.got == []
 
 
@@ -159,7 +159,7 @@ async def test_pin_id_is_learnt_and_sent_back() -> None:
         assert h.puller.pin_id == "pin-1"
         await h.puller.pull_one()
         assert h.nc.pulls()[-1]["id"] == "pin-1"
-        assert h.puller.pin_pulled_at == h.clock.now
+        assert h.puller.pin_pulled_at == h.clock.now()
     finally:
         await h.puller.stop()
 
