@@ -82,10 +82,7 @@ async def _active(group: Group) -> tuple[Member, HealingJetStream]:
     js.sync = m.sync_consumer
     await m.start()
     group.members.append(m)
-    for _ in range(300):
-        if m.state is MemberState.ACTIVE:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: m.state is MemberState.ACTIVE, 3, what="m active")
     assert m.state is MemberState.ACTIVE and m.generation is not None
     return m, js
 

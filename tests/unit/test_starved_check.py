@@ -39,11 +39,8 @@ async def active(group: Group, reasons: list[str] | None = None) -> Member:
                on_standby=reasons.append if reasons is not None else None)
     await m.start()
     group.members.append(m)
-    for _ in range(200):
-        if m.state is MemberState.ACTIVE:
-            return m
-        await asyncio.sleep(0.01)
-    raise AssertionError("never became active")
+    await eventually(lambda: m.state is MemberState.ACTIVE, 2, what="m active")
+    return m
 
 
 def waiting_and_none_unacked(group: Group, m: Member) -> None:
