@@ -57,12 +57,18 @@ class _AutojumpSelector(selectors.BaseSelector):
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         ready = self._inner.select(0)
         if ready or timeout == 0:
+            self._loop.follow_wall()
             return ready
-        if timeout is None or self._loop.threads_running:
-            # No timer to jump to, or a thread whose end would wake us: wait for real,
-            # and let the loop's time follow the wall clock meanwhile.
-            began = time.monotonic()
+        if self._loop.threads_running:
+            # A thread whose end will wake us: wait for real (the loop's time follows
+            # the wall clock while threads run).
             ready = self._inner.select(timeout)
+            self._loop.follow_wall()
+            return ready
+        if timeout is None:
+            # No timer to jump to: only I/O can wake us.
+            began = time.monotonic()
+            ready = self._inner.select(None)
             self._loop.advance(time.monotonic() - began)
             return ready
         self._loop.advance(timeout)
@@ -82,6 +88,8 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
     def __init__(self) -> None:
         self._virtual_now = START
         self._threads: set[asyncio.Future[Any]] = set()
+        #: While threads run: the wall-clock time the loop's time last caught up with.
+        self._wall_mark: float | None = None
         super().__init__(_AutojumpSelector(selectors.DefaultSelector(), self))
         # Timers are due when ``when <= time() + resolution``; a jump lands exactly on
         # ``time() + timeout``, which float rounding may put one ulp short of ``when``.
@@ -95,6 +103,15 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
         if seconds > 0:
             self._virtual_now += seconds
 
+    def follow_wall(self) -> None:
+        """While threads run (and since the first started), move the loop's time with the
+        wall clock: a thread's ``time.sleep(0.2)`` takes 0.2 s of loop time too."""
+        if self._wall_mark is None:
+            return
+        now = time.monotonic()
+        self.advance(now - self._wall_mark)
+        self._wall_mark = now if self._threads else None
+
     @property
     def threads_running(self) -> bool:
         """A thread started by :meth:`run_in_executor` has not finished yet."""
@@ -102,6 +119,8 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
 
     def run_in_executor(self, executor: concurrent.futures.Executor | None,
                         func: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        if self._wall_mark is None:
+            self._wall_mark = time.monotonic()
         fut = super().run_in_executor(executor, func, *args)
         self._threads.add(fut)
         fut.add_done_callback(self._threads.discard)
