@@ -288,6 +288,11 @@ class FakeJetStream:
         if not responders:
             self.server.presence.pop(subject, None)
 
+    def answers(self, subject: str, body: bytes = b"") -> list[str | None]:
+        """What this process's own responders on ``subject`` answer ``body`` (each
+        instance of a member hears a request; a test asks one of them)."""
+        return [respond(body) for s, respond in self._answering if s == subject]
+
     async def answer(self, subject: str, text: Callable[[], str | None]) -> Any:
         return await self.serve(subject, lambda body: text())
 

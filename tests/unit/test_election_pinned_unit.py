@@ -232,5 +232,6 @@ async def test_a_standby_does_not_answer_a_step_down_request(group: Group) -> No
     _, standby = await group.pinned_pair()
     pin = group.pin()
     assert pin is not None
-    assert standby._step_down_requested(pin.encode()) is None
+    subject = step_down_subject(group_key("ORDERS", "g"), MEMBER)
+    assert standby.js.answers(subject, pin.encode()) == [None]  # type: ignore[attr-defined]
     assert standby.state is MemberState.STANDBY and not standby.reasons  # type: ignore[attr-defined]
