@@ -78,6 +78,7 @@ from cgroupd.member import Member, MemberState, StepDown
 from cgroupd.message import Message
 from cgroupd.ordering import Ordering
 from cgroupd.partitions import assignment, member_partitions
+from cgroupd.runtime.generation import GenerationInfo
 from cgroupd.settings import Exclusivity, MemberSettings
 
 #: The version, written only here (pyproject.toml reads it when building).
@@ -100,6 +101,7 @@ __all__ = [
     "DirectGetUnavailable",
     "ElasticGroupConfig",
     "Exclusivity",
+    "GenerationInfo",
     "GroupConfig",
     "GroupExists",
     "GroupNotFound",

@@ -256,7 +256,10 @@ class Daemon:
             js, o.stream, o.group, o.member, handler.handle, self.settings, static=static,
             instance_id=o.instance_id, on_active=ops.on_active,
             on_standby=ops.on_standby, on_rebalance=ops.on_rebalance,
-            on_handover=ops.on_handover, **hooks)
+            on_handover=ops.on_handover,
+            on_partitions_assigned=hooks.get("on_partitions_assigned"),
+            on_partitions_revoked=hooks.get("on_partitions_revoked"),
+            on_partitions_lost=hooks.get("on_partitions_lost"))
         context["instance"] = member.instance_id
         structlog.contextvars.bind_contextvars(instance=member.instance_id)
         self._info_sub = await js.answer(events.info_subject(o.stream, o.group),

@@ -53,6 +53,7 @@ from cgroupd.calling import (
 from cgroupd.calling import (
     run_in_thread as run_in_thread,
 )
+from cgroupd.clock import LOOP_CLOCK, Clock
 from cgroupd.errors import (  # re-exported: handler wrappers import them from here
     HandlerRaised as HandlerRaised,
 )
@@ -96,7 +97,9 @@ class Dispatcher:
         confirm_interval: float = 0.5,
         confirm_timeout: float = 2.0,
         reconnects: Callable[[], int] | None = None,
+        clock: Clock = LOOP_CLOCK,
     ) -> None:
+        self._clock = clock
         self._deliveries = deliveries
         self._handler = handler
         self._handler_is_async = is_async(handler)
@@ -142,7 +145,7 @@ class Dispatcher:
         self._hand_back = hand_back_on_close
         self._settlements = Settlements(
             deliveries.nc, log, stats, self._closing, completed, confirm_interval=confirm_interval,
-            confirm_timeout=confirm_timeout, reconnects=reconnects)
+            confirm_timeout=confirm_timeout, reconnects=reconnects, clock=clock)
         #: Sequences nak'ed with a delay, and when the server will offer them again: they
         #: count as unacknowledged on the server while we hold nothing of them.
         self._delayed: dict[int, float] = {}
@@ -176,11 +179,11 @@ class Dispatcher:
 
     async def idle(self, timeout: float) -> bool:
         """Wait until no handler runs (after :meth:`pause`); False after ``timeout``."""
-        deadline = asyncio.get_running_loop().time() + timeout
+        deadline = self._clock.now() + timeout
         while self._running:
-            if asyncio.get_running_loop().time() > deadline:
+            if self._clock.now() > deadline:
                 return False
-            await asyncio.sleep(0.002)
+            await self._clock.sleep(0.002)
         return True
 
     def unstarted(self) -> list[Message]:
@@ -222,7 +225,7 @@ class Dispatcher:
     def delayed(self) -> int:
         """Messages nak'ed with a delay whose redelivery is still to come: the server counts
         them as unacknowledged (``num_ack_pending``) while this dispatcher holds nothing."""
-        now = asyncio.get_running_loop().time()
+        now = self._clock.now()
         for seq, due in list(self._delayed.items()):
             if due < now:
                 del self._delayed[seq]
@@ -244,11 +247,11 @@ class Dispatcher:
 
     async def settle(self, partitions: set[int], timeout: float) -> bool:
         """Wait until no message of ``partitions`` is held; False if that takes too long."""
-        deadline = asyncio.get_running_loop().time() + timeout
+        deadline = self._clock.now() + timeout
         while any(m.partition in partitions for m in self._held.values()):
-            if asyncio.get_running_loop().time() > deadline or self._closing.is_set():
+            if self._clock.now() > deadline or self._closing.is_set():
                 return False
-            await asyncio.sleep(0.005)
+            await self._clock.sleep(0.005)
         return True
 
     def submit(self, raw: Delivery) -> None:
@@ -453,7 +456,7 @@ class Dispatcher:
         seq = message.stream_sequence
         if message.outcome is Outcome.NAK:
             if message.nak_delay:
-                self._delayed[seq] = asyncio.get_running_loop().time() + message.nak_delay
+                self._delayed[seq] = self._clock.now() + message.nak_delay
             return
         if message.outcome is not None:
             self._settlements.remember(message)
@@ -465,7 +468,7 @@ class Dispatcher:
     async def _keep_alive(self) -> None:
         """Every held message, running or waiting its turn, is kept from redelivery."""
         while True:
-            await asyncio.sleep(self._ack_wait / 3)
+            await self._clock.sleep(self._ack_wait / 3)
             for message in list(self._held.values()):
                 if message.outcome is None:
                     await send_logged(message.in_progress(), self._log)

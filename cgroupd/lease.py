@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -44,6 +43,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from cgroupd.clock import LOOP_CLOCK
 from cgroupd.naming import INSTANCE_KEY, MEMBER_KEY, PRESENCE_BY_MEMBER, PRESENCE_KEY
 
 
@@ -117,7 +117,7 @@ class Lease:
     nothing any more). ``valid`` says whether a handler may start now.
     """
 
-    def __init__(self, duration: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, duration: float, clock: Callable[[], float] = LOOP_CLOCK.now) -> None:
         self.duration = duration
         self._clock = clock
         self._anchor = -math.inf
@@ -271,7 +271,7 @@ class Prober:
     answer_every: float = 0.0
 
     def __init__(self, nc: Client, subject: str, watch: OwnerWatch,
-                 clock: Callable[[], float] = time.monotonic,
+                 clock: Callable[[], float] = LOOP_CLOCK.now,
                  on_replaceable: Callable[[], None] | None = None) -> None:
         self.nc = nc
         self.subject = subject

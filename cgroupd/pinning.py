@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Callable, Iterable
+
+from cgroupd.clock import LOOP_CLOCK
 
 
 def step_down_subject(key: str, member: str) -> str:
@@ -46,7 +47,7 @@ def step_down_subject(key: str, member: str) -> str:
 class PinLease:
     """The pin id this instance holds and until when the pin is provably its own."""
 
-    def __init__(self, ttl: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, ttl: float, clock: Callable[[], float] = LOOP_CLOCK.now) -> None:
         self.ttl = ttl
         #: Server-side delay between reading a pull and applying it, and timer slack.
         self.margin = min(0.25, ttl / 4)

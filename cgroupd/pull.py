@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -23,6 +22,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from cgroupd import jsapi, logs
+from cgroupd.clock import LOOP_CLOCK, Clock
 from cgroupd.tasks import cancel_and_wait
 
 log = logs.get_logger("cgroupd.pull")
@@ -98,7 +98,7 @@ class Puller:
         consumer: str,
         options: PullOptions,
         on_message: Callable[[Msg], None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = LOOP_CLOCK,
         capacity: Callable[[], int] | None = None,
     ) -> None:
         self._nc = nc
@@ -107,7 +107,8 @@ class Puller:
         self._consumer = consumer
         self._opts = options
         self._on_message = on_message
-        self._clock = clock
+        self._clock = clock.now
+        self._sleep = clock.sleep
         self._subject = jsapi.pull_subject(stream, consumer, jsapi.api(nc))
         self._inbox = ""
         self._sub: Subscription | None = None
@@ -125,7 +126,7 @@ class Puller:
         self.pin_pulled_at = -math.inf
         #: Consumer delivery sequence of the newest delivery handed to the callback.
         self.last_delivery = 0
-        self.last_seen = clock()
+        self.last_seen = clock.now()
         self.ended: asyncio.Future[tuple[PullEnd, str]] = (
             asyncio.get_running_loop().create_future()
         )
@@ -133,6 +134,11 @@ class Puller:
     @property
     def consumer(self) -> str:
         return self._consumer
+
+    @property
+    def inbox(self) -> str:
+        """Where the server delivers this puller's messages ("" before :meth:`start`)."""
+        return self._inbox
 
     @property
     def delivers(self) -> bool:
@@ -181,8 +187,8 @@ class Puller:
         self._retiring = True
         await self._end_task()
         deadline = self._clock() + timeout
-        while self._pending > 0 and self._clock() < deadline:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
+        while self._pending > 0 and self._clock() < deadline:
+            await self._sleep(0.01)
         await self.stop()
 
     async def flush_received(self) -> None:
@@ -193,8 +199,8 @@ class Puller:
         until its task hands them to the callback.
         """
         # nats-py offers no event for an emptied subscription queue: poll it.
-        while self._sub is not None and self._sub.pending_msgs > 0:  # noqa: ASYNC110
-            await asyncio.sleep(0.001)
+        while self._sub is not None and self._sub.pending_msgs > 0:
+            await self._sleep(0.001)
         await asyncio.sleep(0)
 
     async def received_through(self, delivery: int, timeout: float) -> bool:
@@ -205,7 +211,7 @@ class Puller:
         while self.last_delivery < delivery:
             if self._clock() > deadline or self.ended.done():
                 return False
-            await asyncio.sleep(0.001)
+            await self._sleep(0.001)
         return True
 
     async def _end_task(self) -> None:

@@ -18,6 +18,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from cgroupd.clock import LOOP_CLOCK, Clock
 from cgroupd.message import Message, Outcome
 from cgroupd.tasks import cancel_and_wait, nap
 
@@ -50,7 +51,9 @@ class Settlements:
     def __init__(self, nc: Publisher, log: Any, stats: dict[str, int],
                  closing: asyncio.Event, completed: Completed | None = None, *,
                  confirm_interval: float = 0.5, confirm_timeout: float = 2.0,
-                 reconnects: Callable[[], int] | None = None) -> None:
+                 reconnects: Callable[[], int] | None = None,
+                 clock: Clock = LOOP_CLOCK) -> None:
+        self._clock = clock
         self._nc = nc
         self._log = log
         self._stats = stats
@@ -184,5 +187,5 @@ class Settlements:
                 await nap(self._interval, self._closing)
             self._wake.clear()
             if not await self.confirm():
-                await asyncio.sleep(self._interval)
+                await self._clock.sleep(self._interval)
                 self._wake.set()

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from cgroupd import jsapi, logs
 from cgroupd.adapter import JetStreamPort
+from cgroupd.clock import LOOP_CLOCK, Clock
 from cgroupd.config import (
     ELASTIC_BUCKET,
     STATIC_BUCKET,
@@ -43,7 +43,7 @@ from cgroupd.naming import (
 )
 from cgroupd.partitions import key_function
 from cgroupd.pull import PullEnd, Puller, PullOptions
-from cgroupd.runtime.generation import Generation
+from cgroupd.runtime.generation import Generation, GenerationInfo
 from cgroupd.runtime.listener import ASSIGNED, LOST, REVOKED, PartitionListener, PartitionsCallback
 from cgroupd.runtime.pinned_acks import PinnedAcks
 from cgroupd.runtime.state import (
@@ -83,8 +83,7 @@ class MemberCore:
         on_partitions_assigned: PartitionsCallback | None = None,
         on_partitions_revoked: PartitionsCallback | None = None,
         on_partitions_lost: PartitionsCallback | None = None,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = LOOP_CLOCK,
     ) -> None:
         self.js = js
         self.stream = validate_name("stream", stream)
@@ -107,8 +106,11 @@ class MemberCore:
         #: Kafka's rebalance listener: see :mod:`cgroupd.runtime.listener`.
         self.listener = PartitionListener(on_partitions_assigned, on_partitions_revoked,
                                           on_partitions_lost, self.settings.listener_timeout)
-        self._sleep = sleep
-        self._clock = clock
+        #: Where every part of this member reads the time and sleeps (see
+        #: :mod:`cgroupd.clock`): its generations' leases, the dispatcher, the prober.
+        self.clock = clock
+        self._sleep = clock.sleep
+        self._clock = clock.now
         self.state = MemberState.JOINING
         self.config: GroupConfig | None = None
         self.partitions: tuple[int, ...] = ()
@@ -128,6 +130,7 @@ class MemberCore:
         #: Pinned mode: where an operator's step-down request reaches the pin holder.
         self._step_down_sub: Any = None
         self._gen: Generation | None = None
+        self._generations = 0  # how many this instance began (GenerationInfo.number)
         self._first_config = asyncio.get_running_loop().create_future()
         #: Sync exclusivity: this process's token (see TOKEN_KEY), a standby's watch over
         #: the active instance, and the sequences this instance completed (a redelivery
@@ -168,6 +171,13 @@ class MemberCore:
         watch = self._watch
         return (self.state is MemberState.STANDBY and watch is not None and not watch.gone
                 and not watch.idle and watch.silent_for(self._clock()) < self.settings.lease)
+
+    @property
+    def generation(self) -> GenerationInfo | None:
+        """The current generation (claiming, active, moving or stepping down), as a
+        read-only snapshot; None while this instance has none (standby, joining)."""
+        gen = self._gen
+        return gen.info() if gen is not None else None
 
     @property
     def sync_consumer(self) -> str:
@@ -216,7 +226,9 @@ class MemberCore:
 
     def _generation(self, partitions: tuple[int, ...]) -> Generation:
         s = self.settings
-        gen = Generation(partitions, lease=Lease(s.lease, self._clock))
+        self._generations += 1
+        gen = Generation(partitions, number=self._generations,
+                         lease=Lease(s.lease, self._clock))
         pinned = s.exclusivity is Exclusivity.PINNED
         deliveries = Deliveries(self.js.nc, PinnedAcks(self, gen) if pinned else None)
         gen.dispatcher = Dispatcher(
@@ -224,7 +236,7 @@ class MemberCore:
             ack_wait=s.ack_wait, backoff=s.backoff,
             key_of=key_function(s.key, self.config), before_start=lambda: self._fence(gen),
             on_settled=lambda: self._refill(gen), log=self._log, stats=self.stats,
-            hand_back_on_close=pinned, completed=self._completed)
+            hand_back_on_close=pinned, completed=self._completed, clock=self.clock)
         gen.dispatcher.accept = set(partitions)
         # Opened once the listener heard of the partitions (Member._run_active; pinned
         # mode: the takeover): nothing starts before on_partitions_assigned returned.

@@ -13,6 +13,36 @@ from cgroupd.pull import Puller
 from cgroupd.runtime.state import StepDown
 
 
+@dataclass(frozen=True)
+class GenerationInfo:
+    """What :attr:`Member.generation` shows of the current generation: a snapshot, read
+    only, for operators' tools and for tests that watch the state machine from outside."""
+
+    #: Counts this instance's generations from 1: a new number is a new generation (a
+    #: step-down and a new election, or a takeover), the same number the same one.
+    number: int
+    #: The partitions it owns now, and those it is moving to (they differ while moving).
+    partitions: tuple[int, ...]
+    target: tuple[int, ...]
+    #: Its data consumers, by name.
+    consumers: tuple[str, ...]
+    #: Messages its dispatcher holds (running or waiting their turn), and whether it
+    #: starts none of them now (paused: taking over, a move's reset, a step-down).
+    holding: int
+    paused: bool
+    #: It ended (a step-down runs or is done): it starts nothing more.
+    ended: bool
+    #: Pinned mode: the pin id the server gave this instance (a credential of sorts:
+    #: kept out of ``repr``) and whether its lease on the pin is valid now.
+    pin_id: str | None = field(default=None, repr=False)
+    pin_valid: bool = False
+
+    @property
+    def moving(self) -> bool:
+        """An incremental rebalance is moving partitions to or from this instance."""
+        return self.target != self.partitions
+
+
 @dataclass
 class Generation:
     """One period of activity: its partitions, this instance's consumers, its tasks. It
@@ -25,6 +55,8 @@ class Generation:
     what the member would own."""
 
     partitions: tuple[int, ...]
+    #: This instance's count of generations when this one began (see GenerationInfo).
+    number: int = 0
     #: This instance's data consumers and the partitions each serves. One at first; an
     #: incremental rebalance adds one for the partitions it gains (a consumer never
     #: rewinds when filters are added to it, so gained partitions need a fresh one).
@@ -69,6 +101,15 @@ class Generation:
 
     def __post_init__(self) -> None:
         self.target = self.partitions
+
+    def info(self) -> GenerationInfo:
+        """A read-only snapshot (see :attr:`Member.generation`)."""
+        d, pin = self.dispatcher, self.pin_lease
+        return GenerationInfo(
+            self.number, self.partitions, self.target, tuple(self.data),
+            holding=d.holding if d is not None else 0, paused=d is not None and d.paused,
+            ended=self.ended.done(), pin_id=pin.pin_id if pin is not None else None,
+            pin_valid=pin is not None and pin.valid)
 
     def end(self, why: StepDown, detail: str = "") -> None:
         if not self.ended.done():

@@ -22,16 +22,20 @@ from cgroupd.pull import Puller, PullOptions
 
 
 class FakeClock:
-    """A monotonic clock that moves only when told to."""
+    """A :class:`cgroupd.clock.Clock` whose time moves only when told to (its sleeps are
+    the loop's: a test steps the reading apart from the timers)."""
 
     def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
+        self.t = now
 
-    def __call__(self) -> float:
-        return self.now
+    def now(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
 
     def advance(self, seconds: float) -> None:
-        self.now += seconds
+        self.t += seconds
 
 
 @dataclass
@@ -184,6 +188,8 @@ class FakeJetStream:
         #: is stalled, or cut off from the cluster), so they expire there.
         self.pulls_reach_leader = True
         self._answering: list[tuple[str, Callable[[bytes], str | None]]] = []
+        #: Every puller this process started, oldest first (a test delivers through them).
+        self.pullers: list[Puller] = []
 
     # -- consumers ---------------------------------------------------------------------
     async def create_consumer(self, stream: str, name: str, config: dict[str, Any],
@@ -235,6 +241,7 @@ class FakeJetStream:
         puller = Puller(self.nc, stream, consumer, options,  # type: ignore[arg-type]
                         on_message, capacity=capacity)
         await puller.start()
+        self.pullers.append(puller)
         pulled = self.server.consumers.get((stream, consumer))
         if pulled is not None:
             pulled.pulling.append((self, puller))
@@ -280,6 +287,11 @@ class FakeJetStream:
             responders.remove(respond)
         if not responders:
             self.server.presence.pop(subject, None)
+
+    def answers(self, subject: str, body: bytes = b"") -> list[str | None]:
+        """What this process's own responders on ``subject`` answer ``body`` (each
+        instance of a member hears a request; a test asks one of them)."""
+        return [respond(body) for s, respond in self._answering if s == subject]
 
     async def answer(self, subject: str, text: Callable[[], str | None]) -> Any:
         return await self.serve(subject, lambda body: text())
@@ -337,3 +349,15 @@ class _Unsubscribe:
 
     async def unsubscribe(self, limit: int = 0) -> None:
         self._undo()
+
+
+def data_puller(member: Any) -> Puller | None:
+    """The running puller (started through the fake adapter) of ``member``'s current
+    data consumer, found through public reads only: ``member.generation`` names the
+    consumers, the fake adapter knows its pullers."""
+    gen = member.generation
+    js = member.js
+    if gen is None or not isinstance(js, FakeJetStream):
+        return None
+    return next((p for p in reversed(js.pullers)
+                 if p.delivers and p.consumer in gen.consumers and not p.ended.done()), None)

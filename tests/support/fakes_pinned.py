@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -128,7 +127,7 @@ class PinnedServer(FakeServer):
         return st
 
     def _expire(self, st: PinState) -> None:
-        now = time.monotonic()
+        now = asyncio.get_running_loop().time()
         if st.pin is not None and now - st.last_pull >= st.ttl:
             st.pin = None  # unpinned: timeout
         st.waiting = [w for w in st.waiting if w.expires_at > now and w.nats.is_connected]
@@ -161,10 +160,11 @@ class PinnedServer(FakeServer):
                 "Status": "423", "Description": "Nats-Pin-Id mismatch"}))
             return
         if pin is not None:
-            st.last_pull = time.monotonic()
+            st.last_pull = asyncio.get_running_loop().time()
         expires = int(body.get("expires", 1e9)) / 1e9
         req = Waiting(nats, inbox, int(body.get("batch", 1)), pin,
-                      time.monotonic() + expires, int(body.get("idle_heartbeat", 0)) / 1e9)
+                      asyncio.get_running_loop().time() + expires,
+                      int(body.get("idle_heartbeat", 0)) / 1e9)
         st.waiting.append(req)
         self._serve(stream, name)
         loop = asyncio.get_running_loop()
@@ -206,7 +206,7 @@ class PinnedServer(FakeServer):
             if st.pin is None:
                 st.pin = secrets.token_hex(11)
                 st.pins_given.append(st.pin)
-                st.pinned_ts = st.last_pull = time.monotonic()
+                st.pinned_ts = st.last_pull = asyncio.get_running_loop().time()
             sseq = st.ready.pop(0)
             st.dseq += 1
             st.pending[sseq] = st.dseq

@@ -52,7 +52,8 @@ async def eventually(check: Callable[[], Any], timeout: float = 10.0, interval: 
     return that result. At the deadline, fail naming ``what`` (else ``check`` and where it
     was written), the last result, and ``diagnostics()`` (log tails, say). Exceptions of
     the ``retry`` types count as "not yet"; any other propagates at once."""
-    deadline = time.monotonic() + timeout
+    loop = asyncio.get_running_loop()  # its time: virtual where the loop's is
+    deadline = loop.time() + timeout
     last: Any = None
     error: BaseException | None = None
     while True:
@@ -65,7 +66,7 @@ async def eventually(check: Callable[[], Any], timeout: float = 10.0, interval: 
             last, error = None, exc
         if last:
             return last
-        if time.monotonic() > deadline:
+        if loop.time() > deadline:
             raise _timed_out(check, timeout, what, last, error, diagnostics) from error
         await asyncio.sleep(interval)
 

@@ -5,12 +5,15 @@ saying where such a test belongs."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from tests.support.virtualclock import new_virtual_loop
 
 #: Fixtures of tests/conftest.py that start a server (or need one started).
 SERVER_FIXTURES = frozenset({"nats_server", "nats_cluster", "nc", "js", "jetstream", "fleet",
@@ -50,3 +53,18 @@ def no_nats_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     BaseException: a broad ``except Exception`` in the code under test cannot hide it)."""
     monkeypatch.setattr(subprocess, "Popen", _NoServerPopen)
     yield
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "virtual_clock: run the test (and its async fixtures) on "
+        "tests.support.virtualclock's autojumping virtual time")
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config,
+                                  item: pytest.Item) -> dict[str, Any]:
+    """The fake-adapter state-machine tests (marked ``virtual_clock``) run on virtual
+    time; every other unit test on a plain loop."""
+    if item.get_closest_marker("virtual_clock") is not None:
+        return {"virtual": new_virtual_loop}
+    return {"real": asyncio.new_event_loop}

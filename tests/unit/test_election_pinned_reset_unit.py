@@ -21,6 +21,8 @@ from tests.support.fakes_pinned import PinnedJetStream, PinState
 from tests.support.polling import eventually
 from tests.unit.test_election_pinned_unit import MEMBER, SETTINGS, WQ, Group
 
+pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
+
 #: The pin must outlive the quiet before a reset (a pull expiry and a quarter second
 #: without pulls), as it does with the defaults (2 s against 1.25 s).
 TTL = 0.8

@@ -27,6 +27,8 @@ from cgroupd.settings import PRIORITY_GROUP, Exclusivity, MemberSettings
 from tests.support.fakes_pinned import PinnedJetStream, PinnedServer
 from tests.support.polling import eventually
 
+pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
+
 TTL = 0.4
 SETTINGS = MemberSettings(exclusivity=Exclusivity.PINNED, pinned_ttl=TTL, retry_interval=0.05,
                           lease=0.4, pull_expires=0.1, heartbeat=0.05, rejoin_delay=0.05,
@@ -104,8 +106,8 @@ async def group() -> AsyncIterator[Group]:
 
 
 def _pin_of(member: Member) -> str | None:
-    gen = member._gen
-    return None if gen is None or gen.pin_lease is None else gen.pin_lease.pin_id
+    gen = member.generation
+    return None if gen is None else gen.pin_id
 
 
 async def test_nobody_is_active_until_a_message_pins_one(group: Group) -> None:
@@ -230,5 +232,6 @@ async def test_a_standby_does_not_answer_a_step_down_request(group: Group) -> No
     _, standby = await group.pinned_pair()
     pin = group.pin()
     assert pin is not None
-    assert standby._step_down_requested(pin.encode()) is None
+    subject = step_down_subject(group_key("ORDERS", "g"), MEMBER)
+    assert standby.js.answers(subject, pin.encode()) == [None]  # type: ignore[attr-defined]
     assert standby.state is MemberState.STANDBY and not standby.reasons  # type: ignore[attr-defined]

@@ -6,6 +6,7 @@ tests/integration/test_member.py, tests/integration/test_sync_liveness.py and th
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,6 +26,8 @@ from cgroupd.naming import data_consumers
 from cgroupd.settings import MemberSettings
 from tests.support.fakes import FakeJetStream, FakeServer
 from tests.support.polling import eventually
+
+pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
 
 SETTINGS = MemberSettings(retry_interval=0.05, lease=0.4, takeover_margin=0.1,
                           presence_interval=0.02, pull_expires=0.2, heartbeat=0.05,
@@ -327,15 +330,18 @@ async def test_a_data_consumer_name_held_by_another_consumer_is_skipped(group: G
     assert group.server.names(WQ) == {"m1", *data_consumers("m1")}
 
 
-async def test_a_successor_takes_another_name_than_its_gone_predecessor(group: Group) -> None:
+async def test_a_successor_takes_another_name_than_its_gone_predecessor(
+        group: Group, monkeypatch: pytest.MonkeyPatch) -> None:
     """After a crash the successor's data consumer never has the name of the one it just
     reclaimed (the server may still be removing that one's files)."""
     a = await group.start()
     await eventually(lambda: a.active, 5, what="a active")
-    b = await group.start()
+    # b's random first slot is a's: the name a holds at the crash.
+    slot = data_consumers("m1").index(a.data_consumer)
+    with monkeypatch.context() as patch:
+        patch.setattr(secrets, "randbelow", lambda n: slot)
+        b = await group.start()
     await eventually(lambda: b.state is MemberState.STANDBY, 5, what="b to watch a")
-    # b's next slot is a's: the name a holds at the crash.
-    b._data_slot = data_consumers("m1").index(a.data_consumer)
     old = a.data_consumer
     assert isinstance(a.js, FakeJetStream)
     a.js.crash()

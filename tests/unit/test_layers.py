@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "cgroupd"
 #: Every module of cgroupd/, by layer (a new module must be placed here).
 LAYERS: dict[str, set[str]] = {
     # No I/O: configs, names, rules, errors.
-    "core": {"config", "consumerinfo", "errors", "exits", "lazyimport", "logs", "naming",
+    "core": {"clock", "config", "consumerinfo", "errors", "exits", "lazyimport", "logs", "naming",
              "ordering", "partitions", "pinning", "records", "redact", "retrying",
              "settings", "tasks", "timestamps"},
     # The only modules that talk to nats-py and build $JS.API requests.

@@ -27,11 +27,13 @@ from cgroupd.config import (
 from cgroupd.member import Member
 from cgroupd.partitions import member_partitions
 from cgroupd.settings import MemberSettings
-from tests.support.fakes import FakeJetStream, FakeMsg, FakeServer
+from tests.support.fakes import FakeJetStream, FakeMsg, FakeServer, data_puller
 from tests.support.fakes_pinned import PinnedJetStream, PinnedServer
 from tests.support.polling import eventually
 from tests.unit.test_election_pinned_unit import SETTINGS as PINNED
 from tests.unit.test_election_unit import SETTINGS as SYNC
+
+pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
 
 WQ = work_queue_stream("ORDERS", "g")
 KEY = (ELASTIC_BUCKET, group_key("ORDERS", "g"))
@@ -108,20 +110,24 @@ _delivered: dict[str, int] = {}
 
 def deliver_to(m: Member, seq: int, partition: int) -> Any:
     """A delivery of stream sequence ``seq`` of ``partition`` on ``m``'s data consumer."""
-    gen = m._gen
-    assert gen is not None
-    puller = next(p for p in gen.pullers if p.delivers)
+    puller = data_puller(m)
+    assert puller is not None
     # The consumer's own delivery numbers have no gap (a gap is a delivery lost).
     cseq = _delivered[puller.consumer] = _delivered.get(puller.consumer, 0) + 1
     msg = FakeMsg(subject=f"{partition}.orders.k{partition}", data=b"m",
                   reply=f"$JS.ACK.{WQ}.{puller.consumer}.1.{seq}.{cseq}.0.0",
                   consumer_seq=cseq)
-    return m.js.nc.deliver(puller._inbox, msg)  # type: ignore[attr-defined]
+    return m.js.nc.deliver(puller.inbox, msg)  # type: ignore[attr-defined]
+
+
+def _number(m: Member) -> int | None:
+    info = m.generation
+    return info.number if info is not None else None
 
 
 def data_puller_ready(m: Member) -> bool:
-    gen = m._gen
-    return gen is not None and any(p.delivers and p._inbox for p in gen.pullers)
+    puller = data_puller(m)
+    return puller is not None and bool(puller.inbox)
 
 
 @pytest.fixture
@@ -237,10 +243,10 @@ async def test_sync_consumer_deleted_under_a_live_instance_is_lost(sync: Timelin
     the member back, before its next message."""
     a = await sync.start("a")
     await eventually(lambda: a.active and data_puller_ready(a), 5, what="a active")
-    gen = a._gen
+    gen = a.generation
     assert gen is not None
-    await a.js.delete_consumer(WQ, next(iter(gen.data)))
-    await eventually(lambda: a.active and a._gen is not gen and data_puller_ready(a), 10,
+    await a.js.delete_consumer(WQ, gen.consumers[0])
+    await eventually(lambda: a.active and _number(a) != gen.number and data_puller_ready(a), 10,
                      what="a active again")
     await deliver_to(a, 1, 2)
     await eventually(lambda: ("start", "a", 1) in sync.events, 5, what="a runs #1")

@@ -14,6 +14,8 @@ import pytest
 from cgroupd.pull import PENDING_MSGS, PIN_ID, PullEnd, Puller, PullOptions
 from tests.support.fakes import FakeClock, FakeNats, delivery, status
 
+pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
+
 
 class Harness:
     def __init__(self, options: PullOptions) -> None:
@@ -57,7 +59,7 @@ async def test_heartbeat_is_liveness_only(pull: Harness) -> None:
     """100: the server is there; nothing delivered, nothing ends."""
     pull.clock.advance(5)
     await pull.send(status("100", "Idle Heartbeat"))
-    assert pull.puller.last_seen == pull.clock.now
+    assert pull.puller.last_seen == pull.clock.now()
     assert not pull.puller.ended.done() and pull.got == []
 
 
@@ -157,7 +159,7 @@ async def test_pin_id_is_learnt_and_sent_back() -> None:
         assert h.puller.pin_id == "pin-1"
         await h.puller.pull_one()
         assert h.nc.pulls()[-1]["id"] == "pin-1"
-        assert h.puller.pin_pulled_at == h.clock.now
+        assert h.puller.pin_pulled_at == h.clock.now()
     finally:
         await h.puller.stop()
 
@@ -166,8 +168,9 @@ async def test_a_newly_pinned_puller_asks_again_with_its_pin_id() -> None:
     """Requests sent before the pin carry no pin id, and the server serves only requests
     that carry it: once pinned, ask again at once, with it (a previous holder's
     handed-back messages waited a whole pinned TTL, until the consumer reset)."""
-    h = Harness(PullOptions(batch=8, expires=2.0, heartbeat=0.5, group="PCG"))
-    h.puller = Puller(h.nc, "S", "c", h.puller._opts,  # type: ignore[arg-type]
+    options = PullOptions(batch=8, expires=2.0, heartbeat=0.5, group="PCG")
+    h = Harness(options)
+    h.puller = Puller(h.nc, "S", "c", options,  # type: ignore[arg-type]
                       h.got.append, clock=h.clock, capacity=lambda: 8)
     await h.puller.start()
     await asyncio.sleep(0)

@@ -30,6 +30,8 @@ from tests.support.polling import eventually
 from tests.unit.test_election_pinned_reset_unit import NO_ANSWER, NO_RESPONDERS, RESET_SETTINGS
 from tests.unit.test_election_pinned_unit import MEMBER, WQ, Group
 
+pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
+
 
 @pytest.fixture
 async def group() -> AsyncIterator[Group]:
@@ -45,6 +47,23 @@ def _state(group: Group) -> PinState:
     return state
 
 
+def _number(m: Member) -> int | None:
+    """The number of ``m``'s current generation (None: it has none)."""
+    info = m.generation
+    return info.number if info is not None else None
+
+
+def _paused(m: Member, number: int) -> bool:
+    """Generation ``number`` of ``m`` is current and starts nothing."""
+    info = m.generation
+    return info is not None and info.number == number and info.paused
+
+
+def _ended(m: Member) -> bool:
+    info = m.generation
+    return info is not None and info.ended
+
+
 async def _holding_three(group: Group) -> Member:
     """a is pinned and ran #1; it runs #2 (held open by the test) and holds #3, #4."""
     a = await group.start()
@@ -52,8 +71,8 @@ async def _holding_three(group: Group) -> Member:
     await eventually(lambda: a.active and group.by(a) == [1], 5, what="a pinned, ran #1")
     group.gates[2] = asyncio.Event()
     await group.offer(3)
-    await eventually(lambda: a._gen is not None and a._gen.dispatcher is not None
-                     and a._gen.dispatcher.holding == 3, 5, what="a holding #2, #3, #4")
+    await eventually(lambda: a.generation is not None and a.generation.holding == 3, 5,
+                     what="a holding #2, #3, #4")
     return a
 
 
@@ -63,9 +82,11 @@ async def _retargeted(group: Group, a: Member) -> None:
     The holder sees the mark at its next renewal and moves in place (``_move_pinned``)."""
     info = await a.js.consumer_info(WQ, MEMBER)
     assert info is not None
-    real, _ = member_consumer_filters(info["config"].get("filter_subjects") or [])
-    assert real, "the member consumer delivers a's partitions"
-    await a._update_config(MEMBER, a._member_filters(real, set()), {RESET_KEY: "1"})
+    real, held = member_consumer_filters(info["config"].get("filter_subjects") or [])
+    assert real and not held, "the member consumer delivers a's partitions, holds none"
+    config = dict(info["config"])
+    config["metadata"] = {**(config.get("metadata") or {}), RESET_KEY: "1"}
+    await a.js.create_consumer(WQ, MEMBER, config, action="update")
 
 
 @pytest.mark.parametrize("failure", [NO_ANSWER, NO_RESPONDERS], ids=["no-answer", "no-responders"])
@@ -80,10 +101,9 @@ async def test_a_move_whose_reset_fails_once_drops_nothing_it_held(
     a = await _holding_three(group)
     group.server.reset_failures.append((failure, False))
     await _retargeted(group, a)
-    gen = a._gen
-    assert gen is not None and gen.dispatcher is not None
-    await eventually(lambda: gen.dispatcher is not None and gen.dispatcher.paused, 5,
-                     what="a pausing for the reset")
+    gen = a.generation
+    assert gen is not None
+    await eventually(lambda: _paused(a, gen.number), 5, what="a pausing for the reset")
     group.gates[2].set()
     await eventually(lambda: _state(group).failed_resets == 1, 5, what="the failed reset")
     await group.offer(1)
@@ -91,7 +111,7 @@ async def test_a_move_whose_reset_fails_once_drops_nothing_it_held(
                      what=f"a to run #3, #4 and #5 (ran {group.by(a)})")
     await asyncio.sleep(0.3)  # a duplicate would run by now
     assert group.by(a) == [1, 2, 3, 4, 5]
-    assert a.active and a._gen is gen, "a passing reset failure costs no step-down"
+    assert a.active and _number(a) == gen.number, "a passing reset failure costs no step-down"
     state = _state(group)
     assert state.resets == 1 and not state.pending and not state.ready
 
@@ -104,12 +124,12 @@ async def test_a_move_whose_reset_never_goes_through_steps_down_without_starting
     a = await _holding_three(group)
     group.server.reset_failures.extend([(NO_ANSWER, False)] * 4)
     await _retargeted(group, a)
-    gen = a._gen
-    assert gen is not None and gen.dispatcher is not None
-    await eventually(lambda: gen.dispatcher is not None and gen.dispatcher.paused, 5,
-                     what="a pausing for the reset")
+    gen = a.generation
+    assert gen is not None
+    await eventually(lambda: _paused(a, gen.number), 5, what="a pausing for the reset")
     group.gates[2].set()
-    await eventually(lambda: gen.ended.done(), 10, what="a to give up on the reset")
+    await eventually(lambda: _number(a) != gen.number or _ended(a), 10,
+                     what="a to give up on the reset")
     assert group.by(a) == [1, 2], "nothing starts while the consumer is not reset"
     await group.offer(1)
     await eventually(lambda: len(group.ran) >= 5, 15,
@@ -129,10 +149,9 @@ async def test_a_move_refused_by_another_members_claim_drops_nothing_it_held(
     (once the other claim is gone) resets the consumer without running anything twice."""
     a = await _holding_three(group)
     await _retargeted(group, a)
-    gen = a._gen
-    assert gen is not None and gen.dispatcher is not None
-    await eventually(lambda: gen.dispatcher is not None and gen.dispatcher.paused, 5,
-                     what="a pausing for the reset")
+    gen = a.generation
+    assert gen is not None
+    await eventually(lambda: _paused(a, gen.number), 5, what="a pausing for the reset")
     info = await a.js.consumer_info(WQ, MEMBER)
     assert info is not None
     taken = info["config"]["filter_subjects"][-1]
@@ -159,10 +178,9 @@ async def test_a_move_whose_update_goes_unanswered_resets_anyway(group: Group) -
     update went out, run after the reset, before #5, once each."""
     a = await _holding_three(group)
     await _retargeted(group, a)
-    gen = a._gen
-    assert gen is not None and gen.dispatcher is not None
-    await eventually(lambda: gen.dispatcher is not None and gen.dispatcher.paused, 5,
-                     what="a pausing for the reset")
+    gen = a.generation
+    assert gen is not None
+    await eventually(lambda: _paused(a, gen.number), 5, what="a pausing for the reset")
     update = a.js.create_consumer
     lost_answers = [ServerUnreachable("updating consumer m1: the server did not answer in "
                                       "time")]
@@ -183,7 +201,7 @@ async def test_a_move_whose_update_goes_unanswered_resets_anyway(group: Group) -
                      what=f"a to run #3, #4 and #5 (ran {group.by(a)})")
     await asyncio.sleep(0.3)  # a duplicate would run by now
     assert group.by(a) == [1, 2, 3, 4, 5]
-    assert a.active and a._gen is gen
+    assert a.active and _number(a) == gen.number
 
 
 def _set_members(group: Group, *members: str) -> None:

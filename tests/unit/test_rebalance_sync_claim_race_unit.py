@@ -25,6 +25,8 @@ from tests.support.fakes import FakeJetStream, FakeServer
 from tests.support.polling import eventually
 from tests.unit.test_election_unit import SETTINGS, handler
 
+pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
+
 FREE = 2  # m3's partition: m3 never starts
 
 
@@ -125,9 +127,11 @@ async def test_a_claim_superseded_after_a_race_lets_the_partition_go(two: Two) -
     _aim(m2, (1,))
     results = await asyncio.gather(*moves, return_exceptions=True)
     assert results[0] is True, results
-    assert two.holding(partition_filters([FREE])) == list(m1._gen.data), results
+    gen = m1.generation
+    assert gen is not None
+    assert two.holding(partition_filters([FREE])) == list(gen.consumers), results
     assert two.holding(sync_filters([FREE])) == ["m1"], results
-    assert m1._gen.partitions == (0, FREE)
+    assert gen.partitions == (0, FREE)
 
 
 async def test_an_election_and_a_claim_at_the_same_moment_leave_one_claim(

@@ -14,19 +14,19 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections.abc import AsyncIterator
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
 from cgroupd.member import Member, MemberState
-from cgroupd.message import Outcome
 from cgroupd.naming import INSTANCE_KEY
 from cgroupd.runtime.state import StepDown
-from tests.support.fakes import FakeJetStream, FakeServer, status
+from tests.support.fakes import FakeJetStream, FakeMsg, FakeServer, data_puller, status
 from tests.support.polling import eventually
 from tests.unit.test_election_unit import SETTINGS, WQ, Group, handler
+
+pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
 
 
 def _answer(info: dict[str, Any], owner: str, heard_ago: float) -> dict[str, Any]:
@@ -46,12 +46,20 @@ class HealingJetStream(FakeJetStream):
         super().__init__(server)
         self.sync = sync
         self.answer_as: tuple[str, float] | None = None
+        #: How many times the sync consumer's info was answered (each self-check asks).
+        self.answered = 0
 
     async def consumer_info(self, stream: str, name: str) -> dict[str, Any] | None:
         info = await super().consumer_info(stream, name)
         if info is None or name != self.sync or self.answer_as is None:
             return info
+        self.answered += 1
         return _answer(info, *self.answer_as)
+
+    async def checks(self, n: int) -> None:
+        """Wait until ``n`` more self-checks got the answer set now."""
+        target = self.answered + n
+        await eventually(lambda: self.answered >= target, 30, what=f"{n} self-checks")
 
 
 @pytest.fixture
@@ -62,45 +70,49 @@ async def group() -> AsyncIterator[Group]:
         await asyncio.wait_for(m.stop(), 10)
 
 
+def _same(m: Member, number: int) -> bool:
+    """``m`` is in generation ``number`` still, and it has not ended."""
+    now = m.generation
+    return now is not None and now.number == number and not now.ended
+
+
 async def _active(group: Group) -> tuple[Member, HealingJetStream]:
     js = HealingJetStream(group.server, "")
     m = Member(js, "ORDERS", "g", "m1", handler, SETTINGS, instance_id="b")
     js.sync = m.sync_consumer
     await m.start()
     group.members.append(m)
-    for _ in range(300):
-        if m.state is MemberState.ACTIVE:
-            break
-        await asyncio.sleep(0.01)
-    assert m.state is MemberState.ACTIVE and m._gen is not None
+    await eventually(lambda: m.state is MemberState.ACTIVE, 3, what="m active")
+    assert m.state is MemberState.ACTIVE and m.generation is not None
     return m, js
 
 
 async def test_a_stale_answer_naming_the_previous_owner_ends_nothing(group: Group) -> None:
     m, js = await _active(group)
-    gen = m._gen
+    gen = m.generation
     assert gen is not None
     with capture_logs() as logged:
         # The cut-off node, healed a moment ago: it last heard a quorum 15 s ago.
         js.answer_as = ("a", 15.0)
-        assert await m._verify(gen) is None
-        assert not gen.ended.done(), gen.ended.result()
+        await js.checks(3)
+        assert _same(m, gen.number), m.generation
+        assert m.stats["stale_checks"] >= 3
         # The real leader's answer again: still ours.
         js.answer_as = (m.instance_id, 0.05)
-        assert await m._verify(gen) is True
-    assert not gen.ended.done()
+        await js.checks(3)
+    assert _same(m, gen.number) and m.state is MemberState.ACTIVE
     stale = [e for e in logged if e["event"].startswith("self-check answered by a server out")]
     assert len(stale) == 1 and stale[0]["owner"] == "a", stale
 
 
 async def test_a_fresh_answer_naming_another_owner_ends_the_generation(group: Group) -> None:
     m, js = await _active(group)
-    gen = m._gen
-    assert gen is not None
-    js.answer_as = ("a", 0.05)
-    assert await m._verify(gen) is False
-    why, detail = gen.ended.result()
-    assert why is StepDown.SYNC_LOST and "(a)" in detail
+    with capture_logs() as logged:
+        js.answer_as = ("a", 0.05)
+        await eventually(lambda: m.state is not MemberState.ACTIVE, 5, what="a step-down")
+    down = [e for e in logged if e["event"] == "stepped down"]
+    assert down and down[0]["reason"] == StepDown.SYNC_LOST.value, logged
+    assert "(a)" in down[0]["detail"], down
 
 
 async def test_a_stale_answer_naming_us_deletes_no_sync_consumer(group: Group) -> None:
@@ -108,7 +120,7 @@ async def test_a_stale_answer_naming_us_deletes_no_sync_consumer(group: Group) -
     token). Reading that as "ours, left over" (standing by) or as "still ours" (releasing)
     would delete the sync consumer by name: the new owner's."""
     m, js = await _active(group)
-    key = (m._consume_stream, m.sync_consumer)
+    key = (WQ, m.sync_consumer)
     js.answer_as = (m.instance_id, 15.0)
     assert await m._sync_is_ours() is False
     await m._learn_owner()
@@ -122,30 +134,31 @@ async def test_release_waits_until_the_stream_removed_what_we_acked(group: Group
     (nats-server 2.15.1: acks confirmed while the stream had no leader, the consumer then
     deleted, and a new consumer got every message again). Releasing waits, bounded, until
     the stream no longer holds the last message acked before deleting the data consumer."""
-    m, _ = await _active(group)
-    gen = m._gen
-    assert gen is not None
-    dispatcher = gen.dispatcher
-    assert dispatcher is not None
-    acked = SimpleNamespace(outcome=Outcome.ACK, stream_sequence=7)
-    dispatcher.last_settled = acked  # type: ignore[assignment]
-    try:
-        group.server.stored[m._consume_stream] = {7}  # acked, not yet removed
-        waiting = asyncio.ensure_future(m._wait_removed(gen))
-        await asyncio.sleep(0.3)  # a leaderless stream's length, not a synchronisation
-        assert not waiting.done(), "went on while the stream still held an acked message"
-        group.server.stored[m._consume_stream].clear()  # a stream leader removed it
-        await asyncio.wait_for(waiting, 1.0)
-    finally:
-        dispatcher.last_settled = None
+    m, js = await _active(group)
+    await eventually(lambda: (p := data_puller(m)) is not None and p.inbox, 5, what="pulling")
+    puller = data_puller(m)
+    assert puller is not None
+    data = puller.consumer
+    group.server.stored[WQ] = {7}  # #7 is acked below, not yet removed
+    await js.nc.deliver(puller.inbox, FakeMsg(subject="0.orders.k", data=b"m", consumer_seq=1,
+                                              reply=f"$JS.ACK.{WQ}.{data}.1.7.1.0.0"))
+    await eventually(lambda: m.stats["acked"] == 1, 5, what="#7 acked")
+    stopping = asyncio.ensure_future(m.stop())
+    await asyncio.sleep(0.3)  # a leaderless stream's length, not a synchronisation
+    assert not stopping.done(), "went on while the stream still held an acked message"
+    assert (WQ, data) in group.server.consumers, "deleted while the stream held #7"
+    group.server.stored[WQ].clear()  # a stream leader removed it
+    async with asyncio.timeout(1.0):
+        await stopping
+    assert (WQ, data) not in group.server.consumers
 
 
 def _claim_inbox(m: Member) -> str:
     """The inbox the active instance's claim (sync consumer) puller listens on."""
-    gen = m._gen
-    assert gen is not None
-    puller = next(p for p in gen.pullers if p.consumer == "m1")
-    return puller._inbox
+    assert isinstance(m.js, FakeJetStream)
+    puller = next((p for p in reversed(m.js.pullers)
+                   if p.consumer == "m1" and not p.ended.done()), None)
+    return "" if puller is None else puller.inbox
 
 
 async def _claim_told_deleted(m: Member) -> None:
@@ -160,20 +173,25 @@ async def test_a_claim_said_deleted_by_a_stale_node_is_kept(group: Group) -> Non
     back). The claim still names us on the servers in touch: we carry on, pulling anew."""
     a = await group.start("a")
     await eventually(lambda: a.active, 5, what="a active")
-    gen = a._gen
+    gen = a.generation
+    assert gen is not None
     old = _claim_inbox(a)
+    assert old
     await _claim_told_deleted(a)
-    await eventually(lambda: a._gen is gen and _claim_inbox(a) != old, 5,
-                     what="a new claim puller")
-    assert a.active and not gen.ended.done(), gen.ended.result() if gen.ended.done() else ""
+    await eventually(lambda: (now := a.generation) is not None and now.number == gen.number
+                     and _claim_inbox(a) not in ("", old), 5, what="a new claim puller")
+    assert a.active and a.generation is not None and a.generation.number == gen.number
+    assert not a.generation.ended
 
 
 async def test_a_claim_really_deleted_ends_the_generation(group: Group) -> None:
-    a = await group.start("a")
+    reasons: list[str] = []
+    a = Member(FakeJetStream(group.server), "ORDERS", "g", "m1", handler,  # type: ignore[arg-type]
+               SETTINGS, instance_id="a", on_standby=reasons.append)
+    await a.start()
+    group.members.append(a)
     await eventually(lambda: a.active, 5, what="a active")
-    gen = a._gen
-    assert gen is not None
     del group.server.consumers[(WQ, "m1")]
     await _claim_told_deleted(a)
-    await eventually(lambda: gen.ended.done(), 5, what="the generation to end")
-    assert gen.ended.result()[0] is StepDown.SYNC_LOST
+    await eventually(lambda: reasons, 5, what="the generation to end")
+    assert reasons[0] == StepDown.SYNC_LOST.value

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,9 +17,12 @@ from structlog.testing import capture_logs
 
 from cgroupd.errors import ServerUnreachable
 from cgroupd.member import Member, MemberState
-from tests.support.fakes import FakeJetStream, FakeServer
+from tests.support.fakes import FakeJetStream, FakeMsg, FakeServer, data_puller
+from tests.support.polling import eventually
 from tests.unit.test_election_unit import SETTINGS as ELECTION
-from tests.unit.test_election_unit import Group, handler
+from tests.unit.test_election_unit import WQ, Group
+
+pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
 
 #: Checks every second (the default), so the backoff's cap (0.5 s) is what limits retries.
 SETTINGS = dataclasses.replace(ELECTION, retry_interval=1.0, lease=3.0, takeover_margin=0.5,
@@ -51,31 +53,43 @@ async def group() -> AsyncIterator[Group]:
 
 
 async def test_unanswered_self_checks_back_off_and_warn_once(group: Group) -> None:
+    """The server stops answering for longer than the lease: a message delivered then
+    waits (no handler starts without a check that proves ownership); the checks it waits
+    for back off, one warning for the outage; the first answer after the heal starts it."""
     js = FailingJetStream(group.server)
-    m = Member(js, "ORDERS", "g", "m1", handler, SETTINGS, instance_id="a")
+    ran: list[int] = []
+
+    async def recording(msg: Any) -> None:
+        ran.append(msg.stream_sequence)
+
+    m = Member(js, "ORDERS", "g", "m1", recording, SETTINGS, instance_id="a")
     await m.start()
     group.members.append(m)
-    for _ in range(300):
-        if m.state is MemberState.ACTIVE:
-            break
-        await asyncio.sleep(0.01)
-    gen = m._gen
-    assert gen is not None and m.state is MemberState.ACTIVE
+    await eventually(lambda: m.state is MemberState.ACTIVE and data_puller(m) is not None,
+                     3, what="a active and pulling")
+    gen = m.generation
+    puller = data_puller(m)
+    assert gen is not None and puller is not None
+    loop = asyncio.get_running_loop()
     with capture_logs() as logged:
         js.failing = True
-        gen.lease.revoke()  # a handler now waits for a check that proves ownership
-        waiting = asyncio.ensure_future(m._hold_lease(gen))
+        await asyncio.sleep(SETTINGS.lease + 0.5)  # past the lease: an outage, not a sync
+        before = js.failed
+        await js.nc.deliver(puller.inbox, FakeMsg(
+            subject="0.orders.k", data=b"m", consumer_seq=1,
+            reply=f"$JS.ACK.{WQ}.{puller.consumer}.1.1.1.0.0"))
         await asyncio.sleep(2.0)  # the outage's length, not a synchronisation
-        assert not waiting.done(), "no lease may be granted without an answer"
+        assert not ran, "no handler may start without an answer"
         # 0.1 + 0.2 + 0.4 + 0.5 + 0.5 ... and the 1 s checks: about eight (twenty-two before).
-        tries = js.failed
+        tries = js.failed - before
         js.failing = False
-        healed = time.monotonic()
-        assert await asyncio.wait_for(waiting, 2.0) is True
-        resumed = time.monotonic() - healed
+        healed = loop.time()
+        await eventually(lambda: ran, 2.0, 0.005, what="the held message to run")
+        resumed = loop.time() - healed
     warnings = [e for e in logged if e["event"] == "self-check could not reach the server"]
     assert 3 <= tries <= 10, f"{tries} checks in a 2 s outage"
     assert len(warnings) == 1, warnings
     assert any(e["event"] == "self-check reached the server again" for e in logged)
     assert resumed < 0.6, f"resumed {resumed:.2f} s after the heal"
-    assert not gen.ended.done()
+    now = m.generation
+    assert now is not None and now.number == gen.number and not now.ended

@@ -22,6 +22,8 @@ from tests.support.polling import eventually
 from tests.unit.test_election_unit import SETTINGS as ELECTION
 from tests.unit.test_election_unit import WQ, Group, handler
 
+pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
+
 #: A retry interval of 0.2 s: a standby with an answering owner tries a create at most
 #: every IDLE_ATTEMPT_EVERY (5) intervals, once a second.
 SETTINGS = dataclasses.replace(ELECTION, retry_interval=0.2, lease=1.0, takeover_margin=0.2)

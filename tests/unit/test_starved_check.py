@@ -14,9 +14,12 @@ from collections.abc import AsyncIterator
 import pytest
 
 from cgroupd.member import Member, MemberState, StepDown
-from tests.support.fakes import FakeJetStream
+from tests.support.fakes import FakeJetStream, FakeMsg, data_puller
+from tests.support.polling import eventually
 from tests.unit.test_election_unit import SETTINGS as ELECTION
 from tests.unit.test_election_unit import WQ, Group, handler
+
+pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
 
 #: Checks every 0.05 s: three in a row take 0.15 s.
 SETTINGS = ELECTION
@@ -30,35 +33,43 @@ async def group() -> AsyncIterator[Group]:
         await asyncio.wait_for(m.stop(), 10)
 
 
-async def active(group: Group) -> Member:
+async def active(group: Group, reasons: list[str] | None = None) -> Member:
     m = Member(FakeJetStream(group.server), "ORDERS", "g", "m1", handler,
-               SETTINGS, instance_id="a")
+               SETTINGS, instance_id="a",
+               on_standby=reasons.append if reasons is not None else None)
     await m.start()
     group.members.append(m)
-    for _ in range(200):
-        if m.state is MemberState.ACTIVE:
-            return m
-        await asyncio.sleep(0.01)
-    raise AssertionError("never became active")
+    await eventually(lambda: m.state is MemberState.ACTIVE, 2, what="m active")
+    return m
 
 
 def waiting_and_none_unacked(group: Group, m: Member) -> None:
     """What a check sees at an unlucky moment of steady traffic: a message published and
     not yet delivered, nothing delivered and unacknowledged."""
-    assert m._gen is not None
-    for name in m._gen.data:
+    gen = m.generation
+    assert gen is not None
+    for name in gen.consumers:
         group.server.consumers[(WQ, name)].num_pending = 1
 
 
 async def test_delivering_consumer_is_not_stalled(group: Group) -> None:
-    m = await active(group)
-    gen = m._gen
+    reasons: list[str] = []
+    m = await active(group, reasons)
+    gen = m.generation
     assert gen is not None
+    await eventually(lambda: data_puller(m) is not None and data_puller(m).inbox,  # type: ignore[union-attr]
+                     5, what="a pulling")
     waiting_and_none_unacked(group, m)
 
     async def deliveries() -> None:
+        seq = 0
         while True:  # a delivery between any two checks, each settled at once
-            gen.received += 1
+            puller = data_puller(m)
+            if puller is not None:
+                seq += 1
+                await m.js.nc.deliver(puller.inbox, FakeMsg(  # type: ignore[attr-defined]
+                    subject="0.orders.k", data=b"m", consumer_seq=seq,
+                    reply=f"$JS.ACK.{WQ}.{puller.consumer}.1.{seq}.{seq}.0.0"))
             await asyncio.sleep(0.01)
 
     flowing = asyncio.create_task(deliveries())
@@ -69,15 +80,15 @@ async def test_delivering_consumer_is_not_stalled(group: Group) -> None:
         flowing.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await flowing
-    assert not gen.ended.done(), f"stepped down while delivering: {gen.ended.result()}"
-    assert m.state is MemberState.ACTIVE
+    assert not reasons, f"stepped down while delivering: {reasons}"
+    now = m.generation
+    assert m.state is MemberState.ACTIVE and now is not None and now.number == gen.number
 
 
 async def test_starved_consumer_steps_down(group: Group) -> None:
     """Messages wait, none unacknowledged, nothing arrives: replaced after three checks."""
-    m = await active(group)
-    gen = m._gen
-    assert gen is not None
+    reasons: list[str] = []
+    m = await active(group, reasons)
     waiting_and_none_unacked(group, m)
-    why, _ = await asyncio.wait_for(asyncio.shield(gen.ended), 20 * SETTINGS.retry_interval)
-    assert why is StepDown.STALLED
+    await eventually(lambda: reasons, 20 * SETTINGS.retry_interval, what="a step-down")
+    assert reasons[0] == StepDown.STALLED.value

@@ -20,6 +20,8 @@ from tests.support.fakes import FakeJetStream, FakeServer
 from tests.support.polling import eventually
 from tests.unit.test_election_unit import SETTINGS, Group, handler
 
+pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
+
 
 class BusyJetStream(FakeJetStream):
     """The first ``fail`` watches of the group record fail with ``error``."""
