@@ -22,4 +22,12 @@ if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null 
 fi
 "$VENV/bin/python" -m ruff check cgroupd tests bench
 "$VENV/bin/python" -m mypy
-"$VENV/bin/python" -m pytest "$@"
+# Two workers: most tests wait on servers and timers, not the CPU. Groups that must not
+# overlap (fault injection, clusters, Spark, the browser) each stay on one worker
+# (tests/conftest.py). CGROUPD_TEST_WORKERS=0 runs everything in this process.
+WORKERS=${CGROUPD_TEST_WORKERS:-2}
+if [ "$WORKERS" = 0 ]; then
+    "$VENV/bin/python" -m pytest "$@"
+else
+    "$VENV/bin/python" -m pytest -n "$WORKERS" --dist loadgroup "$@"
+fi

@@ -46,11 +46,26 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+#: Tests that must not overlap one another when the suite runs on several workers
+#: (``pytest -n 2 --dist loadgroup``, scripts/test.sh): each group runs in order on one
+#: worker while the other worker takes the rest. Fault injection and 3-node clusters
+#: measure takeover times and own network namespaces; Spark starts a JVM per session;
+#: the console drives one headless Chromium; the interop tests share the reference's venv.
+SERIAL_GROUPS = {"faults": "faults", "spark": "spark", "console": "browser"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Any test using the cluster fixture gets the marker, so `-m "not cluster"` is reliable.
     for item in items:
-        if "nats_cluster" in getattr(item, "fixturenames", ()):
+        # Any test using the cluster fixture gets the marker, so `-m "not cluster"` is reliable.
+        cluster = "nats_cluster" in getattr(item, "fixturenames", ())
+        if cluster:
             item.add_marker(pytest.mark.cluster)
+        folder = item.path.parent.name
+        group = SERIAL_GROUPS.get(folder, "faults" if cluster else None)
+        if group is None and item.get_closest_marker("interop"):
+            group = "peer"  # one reference venv, one peer at a time
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 _HANGDUMP_DISARM = pytest.StashKey[Any]()
