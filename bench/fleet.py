@@ -185,6 +185,13 @@ class Fleet:
     def exited(self) -> list[int]:
         return [p.returncode for p in self.procs if p.poll() is not None]
 
+    def state_counts(self) -> dict[str, int]:
+        """How many instances are in each state (a stuck mass start shows where)."""
+        counts: dict[str, int] = {}
+        for s in self.states().values():
+            counts[s["state"]] = counts.get(s["state"], 0) + 1
+        return dict(sorted(counts.items()))
+
     def active_members(self) -> set[str]:
         return {s["member"] for s in self.states().values() if s["state"] == "active"}
 
@@ -272,6 +279,8 @@ async def measure(srv: NatsServer, fleet: Fleet, members: int, instances: int,
     result: dict[str, Any] = {"members": members, "instances": instances,
                               "processes": len(fleet.procs)}
     result["all_active_s"] = await wait_all_active(fleet, members, timeout)
+    result["active_members"] = len(fleet.active_members())
+    result["states"] = fleet.state_counts()
     keys = 8 * members
     result["first_round_served_s"] = await served(srv.url, fleet, "start", keys, timeout)
     if idle > 0:
