@@ -125,6 +125,12 @@ class SyncElection(MemberCore):
             await self._release(gen)
             self._gen = None
             return None
+        if self._stopping or self._deleted:
+            # stop() came while we claimed (SIGTERM to every instance: the active one let
+            # go and our create won): let go again without becoming active.
+            await self._release(gen)
+            self._gen = None
+            return None
         return gen
 
     def _instance_metadata(self) -> dict[str, str]:

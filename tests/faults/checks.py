@@ -37,6 +37,7 @@ built from the rows.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sqlite3
 from collections import Counter, defaultdict
@@ -118,6 +119,27 @@ def committed(rows: Sequence[Row]) -> tuple[list[Span], int]:
                 done.append(Span(r, r.t_start, r.t_end))
                 have.add(r.n)
     return done, in_doubt
+
+
+def confirmed_across_stall(rows: Sequence[Row], stalled: str, at: float
+                           ) -> tuple[list[Row], list[int]]:
+    """``rows`` with the commits of ``stalled`` whose ``double_ack`` the server applied
+    before the stall began at ``at`` but whose confirmation the stall delayed (the event
+    loop blocked, or the process stopped, between the ack going out and its reply being
+    read) dated at their ack (``t_end``), and their messages' indexes.
+
+    Otherwise such a commit would end after the successor's later work, by the stall
+    alone. Sound only if nobody else ever ran the message (asserted: an ack that went out
+    before the stall and was applied removed it from the work-queue stream).
+    """
+    others = {r.n for r in rows if r.instance != stalled}
+    late = [r for r in rows if r.instance == stalled and r.status == "committed"
+            and r.t_end is not None and r.t_end <= at + 0.05
+            and (r.t_done or 0) > at + 0.5]
+    assert not [r.n for r in late if r.n in others], "committed after its successor ran it"
+    adjusted = {id(r) for r in late}
+    return ([dataclasses.replace(r, t_done=r.t_end) if id(r) in adjusted else r
+             for r in rows], [r.n for r in late])
 
 
 def to_record(spans: Iterable[Span]) -> Record:

@@ -260,16 +260,17 @@ class Scenario:
         """When :meth:`settle` saw every message finished (epoch seconds; 0 before)."""
         return self._settled_at
 
-    def verdict(self) -> FaultVerdict:
-        """Judge what was recorded (after :meth:`settle`); print and collect the table."""
+    def verdict(self, rows: Sequence[Row] | None = None) -> FaultVerdict:
+        """Judge what was recorded (after :meth:`settle`), or ``rows`` read from it and
+        adjusted by the test; print and collect the table."""
         assert self.publisher is not None
         pub = self.publisher
         sent = [(s, n) for s, n in pub.sent if n not in self._excluded]
         # Stalls count from the first publish until the last message was finished.
         window = (pub.started_at or 0.0, self._settled_at)
         rewinds = self.crash or self.lost_acks or any(p.killed for p in self.procs)
-        verdict = judge(self.name, self.variant, self.rows(), sent, window=window,
-                        rewinds=rewinds, returns=self.returns)
+        verdict = judge(self.name, self.variant, self.rows() if rows is None else rows,
+                        sent, window=window, rewinds=rewinds, returns=self.returns)
         self.note(f"publisher: {pub.retries} publish retries, longest publish "
                   f"{pub.longest_publish:.2f}s")
         if self._excluded:

@@ -25,14 +25,13 @@ are the only raw overlaps and the only rolled-back runs allowed.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import signal
 import time
 
 import pytest
 
 from cgroupd.settings import MemberSettings
-from tests.faults.checks import FaultVerdict, judge
+from tests.faults.checks import FaultVerdict, confirmed_across_stall, judge
 from tests.faults.runner import JoinProc
 from tests.faults.scenario import REPORTS, Scenario
 
@@ -154,23 +153,12 @@ async def test_short_then_long_stall_of_the_active_instance(
 
 def _verdict(sc: Scenario, stalled: JoinProc, long_at: float) -> FaultVerdict:
     """:meth:`Scenario.verdict`, except for the stalled instance's ``double_ack`` that
-    the server applied before the stall but whose confirmation the stall delayed (the
-    event loop blocked, or the process stopped, between the ack going out and its reply
-    being read). Its commit then comes after the successor's later work of the key, by
-    the stall: its work counts as completed when its ack went out (``t_end``), which is
-    sound only if nobody else ever ran the message (asserted)."""
-    rows = sc.rows()
-    others = {r.n for r in rows if r.instance != stalled.instance}
-    late = [r for r in rows if r.instance == stalled.instance and r.status == "committed"
-            and r.t_end is not None and r.t_end <= long_at + 0.05
-            and (r.t_done or 0) > long_at + 0.5]
-    assert not [r.n for r in late if r.n in others], "committed after its successor ran it"
+    the server applied before the stall but whose confirmation the stall delayed (see
+    :func:`tests.faults.checks.confirmed_across_stall`)."""
+    rows, late = confirmed_across_stall(sc.rows(), stalled.instance, long_at)
     if late:
         sc.note(f"{len(late)} ack(s) of {stalled.instance} applied before the stall, "
-                f"confirmed after it: {[r.n for r in late]}")
-    adjusted = {id(r) for r in late}
-    rows = [dataclasses.replace(r, t_done=r.t_end) if id(r) in adjusted else r
-            for r in rows]
+                f"confirmed after it: {late}")
     pub = sc.publisher
     assert pub is not None
     verdict = judge(sc.name, sc.variant, rows, pub.sent, rewinds=False,

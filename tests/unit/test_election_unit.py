@@ -370,3 +370,46 @@ async def test_an_earlier_versions_data_consumer_is_probed_where_its_instance_an
     await eventually(lambda: a.active, 10, what="a active")
     assert (WQ, old) not in group.server.consumers
     assert group.server.names(WQ) == {"m1", a.data_consumer}
+
+
+class GatedClaim(FakeJetStream):
+    """The claim's create is held until ``gate`` opens (a stop() arrives meanwhile)."""
+
+    def __init__(self, server: FakeServer) -> None:
+        super().__init__(server)
+        self.gate = asyncio.Event()
+        self.entered = asyncio.Event()
+
+    async def create_consumer(self, stream: str, name: str, config: dict[str, Any],
+                              action: str = "create") -> dict[str, Any]:
+        if name == "m1" and not self.gate.is_set():
+            self.entered.set()
+            await self.gate.wait()
+        return await super().create_consumer(stream, name, config, action)
+
+
+class Recording(Member):
+    """Remembers every state it went through."""
+
+    def _transition(self, to: MemberState, **info: Any) -> None:
+        self.__dict__.setdefault("states", []).append(to)
+        super()._transition(to, **info)
+
+
+async def test_a_standby_stopped_while_it_claims_does_not_become_active(
+        group: Group) -> None:
+    """A standby whose claim was on its way when stop() came (SIGTERM to both instances:
+    the active one released, the standby's create then won) lets the claim go without
+    becoming active: no hand-over to a stopping instance (CI: test_sigstop_..._no_takeover
+    saw the SIGTERMed standby "became active" 20 ms after its own SIGTERM)."""
+    js = GatedClaim(group.server)
+    b = Recording(js, "ORDERS", "g", "m1", handler, SETTINGS)  # type: ignore[arg-type]
+    await b.start()
+    group.members.append(b)
+    await eventually(js.entered.is_set, 5, 0.01, "the claim's create sent")
+    stopping = asyncio.ensure_future(b.stop())
+    await asyncio.sleep(0)  # stop() has begun
+    js.gate.set()
+    await stopping
+    assert MemberState.ACTIVE not in b.__dict__["states"], b.__dict__["states"]
+    assert group.server.names(WQ) == set(), "the claim and any data consumer went"
