@@ -23,10 +23,12 @@ from cgroupd.naming import (
 )
 from cgroupd.partitions import member_consumer_filters
 from cgroupd.pinning import PinLease, SkipRules
+from cgroupd.pull import Puller
 from cgroupd.runtime.core import MemberCore
 from cgroupd.runtime.generation import Generation
 from cgroupd.runtime.state import MemberState, StepDown
 from cgroupd.settings import PRIORITY_GROUP, RESET_QUIET_MARGIN
+from cgroupd.tasks import cancel_and_wait
 
 #: Pulls between a failed consumer reset and the next try (they keep the pin ours), doubled
 #: after each failure up to the maximum. Each try adds a pull expiry without pulls.
@@ -101,15 +103,67 @@ class PinnedElection(MemberCore):
         assert gen.dispatcher is not None
         gen.dispatcher.pause()
         pinned = asyncio.get_running_loop().create_future()
-        gen.pullers.append(await self._start_puller(
-            gen, name, s.max_in_flight, StepDown.PIN_LOST, deliver=True, pinned=pinned))
+        puller = await self._start_puller(
+            gen, name, s.max_in_flight, StepDown.PIN_LOST, deliver=True, pinned=pinned)
+        gen.pullers.append(puller)
+        puller.hush()  # until the gate has looked (it runs before the puller's first pull)
+        gate = asyncio.ensure_future(self._gate_pulls(puller, pinned))
         # Standby until the server pins us: the first message carries our pin id.
-        done, _ = await asyncio.wait({pinned, gen.ended}, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            done, _ = await asyncio.wait({pinned, gen.ended},
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await cancel_and_wait(gate)
+        puller.hush(False)
         if pinned in done and not gen.ended.done():
             return gen
         await self._release(gen)
         self._gen = None
         return None
+
+    async def _gate_pulls(self, puller: Puller, pinned: asyncio.Future[None]) -> None:
+        """A standby pulls (competes for the pin) only while nobody holds it.
+
+        nats-server pins the first waiting pull without a pin id once the pin is free,
+        and a consumer leader change frees it (the pin lives in the old leader's memory
+        only): a standby's waiting pull would take the member from a live holder. So
+        while consumer info names a pinned client the standby asks for nothing; when the
+        pin is gone under the same leader (the holder's TTL ran out, or an unpin) it
+        competes at once; when it went with a leader change, the holder asks to be
+        pinned again (:meth:`_renew_once`), and the standby competes only if messages
+        then wait one pinned TTL with nobody pinned. Polls every eighth of the TTL."""
+        s = self.settings
+        seen_under: str | None = None  # the leader under which a holder was last seen
+        waiting_since: float | None = None
+        while not pinned.done():
+            try:
+                info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
+            except CgroupdError:
+                info = {}  # no answer: keep doing what we did
+            else:
+                view = ConsumerInfo.of(info)
+                now = self._clock()
+                if info is None:
+                    puller.hush(False)  # gone: the puller's answer tells the member
+                elif view.pinned_client(PRIORITY_GROUP):
+                    seen_under, waiting_since = view.leader, None
+                    puller.hush()
+                elif seen_under is None or view.leader in (None, seen_under):
+                    seen_under = None
+                    puller.hush(False)
+                else:
+                    if int(view.raw.get("num_pending", 0)) == 0:
+                        waiting_since = None
+                    elif waiting_since is None:
+                        waiting_since = now
+                    if waiting_since is not None and now - waiting_since >= s.pinned_ttl:
+                        self._log.info("pin not taken back after a consumer leader "
+                                       "change; competing", leader=view.leader)
+                        seen_under = None
+                        puller.hush(False)
+                    else:
+                        puller.hush()
+            await self._sleep(s.pinned_ttl / 8)
 
     def _step_down_requested(self, body: bytes) -> str | None:
         """An operator asked the holder of our member's pin to step down (the body names
@@ -156,26 +210,47 @@ class PinnedElection(MemberCore):
         if lease is None or lease.lost or puller is None:
             return False
         pin = puller.pin_id
-        if pin is None or puller.ended.done():
+        if (pin is None and not lease.repinning) or puller.ended.done():
             lease.lose()
             return False
-        await puller.pull_one()
+        if pin is not None and not puller.pin_refused:
+            await puller.pull_one()
         sent = puller.pin_pulled_at
+        asked = self._clock()
         try:
             await self.js.flush(self.settings.pull_expires)
             info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
         except (CgroupdError, TimeoutError) as exc:
             self._log.info("pin lease not renewed: no answer", error=repr(exc))
             return lease.valid
-        holder = ConsumerInfo.of(info).pinned_client(PRIORITY_GROUP)
-        if info is None or holder != pin:
-            lease.lose()
-            return False
+        view = ConsumerInfo.of(info)
+        holder = view.pinned_client(PRIORITY_GROUP)
         # As in sync mode's self-check: a clustered consumer's leader cut off from its
         # replicas still names us pinned while the majority side pins someone else. Its
         # answer proves the pin only as of when it last heard from a quorum.
-        age = ConsumerInfo.of(info).quorum_age
+        age = view.quorum_age
+        if info is None:
+            lease.lose()
+            return False
+        if not holder:
+            # Nobody pinned: after a consumer leader change (the pin stays with the old
+            # leader) we hold on and ask to be pinned again; otherwise it is over.
+            if not lease.vanished(view.leader, asked - age):
+                return False
+            if puller.pin_id is not None or puller.pin_refused:
+                self._log.info("pin went with the member consumer's old leader; asking "
+                               "to be pinned again", leader=view.leader)
+                puller.repin()
+            return lease.valid
+        if holder != pin:
+            lease.lose()
+            return False
+        puller.pin_refused = False
         lease.renewed(pin, sent - age)
+        if lease.pin_id != pin:  # pinned again only after our lease ran out
+            lease.lose()
+            return False
+        lease.leader = view.leader
         if not lease.valid:
             self.stats["stale_checks"] += 1
             self._log.warning("pin confirmed by a server out of touch with its cluster; "

@@ -214,3 +214,27 @@ async def test_idle_requests_overlap_only_when_asked(overlap: bool) -> None:
             assert [p["batch"] for p in h.nc.pulls()] == [4, 4]
     finally:
         await h.puller.stop()
+
+
+async def test_423_wrong_pin_id_waits_for_the_member() -> None:
+    """423 "Nats-Wrong-Pin-Id" (the pin moved, or went with a consumer leader change: the
+    member's renewal tells which) does not end the puller; it asks for nothing until
+    :meth:`Puller.repin`, then asks without a pin id. An older request answered so while
+    being pinned again changes nothing."""
+    h = Harness(PullOptions(batch=4, expires=2.0, heartbeat=0.5, group="PCG"))
+    await h.puller.start()
+    await asyncio.sleep(0)
+    try:
+        h.puller.pin_id = "old"
+        await h.send(status("423", "Nats-Wrong-Pin-Id", **{PENDING_MSGS: "4"}))
+        assert not h.puller.ended.done() and h.puller.pin_refused
+        sent = len(h.nc.pulls())
+        await h.puller.pull_one()
+        assert len(h.nc.pulls()) == sent, "no request while refused"
+        h.puller.repin()
+        await h.puller.pull_one()
+        assert len(h.nc.pulls()) == sent + 1 and "id" not in h.nc.pulls()[-1]
+        await h.send(status("423", "Nats-Wrong-Pin-Id", **{PENDING_MSGS: "1"}))
+        assert not h.puller.ended.done() and not h.puller.pin_refused
+    finally:
+        await h.puller.stop()

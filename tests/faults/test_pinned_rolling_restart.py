@@ -1,0 +1,160 @@
+"""Pinned exclusivity through a NATS rolling restart (issue 29 part 2).
+
+A 3-node cluster, R3 streams; m1 and m2 each run two instances in pinned mode (key
+ordering), each instance given only one server's URL, the two instances of a member on
+different nodes. Every node is restarted in turn (SIGTERM, ~3 s down, back and healthy,
+then ~5 s) under keyed traffic. The pin advisories and consumer leader elections the
+server publishes are recorded in the notes, with every owner change and its cause.
+
+Why the pin moved before the fix (nats-server 2.15): the pin id lives only in the
+consumer leader's memory. A consumer leader change (``setLeader`` → ``unassignPinId``)
+forgets it without an advisory; the new leader pins the first pull that carries *no* pin
+id and answers the holder's pulls, which carry the old id, with ``423
+Nats-Wrong-Pin-Id``. The standbys' pulls carry none, so a leader change alone handed the
+member to a standby, and the old holder's unacknowledged messages then held the new
+holder back a pinned TTL before its consumer reset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cgroupd.config import ELASTIC_BUCKET
+from tests.faults import injectors
+from tests.faults.checks import Row
+from tests.faults.runner import JoinProc
+from tests.faults.scenario import Scenario
+from tests.support.natsserver import NatsCluster
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+
+STREAMS = ("ORDERS", "ORDERS-g", f"KV_{ELASTIC_BUCKET}")
+KEYED = ("--exclusivity", "pinned", "--ordering", "key", "--max-in-flight", "64")
+#: How long each node stays down, and how long the cluster runs healthy after it is back.
+DOWN = 3.0
+SETTLE = 5.0
+#: Done-when of issue 29: the longest time a member completed nothing.
+MAX_GAP = 3.0
+
+
+def reruns(rows: list[Row]) -> list[int]:
+    """Messages started again after a run of them had committed (a completed message run
+    twice)."""
+    done: dict[int, float] = {}
+    for r in rows:
+        if r.status == "committed" and r.t_done is not None:
+            done[r.n] = min(done.get(r.n, r.t_done), r.t_done)
+    return sorted({r.n for r in rows if r.n in done and r.t_start > done[r.n]})
+
+
+class Advisories:
+    """Pin and leader advisories of the group's consumers, in arrival order."""
+
+    def __init__(self, began: float) -> None:
+        self.began = began
+        self.lines: list[str] = []
+
+    async def record(self, msg: Any) -> None:
+        try:
+            body = json.loads(msg.data)
+        except ValueError:
+            return
+        kind = msg.subject.split(".")[4]
+        what = body.get("pinned_id") or body.get("reason") or body.get("leader", {})
+        if isinstance(what, dict):
+            what = what.get("name", "")
+        self.lines.append(f"[{time.monotonic() - self.began:5.1f}s] {kind} "
+                          f"{body.get('stream', '')}/{body.get('consumer', '')} {what}")
+
+
+def causes(procs: list[JoinProc]) -> list[str]:
+    """Every step-down but the final stop, with its reason: what moved an owner."""
+    out = []
+    for p in procs:
+        for e in p.events():
+            if e.get("event") == "stepped down" and e.get("reason") != "stopping":
+                out.append(f"{p.instance}: {e.get('reason')} ({e.get('detail', '')})")
+    return out
+
+
+async def consumers(sc: Scenario) -> str:
+    """Each member consumer's leader, pin, pending and ack pending (for the notes)."""
+    assert sc.js is not None
+    out = []
+    for member in ("m1", "m2"):
+        try:
+            info = await sc.js.consumer_info("ORDERS-g", member) or {}
+        except Exception as exc:  # noqa: BLE001 - a note, not a check
+            out.append(f"{member}: {exc!r}")
+            continue
+        pin = [g.get("pinned_client_id") for g in info.get("priority_groups") or []]
+        pin = [p[:6] if p else p for p in pin]
+        out.append(f"{member}: leader {(info.get('cluster') or {}).get('leader')} pin {pin} "
+                   f"pending {info.get('num_pending')} ack pending "
+                   f"{info.get('num_ack_pending')} waiting {info.get('num_waiting')}")
+    for stream in ("ORDERS", "ORDERS-g"):
+        try:
+            info = await sc.js.stream_info(stream)
+        except Exception as exc:  # noqa: BLE001 - a note, not a check
+            out.append(f"{stream}: {exc!r}")
+            continue
+        if info is not None:
+            out.append(f"{stream}: {info.state.messages} msgs, last seq {info.state.last_seq}")
+    return "; ".join(out)
+
+
+async def _restart(cluster: NatsCluster, i: int, sc: Scenario) -> None:
+    began = time.monotonic()
+    await asyncio.to_thread(cluster.stop, i)
+    await asyncio.sleep(DOWN)  # the fault's duration, not a synchronisation
+    await injectors.restart_node(cluster, i, STREAMS)
+    sc.note(f"n{i} back and in sync after {time.monotonic() - began:.1f}s")
+    await asyncio.sleep(SETTLE)  # healthy time between restarts, as in an upgrade
+    sc.note(await consumers(sc))
+
+
+async def test_pinned_rolling_restart(cluster: NatsCluster, tmp_path: Path) -> None:
+    """Restart every node in turn under traffic: a holder whose own server (or its member
+    consumer's leader) restarts keeps its partitions; nothing completed runs again, per-key
+    order holds, no member stands still longer than :data:`MAX_GAP`."""
+    urls = cluster.urls
+    async with Scenario("pinned_rolling_restart", urls, tmp_path / "scenario") as sc:
+        assert sc.nc is not None
+        adv = Advisories(sc.began)
+        subs = [await sc.nc.subscribe(f"$JS.EVENT.ADVISORY.{kind}.>", cb=adv.record)
+                for kind in ("CONSUMER.PINNED", "CONSUMER.UNPINNED",
+                             "CONSUMER.LEADER_ELECTED", "STREAM.LEADER_ELECTED")]
+        await sc.make_group(partitions=4, members=("m1", "m2"), replicas=3)
+        placement = {("m1", 0): 0, ("m1", 1): 1, ("m2", 0): 1, ("m2", 1): 2}
+        for (member, _k), node in placement.items():
+            sc.start(member, args=KEYED, urls=[urls[node]])
+        await sc.wait_joined(sc.procs)
+        pub = sc.traffic(4200, rate=120)
+        pub.start()
+        await sc.wait_progress(200)
+        for i in range(len(cluster)):
+            await _restart(cluster, i, sc)
+        assert pub.published < pub.count, "traffic must outlast the rolling restart"
+        try:
+            await sc.settle(timeout=60)
+        finally:
+            print(await consumers(sc))
+        for s in subs:
+            await s.unsubscribe()
+        rows = sc.rows()
+        twice = reruns(rows)
+        why = causes(sc.procs)
+        sc.notes += [*adv.lines, *why]
+        verdict = sc.verdict()
+        print("\n".join([f"switches {len(verdict.handovers)} max stall {verdict.stall:.2f}s "
+                         f"reorders {len(verdict.order_violations)} re-runs {len(twice)}"]))
+        verdict.assert_ok()
+        assert not twice, f"completed messages run again: {twice[:10]}"
+        assert verdict.handovers == [], f"owner changes: {verdict.handovers}; causes: {why}"
+        assert verdict.stall <= MAX_GAP, verdict.table()
