@@ -92,13 +92,19 @@ class PinLease:
         self.pin_id = pin_id
         self.until = max(self.until, pulled_at + self.ttl - self.margin)
 
-    def vanished(self, leader: str | None, checked_at: float) -> bool:
+    def vanished(self, leader: str | None, checked_at: float, quiet: bool = True) -> bool:
         """Consumer info asked at ``checked_at`` shows nobody pinned. If its leader is not
         the one that last confirmed our pin, the pin went with the old leader (not moved
         to anyone): the lease runs on to ``checked_at + ttl - margin`` and the next pin id
         we are given continues it; True. Otherwise (the same leader: an unpin, or the
-        pin's TTL ran out) the lease is over; False."""
-        if self.lost or leader is None or self.leader is None or leader == self.leader:
+        pin's TTL ran out) the lease is over; False.
+
+        ``quiet``: the consumer delivered nothing since our newest delivery. A lease that
+        already ran out (no answer while the leader moved) comes back only then: nobody
+        else can have been pinned meanwhile, as the server pins a client only with a
+        delivery."""
+        if self.lost or leader is None or self.leader is None or leader == self.leader \
+                or not (quiet or self.valid):
             self.lose()
             return False
         self.repinning = True

@@ -407,6 +407,9 @@ class Puller:
                 # pinned again after an unpin. With no pin id now (being pinned again),
                 # it is an older request of ours answered: nothing more to learn.
                 if self.pin_id is not None:
+                    if not self.pin_refused:
+                        log.info("pin id refused; waiting for the pin check",
+                                 consumer=self._consumer, description=description)
                     self.pin_refused = True
                 self._wake.set()
                 return

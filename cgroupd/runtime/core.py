@@ -408,6 +408,9 @@ class MemberCore:
     async def _renew(self, gen: Generation) -> bool:
         raise NotImplementedError
 
+    def _pin_unanswered(self, gen: Generation) -> bool:
+        raise NotImplementedError
+
     async def _reset_pinned(self, gen: Generation, seq: int = 0) -> None:
         raise NotImplementedError
 

@@ -34,6 +34,9 @@ from cgroupd.tasks import cancel_and_wait
 #: after each failure up to the maximum. Each try adds a pull expiry without pulls.
 RESET_RETRY_FIRST = 0.25
 RESET_RETRY_MAX = 4.0
+#: Pinned TTLs past its lease that a holder nobody answers waits for an answer before it
+#: steps down (issue 29: a node restart costs a reconnect and a leader election).
+UNANSWERED_HOLD = 3.0
 
 
 def reset_unsupported(exc: CgroupdError) -> bool:
@@ -193,8 +196,19 @@ class PinnedElection(MemberCore):
         period = self.settings.pinned_ttl / 4
         while not gen.ended.done():
             await self._sleep(period)
-            if not await self._renew(gen):
+            if not await self._renew(gen) and not self._pin_unanswered(gen):
                 gen.end(StepDown.PIN_LOST, "the pin could not be proven ours any more")
+
+    def _pin_unanswered(self, gen: Generation) -> bool:
+        """The lease ran out only because nobody answered (a restart of our server, or of
+        the member consumer's leader, with a reconnect and an election to wait for):
+        hold on to the partitions for up to :data:`UNANSWERED_HOLD` pinned TTLs more,
+        starting and acknowledging nothing, until an answer proves the pin ours again
+        or shows it moved (see :meth:`cgroupd.pinning.PinLease.vanished`)."""
+        lease = gen.pin_lease
+        s = self.settings
+        return (lease is not None and not lease.lost and not gen.ended.done()
+                and self._clock() < lease.until + UNANSWERED_HOLD * s.pinned_ttl)
 
     async def _renew(self, gen: Generation) -> bool:
         """Prove the pin is still ours and extend the lease; one renewal at a time."""
@@ -235,7 +249,8 @@ class PinnedElection(MemberCore):
         if not holder:
             # Nobody pinned: after a consumer leader change (the pin stays with the old
             # leader) we hold on and ask to be pinned again; otherwise it is over.
-            if not lease.vanished(view.leader, asked - age):
+            quiet = view.delivered_consumer_seq <= puller.last_delivery
+            if not lease.vanished(view.leader, asked - age, quiet):
                 return False
             if puller.pin_id is not None or puller.pin_refused:
                 self._log.info("pin went with the member consumer's old leader; asking "
@@ -251,6 +266,10 @@ class PinnedElection(MemberCore):
             lease.lose()
             return False
         puller.pin_refused = False
+        if view.num_pending > 0 and view.num_waiting == 0:
+            # Pinned, messages waiting, and no request of ours at the leader (seen after
+            # a leader change: requests we count are gone with the old one): ask now.
+            puller.reconnected()
         lease.renewed(pin, sent - age)
         if lease.pin_id != pin:  # pinned again only after our lease ran out
             lease.lose()

@@ -25,8 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from nats.js import api
 
-from cgroupd.config import ELASTIC_BUCKET
+from cgroupd import admin
+from cgroupd.config import ELASTIC_BUCKET, STATIC_BUCKET, StaticGroupConfig
+from cgroupd.naming import sync_consumer
 from tests.faults import injectors
 from tests.faults.checks import Row, Span, committed
 from tests.faults.runner import JoinProc
@@ -36,6 +39,7 @@ from tests.support.natsserver import NatsCluster
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 STREAMS = ("ORDERS", "ORDERS-g", f"KV_{ELASTIC_BUCKET}")
+STATIC_STREAMS = ("ORDERS", f"KV_{STATIC_BUCKET}")
 KEYED = ("--exclusivity", "pinned", "--ordering", "key", "--max-in-flight", "64")
 #: How long each node stays down, and how long the cluster runs healthy after it is back.
 DOWN = 3.0
@@ -93,9 +97,11 @@ async def consumers(sc: Scenario) -> str:
     """Each member consumer's leader, pin, pending and ack pending (for the notes)."""
     assert sc.js is not None
     out = []
+    stream = "ORDERS" if sc.static else "ORDERS-g"
     for member in ("m1", "m2"):
         try:
-            info = await sc.js.consumer_info("ORDERS-g", member) or {}
+            info = await sc.js.consumer_info(stream, sync_consumer("g", member, sc.static)) \
+                or {}
         except Exception as exc:  # noqa: BLE001 - a note, not a check
             out.append(f"{member}: {exc!r}")
             continue
@@ -104,14 +110,14 @@ async def consumers(sc: Scenario) -> str:
         out.append(f"{member}: leader {(info.get('cluster') or {}).get('leader')} pin {pin} "
                    f"pending {info.get('num_pending')} ack pending "
                    f"{info.get('num_ack_pending')} waiting {info.get('num_waiting')}")
-    for stream in ("ORDERS", "ORDERS-g"):
+    for name in ("ORDERS",) if sc.static else ("ORDERS", "ORDERS-g"):
         try:
-            info = await sc.js.stream_info(stream)
+            info = await sc.js.stream_info(name)
         except Exception as exc:  # noqa: BLE001 - a note, not a check
-            out.append(f"{stream}: {exc!r}")
+            out.append(f"{name}: {exc!r}")
             continue
         if info is not None:
-            out.append(f"{stream}: {info.state.messages} msgs, last seq {info.state.last_seq}")
+            out.append(f"{name}: {info.state.messages} msgs, last seq {info.state.last_seq}")
     return "; ".join(out)
 
 
@@ -120,8 +126,9 @@ class SourceWatch:
     intervals in which it did not grow although the origin did are the server's
     sourcing standing still (no member can complete what never reached the stream)."""
 
-    def __init__(self, sc: Scenario) -> None:
+    def __init__(self, sc: Scenario, stream: str) -> None:
         self.sc = sc
+        self.stream = stream
         self.samples: list[tuple[float, int, int]] = []  # (wall time, origin, group seq)
 
     async def run(self) -> None:
@@ -129,7 +136,7 @@ class SourceWatch:
         while True:
             try:
                 origin = await self.sc.js.stream_info("ORDERS")
-                group = await self.sc.js.stream_info("ORDERS-g")
+                group = await self.sc.js.stream_info(self.stream)
             except Exception:  # noqa: BLE001 - a server restarting: sample again
                 origin = group = None
             if origin is not None and group is not None:
@@ -170,37 +177,61 @@ def member_gap(spans: list[Span], window: tuple[float, float],
     return worst
 
 
+async def make_static_group(sc: Scenario, partitions: int) -> None:
+    """:meth:`Scenario.make_static_group` on an R3 stream (its bucket follows it)."""
+    assert sc.js is not None
+    await sc.js.add_stream(api.StreamConfig(
+        name="ORDERS", subjects=["orders.*"], num_replicas=3,
+        subject_transform=api.SubjectTransform(
+            src="orders.*", dest=f"{{{{partition({partitions},1)}}}}.orders.$1")))
+    await admin.create_static_group(sc.js, "ORDERS", "g", StaticGroupConfig(
+        max_members=partitions, members=("m1", "m2")))
+    sc.partitions = partitions
+    sc.static = True
+
+
 async def _restart(cluster: NatsCluster, i: int, sc: Scenario) -> None:
     began = time.monotonic()
     await asyncio.to_thread(cluster.stop, i)
     await asyncio.sleep(DOWN)  # the fault's duration, not a synchronisation
-    await injectors.restart_node(cluster, i, STREAMS)
+    await injectors.restart_node(cluster, i, STATIC_STREAMS if sc.static else STREAMS)
     sc.note(f"n{i} back and in sync after {time.monotonic() - began:.1f}s")
     await asyncio.sleep(SETTLE)  # healthy time between restarts, as in an upgrade
     sc.note(await consumers(sc))
 
 
-async def test_pinned_rolling_restart(cluster: NatsCluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["elastic", "static"])
+async def test_pinned_rolling_restart(cluster: NatsCluster, tmp_path: Path, kind: str) -> None:
     """Restart every node in turn under traffic: a holder whose own server (or its member
     consumer's leader) restarts keeps its partitions; nothing completed runs again, per-key
-    order holds, no member stands still longer than :data:`MAX_GAP`."""
+    order holds, no member stands still longer than :data:`MAX_GAP`. A static group (its
+    durables on the origin stream; static groups can only use pinned mode) likewise."""
     urls = cluster.urls
-    async with Scenario("pinned_rolling_restart", urls, tmp_path / "scenario") as sc:
+    async with Scenario(f"pinned_rolling_restart_{kind}", urls, tmp_path / "scenario") as sc:
         assert sc.nc is not None
         adv = Advisories(sc.began)
         subs = [await sc.nc.subscribe(f"$JS.EVENT.ADVISORY.{kind}.>", cb=adv.record)
                 for kind in ("CONSUMER.PINNED", "CONSUMER.UNPINNED",
                              "CONSUMER.LEADER_ELECTED", "STREAM.LEADER_ELECTED")]
-        await sc.make_group(partitions=4, members=("m1", "m2"), replicas=3)
+        if kind == "static":
+            await make_static_group(sc, 4)
+        else:
+            await sc.make_group(partitions=4, members=("m1", "m2"), replicas=3)
         placement = {("m1", 0): 0, ("m1", 1): 1, ("m2", 0): 1, ("m2", 1): 2}
         for (member, _k), node in placement.items():
             sc.start(member, args=KEYED, urls=[urls[node]])
         await sc.wait_joined(sc.procs)
         pub = sc.traffic(4200, rate=120)
         pub.start()
-        source = SourceWatch(sc)
+        source = SourceWatch(sc, "ORDERS" if sc.static else "ORDERS-g")
         sampler = asyncio.ensure_future(source.run())
         await sc.wait_progress(200)
+        # An upgrade starts from a settled group: every member pinned and working, so
+        # each standby has seen its holder (a standby that last looked before the first
+        # pin competes, as it should when nobody holds it).
+        await sc.wait_active("m1")
+        await sc.wait_active("m2")
+        await sc.wait_progress(len(sc.finished()) + 120)
         for i in range(len(cluster)):
             await _restart(cluster, i, sc)
         assert pub.published < pub.count, "traffic must outlast the rolling restart"
@@ -209,7 +240,7 @@ async def test_pinned_rolling_restart(cluster: NatsCluster, tmp_path: Path) -> N
         try:
             await sc.settle(timeout=60)
         finally:
-            print(await consumers(sc))
+            print(await consumers(sc), *adv.lines, sep="\n")
         for s in subs:
             await s.unsubscribe()
         rows = sc.rows()
