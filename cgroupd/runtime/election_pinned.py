@@ -216,6 +216,13 @@ class PinnedElection(MemberCore):
             gen.renewal = asyncio.ensure_future(self._renew_once(gen))
         return await asyncio.shield(gen.renewal)
 
+    def _renew_now(self, gen: Generation) -> None:
+        """Reconnected: a renewal asked on the old connection waits out its timeout for
+        an answer that will not come; ask again at once on the new one (the holder's
+        server restarted: its chance to be pinned again before a standby competes)."""
+        if gen.pin_lease is not None and not gen.pin_lease.lost and not gen.ended.done():
+            gen.renewal = asyncio.ensure_future(self._renew_once(gen))
+
     async def _renew_once(self, gen: Generation) -> bool:
         """A pull carrying our pin id, a round trip proving the server read it, then the
         consumer info showing our pin id still (see :mod:`cgroupd.pinning`)."""

@@ -218,3 +218,5 @@ class SelfCheck(MemberCore):
         gen = self._gen
         if gen is not None and gen.dispatcher is not None:
             gen.dispatcher.connection_back()
+        if gen is not None and self.settings.exclusivity is Exclusivity.PINNED:
+            self._renew_now(gen)
