@@ -232,3 +232,22 @@ async def test_a_standby_does_not_answer_a_step_down_request(group: Group) -> No
     assert pin is not None
     assert standby._step_down_requested(pin.encode()) is None
     assert standby.state is MemberState.STANDBY and not standby.reasons  # type: ignore[attr-defined]
+
+
+async def test_a_consumer_leader_change_moves_nothing(group: Group) -> None:
+    """A new leader of the member consumer forgets the pin (nats-server keeps it in the
+    old leader's memory only) and the waiting pulls. The holder asks to be pinned again
+    and keeps its partitions; the standby, which pulls only while nobody holds the pin,
+    does not take the member; every message runs once, in order, on the holder."""
+    holder, standby = await group.pinned_pair(offer=2)
+    await eventually(lambda: len(group.ran) == 2, 5, what="#1 and #2 run")
+    await asyncio.sleep(TTL)  # the standby has seen the holder pinned
+    old_pin = group.pin()
+    group.server.change_leader(WQ, MEMBER, "n1")
+    await group.offer(3)
+    await eventually(lambda: len(group.ran) == 5, 5, what="#3 to #5 run")
+    await asyncio.sleep(2 * TTL)
+    assert holder.active and standby.state is MemberState.STANDBY
+    assert getattr(holder, "reasons", []) == []
+    assert group.by(holder) == [1, 2, 3, 4, 5] and group.by(standby) == []
+    assert group.pin() not in (None, old_pin) and _pin_of(holder) == group.pin()
