@@ -134,10 +134,13 @@ class PinnedElection(MemberCore):
         pin is gone under the same leader (the holder's TTL ran out, or an unpin) it
         competes at once; when it went with a leader change, the holder asks to be
         pinned again (:meth:`_renew_once`), and the standby competes only if messages
-        then wait one pinned TTL with nobody pinned. Polls every eighth of the TTL."""
+        then wait one pinned TTL with nobody pinned. A standby that never saw a holder
+        while the consumer holds delivered messages waits the same way. Polls every
+        eighth of the TTL."""
         s = self.settings
         seen_under: str | None = None  # the leader under which a holder was last seen
         waiting_since: float | None = None
+        compete = False  # decided: pull until pinned or a holder shows up
         while not pinned.done():
             try:
                 info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
@@ -149,20 +152,27 @@ class PinnedElection(MemberCore):
                 if info is None:
                     puller.hush(False)  # gone: the puller's answer tells the member
                 elif view.pinned_client(PRIORITY_GROUP):
-                    seen_under, waiting_since = view.leader, None
+                    seen_under, waiting_since, compete = view.leader, None, False
                     puller.hush()
-                elif seen_under is None or view.leader in (None, seen_under):
-                    seen_under = None
+                elif compete or not (
+                        (seen_under is not None and view.leader not in (None, seen_under))
+                        # Never saw a holder, but someone holds messages: one may have
+                        # been pinned just before a leader change we did not see.
+                        or (seen_under is None and view.leader is not None
+                            and int(view.raw.get("num_ack_pending", 0)) > 0)):
+                    seen_under, compete = None, True
                     puller.hush(False)
                 else:
-                    if int(view.raw.get("num_pending", 0)) == 0:
+                    # Messages waiting for a holder (one we never saw: its held ones too).
+                    held = int(view.raw.get("num_ack_pending", 0)) if seen_under is None else 0
+                    if int(view.raw.get("num_pending", 0)) + held == 0:
                         waiting_since = None
                     elif waiting_since is None:
                         waiting_since = now
                     if waiting_since is not None and now - waiting_since >= s.pinned_ttl:
                         self._log.info("pin not taken back after a consumer leader "
                                        "change; competing", leader=view.leader)
-                        seen_under = None
+                        seen_under, compete = None, True
                         puller.hush(False)
                     else:
                         puller.hush()
@@ -263,6 +273,10 @@ class PinnedElection(MemberCore):
                 self._log.info("pin went with the member consumer's old leader; asking "
                                "to be pinned again", leader=view.leader)
                 puller.repin()
+            if gen.dispatcher is not None and not gen.repin_paused \
+                    and not gen.dispatcher.paused:
+                gen.dispatcher.pause()
+                gen.repin_paused = True
             return lease.valid
         if pin is None:
             # Being pinned again, and someone is: us, if the delivery that carries our
@@ -273,6 +287,21 @@ class PinnedElection(MemberCore):
             lease.lose()
             return False
         puller.pin_refused = False
+        if lease.repinning and gen.dispatcher is not None:
+            # Pinned again after a leader change. A delivery the old leader sent us may
+            # have been lost on the way (our server restarting): it stays unacknowledged,
+            # and running later messages of its key would break their order. Anything
+            # delivered that we do not hold: step down; the next holder takes it back
+            # in order (a consumer reset one TTL after it is pinned).
+            foreign = view.num_ack_pending - gen.dispatcher.holding
+            if foreign > 0:
+                self._log.warning("messages delivered before the leader change did not "
+                                  "reach us; stepping down", count=foreign)
+                lease.lose()
+                return False
+            if gen.repin_paused:
+                gen.repin_paused = False
+                gen.dispatcher.resume()
         if view.num_pending > 0 and view.num_waiting == 0:
             # Pinned, messages waiting, and no request of ours at the leader (seen after
             # a leader change: requests we count are gone with the old one): ask now.
