@@ -277,6 +277,15 @@ class PinnedElection(MemberCore):
                     and not gen.dispatcher.paused:
                 gen.dispatcher.pause()
                 gen.repin_paused = True
+            now = self._clock()
+            if gen.repin_since is None:
+                gen.repin_since = now
+            elif now - gen.repin_since > self.settings.pinned_ttl and lease.valid:
+                # Not pinned again (what we hold may fill max_ack_pending, and the server
+                # pins only with a delivery): hand it all back while the lease still
+                # covers it (see _release_pinned), so whoever is pinned next gets it.
+                gen.end(StepDown.PIN_LOST, "not pinned again after a leader change")
+                return True
             return lease.valid
         if pin is None:
             # Being pinned again, and someone is: us, if the delivery that carries our
@@ -287,6 +296,7 @@ class PinnedElection(MemberCore):
             lease.lose()
             return False
         puller.pin_refused = False
+        gen.repin_since = None
         if lease.repinning and gen.dispatcher is not None:
             # Pinned again after a leader change. A delivery the old leader sent us may
             # have been lost on the way (our server restarting): it stays unacknowledged,

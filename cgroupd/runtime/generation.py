@@ -48,6 +48,7 @@ class Generation:
     #: Pinned mode: the pin went with a consumer leader change and nothing starts until
     #: we are pinned again and nothing delivered to us went missing (issue 29).
     repin_paused: bool = False
+    repin_since: float | None = None
     #: Static groups: per partition, the stream sequence up to which it is processed
     #: (what a release records), and the messages redelivered that were processed.
     processed: dict[int, int] = field(default_factory=dict)
