@@ -36,6 +36,7 @@ from cgroupd import jsapi, logs
 from cgroupd.errors import ConfigError, PermissionDenied, ServerBusy, ServerUnreachable
 from cgroupd.natsload import enable_websockets
 from cgroupd.redact import redact_text, redact_url
+from cgroupd.tasks import cancel_and_wait
 
 log = logs.get_logger("cgroupd.connect")
 
@@ -297,9 +298,7 @@ async def connect(options: ConnectionOptions, *,
         done, _ = await asyncio.wait({attempt, refused}, timeout=options.connect_timeout,
                                      return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
-        attempt.cancel()
-        with contextlib.suppress(BaseException):
-            await attempt
+        await cancel_and_wait(attempt)
         with contextlib.suppress(Exception):
             await nc.close()
         raise
@@ -310,9 +309,11 @@ async def connect(options: ConnectionOptions, *,
         return nc
     if attempt in done:
         failure = attempt.exception()
-    attempt.cancel()
-    with contextlib.suppress(BaseException):
-        await attempt
+    # Cancelled until it ends: nats-py's connect waits for the server's INFO under its own
+    # asyncio.wait_for of the same timeout, which on Python 3.11 swallows a cancellation
+    # that arrives as it fires; one cancel then left `cgroupd group ls` waiting forever on
+    # a server that expects the TLS handshake first (CI on 4c1708a, test_auth_methods).
+    await cancel_and_wait(attempt)
     with contextlib.suppress(Exception):
         await nc.close()
     refused.cancel()

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cgroupd.timestamps import rfc3339
+
 
 @dataclass(frozen=True)
 class ConsumerInfo:
@@ -107,6 +109,20 @@ class ConsumerInfo:
     @property
     def ack_floor_stream_seq(self) -> int:
         return int((self.raw.get("ack_floor") or {}).get("stream_seq", 0))
+
+    @property
+    def age(self) -> float | None:
+        """Seconds since the consumer was created, by the server's clock (its ``created``
+        and the reply's ``ts``); None when either is missing."""
+        created = rfc3339(str(self.raw.get("created") or ""))
+        now = rfc3339(str(self.raw.get("ts") or ""))
+        return None if created is None or now is None else max(0.0, now - created)
+
+    @property
+    def leader(self) -> str:
+        """The server that leads the consumer (answered this), "" when not clustered."""
+        cluster = self.raw.get("cluster")
+        return str(cluster.get("leader") or "") if isinstance(cluster, dict) else ""
 
     @property
     def quorum_age(self) -> float:

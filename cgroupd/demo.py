@@ -45,6 +45,7 @@ from cgroupd.embedded import EmbeddedServer, free_port
 from cgroupd.errors import CgroupdError
 from cgroupd.jetstream import JetStream
 from cgroupd.message import Message
+from cgroupd.tasks import nap
 from cgroupd.views import table
 
 GROUP = "demo"
@@ -285,8 +286,7 @@ class Demo:
         self.event("stopping: members hand over and exit")
 
     async def _pause(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stop.wait(), seconds)
+        await nap(seconds, self._stop)
 
     def _kill_one(self) -> tuple[Instance, float] | None:
         actives = [i for i in self.instances if i.active and not i.killed]

@@ -342,8 +342,7 @@ class Dispatcher:
                                   count=len(threads))
                 _, threads = await asyncio.wait(threads, timeout=warn_every)
         while self._threads.count:  # a thread whose awaiting task was cancelled anyway
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._threads.done.wait(), warn_every)
+            await nap(warn_every, self._threads.done)
         if self._keepalive is not None:
             await cancel_and_wait(self._keepalive)
         for background in (self._keepalive, await self._settlements.stop()):

@@ -13,6 +13,7 @@ from nats.js import api
 from cgroupd.config import ElasticGroupConfig
 from cgroupd.errors import GroupExists
 from cgroupd.jetstream import JetStream
+from cgroupd.naming import DATA_SLOTS
 from cgroupd.partitions import transform_destination
 
 #: A stream's info as the adapter returns it (``config``, ``state``).
@@ -51,18 +52,42 @@ def whole_subject_problem(config: ElasticGroupConfig,
             "SUBJECT (e.g. --filter 'orders.*' --wildcards 1) or upgrade the server")
 
 
+#: Consumers nats-server 2.15 lets a stream have when its ``max_consumers`` is unset (-1):
+#: a larger group fails with err_code 10026 (tests/integration/test_group_stream_limits.py).
+SERVER_DEFAULT_MAX_CONSUMERS = 1000
+#: Consumers beyond the members' own that a group's stream should take: Spark leases,
+#: ``cgroupd`` tools, a reference member or two during an upgrade.
+SPARE_CONSUMERS = 64
+
+
+def work_queue_consumer_limit(config: ElasticGroupConfig) -> int | None:
+    """The ``max_consumers`` a group's work-queue stream needs, or None when the server's
+    default is enough (the stream then looks as the reference makes it). Each member has
+    one synchronization consumer and its data consumers' names (:data:`DATA_SLOTS`): 500
+    members with two instances each came to 1,000 consumers and stalled (issue 27)."""
+    needed = config.max_members * (1 + DATA_SLOTS) + SPARE_CONSUMERS
+    return needed if needed > SERVER_DEFAULT_MAX_CONSUMERS else None
+
+
 async def ensure_work_queue_stream(js: JetStream, name: str, stream: str, origin: StreamInfo,
                                    config: ElasticGroupConfig) -> None:
     """Create an elastic group's work-queue stream sourcing ``stream`` (whose info is
     ``origin``), or check that an existing stream of that name is this group's
     (GroupExists otherwise)."""
     wanted = transforms(config)
+    limit = work_queue_consumer_limit(config)
     existing = await js.stream_info(name)
     if existing is not None:
         _check_work_queue_stream(existing, stream, wanted)
+        have = existing.config.max_consumers or -1
+        if limit is not None and (have < 0 or have < limit):
+            # Made by the reference or an earlier cgroupd: room for every member.
+            existing.config.max_consumers = limit
+            await js.update_stream(existing.config)
         return
     await js.add_stream(api.StreamConfig(
         name=name,
+        max_consumers=limit or -1,
         retention=api.RetentionPolicy.WORK_QUEUE,
         discard=api.DiscardPolicy.NEW,
         max_msgs=config.max_buffered_msgs or -1,

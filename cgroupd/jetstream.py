@@ -40,6 +40,8 @@ from cgroupd.retrying import retry_delay
 KV_OPERATION = "KV-Operation"
 #: A record watch reads the record again this often (seconds) even when it heard nothing.
 WATCH_RESYNC = 60.0
+#: Pauses before a record watch reads again a record that a notification did not change yet.
+WATCH_SETTLE = (0.01, 0.03, 0.1, 0.3, 0.6)
 #: How often a bucket creation is asked for before its timeout is the caller's error.
 BUCKET_CREATE_ATTEMPTS = 3
 
@@ -337,8 +339,11 @@ class JetStream:
                 yield record
             return
         changed = asyncio.Event()
+        notified = False
 
         async def heard(msg: Msg) -> None:
+            nonlocal notified
+            notified = True
             changed.set()
 
         with self._translated(f"watching {bucket}/{key}"):
@@ -350,8 +355,8 @@ class JetStream:
         try:
             while True:
                 changed.clear()
-                current = await self.get_record(bucket, key)
-                record = current or Record(None, 0)
+                record = await self._read_watched(bucket, key, last if notified else None)
+                notified = False
                 if record.revision != last:
                     last = record.revision
                     yield record
@@ -362,6 +367,22 @@ class JetStream:
             remove()
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def _read_watched(self, bucket: str, key: str, unchanged: int | None) -> Record:
+        """The watched record; after a notification (``unchanged``: the revision known
+        before it), read again for a moment while it still shows that one. Subscribers hear
+        a write before the stream has stored it, so the first read can come too early, and
+        nothing else would wake the watch for ``WATCH_RESYNC`` (CI on 868810b: a standby
+        missed its group's deletion and retried for 18 s). A notification of a write the
+        stream refused (a failed compare-and-set) changes nothing: given up after
+        :data:`WATCH_SETTLE`."""
+        for pause in (0.0, *WATCH_SETTLE):
+            if pause:
+                await asyncio.sleep(pause)
+            record = await self.get_record(bucket, key) or Record(None, 0)
+            if unchanged is None or record.revision != unchanged:
+                break
+        return record
 
     async def _watch_with_consumer(self, bucket: str, key: str) -> AsyncIterator[Record]:
         """:meth:`watch_record` through nats-py's ``kv.watch`` (an ordered consumer on the

@@ -60,6 +60,7 @@ ERR_CONSUMER_EXISTS = 10148
 ERR_WQ_NOT_UNIQUE = 10100
 ERR_JS_NOT_ENABLED = 10039
 ERR_NO_MESSAGE_FOUND = 10037
+ERR_MAX_CONSUMERS = 10026
 
 #: Default time to wait for an API answer, seconds.
 API_TIMEOUT = 2.0
@@ -133,6 +134,11 @@ def api_error(error: dict[str, Any]) -> CgroupdError:
         return JetStreamNotEnabled(description)
     if err_code == ERR_STREAM_NOT_FOUND:
         return StreamNotFoundApi(code, err_code, description)
+    if err_code == ERR_MAX_CONSUMERS:
+        description += (" (the stream's max_consumers; nats-server allows 1,000 per stream "
+                        "unless it says more: raise it with `nats stream edit STREAM "
+                        "--max-consumers N`, or `cgroupd group create` again, which sizes a "
+                        "group's stream for its max_members)")
     typed = _TYPED.get(err_code, ApiError)
     return typed(code, err_code, description)
 

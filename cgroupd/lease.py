@@ -17,6 +17,17 @@ Crash detection and liveness are two different questions (issue 13 items 5 and 6
   the old owner's data consumers only ``lease`` after that (:meth:`OwnerWatch.may_reclaim`),
   when the old owner has stopped starting work whatever it heard last. A stall shorter than
   ``lease + takeover_margin`` costs a re-check, never a takeover.
+
+"No responders" is the view of the prober's own server, not of the cluster (issue 29): a
+cut between two servers of a cluster takes the owner's subscriptions out of the standby's
+server while the owner goes on through another. So it is believed only when the consumer's
+leader agrees: the active instance always holds a pull request on its consumers (renewed
+every ``pull_expires / 2``), which the leader drops within milliseconds of the instance's
+connection closing, wherever the two are. A leader that still holds one (``num_waiting``)
+vouches for the instance (:func:`confirm_gone`, :meth:`OwnerWatch.vouch`). Silence (no
+answer at all) is judged so only once a held request must be younger than the silence
+(:func:`pulled_since_silent`): a stalled process's last request stays at the leader for up
+to ``pull_expires``.
 """
 
 from __future__ import annotations
@@ -147,22 +158,80 @@ class OwnerWatch:
     #: no handler, so a synchronization consumer naming it is left over and may be taken.
     idle: bool = False
     probes: int = field(default=0)
+    #: Our server's last word on it was "no responders": it sees no subscription of it.
+    unseen: bool = False
+    #: Until then the consumer's leader vouches for it (see :meth:`vouch`).
+    vouched_until: float = -math.inf
+    #: A silent instance is not judged again before then (see :meth:`defer`).
+    recheck_at: float = -math.inf
 
     def update(self, answer: Answer, now: float) -> None:
         self.probes += 1
         if answer.presence is Presence.GONE:
-            self.gone = True
+            self.unseen = True
+            self.gone = now >= self.vouched_until
         elif answer.presence is Presence.ALIVE:
             self.heard = now
-            self.gone = False
+            self.gone = self.unseen = False
             self.idle = answer.state not in ACTIVE_STATES
+        else:
+            self.unseen = False  # our server delivered the probe: it sees the instance
+
+    def vouch(self, now: float, hold: float) -> None:
+        """Our server says "no responders", yet the consumer's leader holds a pull request
+        of the instance (its connection is open, as the cluster sees it): a cut between
+        servers, not a death. Not gone, heard from now; while our server still cannot see
+        it, the next such check is ``hold`` away (the vouch spaces the checks)."""
+        self.gone = False
+        self.heard = max(self.heard, now)
+        self.vouched_until = now + hold
+
+    def vouched(self, now: float) -> bool:
+        return self.unseen and now < self.vouched_until
+
+    def defer(self, until: float) -> None:
+        """Silent, but the consumer's leader holds a pull request that it may have sent
+        before it fell silent: judge it again at ``until``, when any such request has
+        expired (see :func:`pulled_since_silent`)."""
+        self.recheck_at = until
 
     def silent_for(self, now: float) -> float:
         return now - self.heard
 
     def replaceable(self, now: float, lease: float, margin: float) -> bool:
-        """Gone, idle, or silent for longer than its lease and the margin."""
-        return self.gone or self.idle or self.silent_for(now) >= lease + margin
+        """Gone, idle, or silent for longer than its lease and the margin; never while
+        the consumer's leader vouches for it."""
+        if self.vouched(now):
+            return False
+        if self.gone or self.idle:
+            return True
+        return self.silent_for(now) >= lease + margin and now >= self.recheck_at
+
+
+#: Seconds allowed for a probe or a pull request to travel (see :func:`pulled_since_silent`).
+TRAVEL_SLACK = 0.5
+
+
+def pulled_since_silent(silent_for: float, pull_expires: float, presence_interval: float) -> bool:
+    """Does a pull request that the consumer's leader holds now prove that a silent instance
+    sent it *after* it fell silent (so it lives, and only our probes go unanswered)?
+
+    It answered ``silent_for`` seconds ago and missed the probe one ``presence_interval``
+    later, so a stall began before that probe reached it; a request still held was sent
+    less than ``pull_expires`` ago. Once ``silent_for`` exceeds both together (and the
+    travel slack), the request is younger than the silence: the instance pulls, it lives.
+    Before that, it may be a stalled instance's last request, which proves nothing.
+    """
+    return silent_for >= pull_expires + presence_interval + TRAVEL_SLACK
+
+
+def confirm_gone(answer: Answer, pulls_waiting: int) -> Answer:
+    """``answer`` as the cluster sees it: "no responders" while the consumer's leader still
+    holds ``pulls_waiting`` pull requests of the instance is silence, not death (its
+    connection is open through another server: a cut between servers)."""
+    if answer.presence is Presence.GONE and pulls_waiting > 0:
+        return Answer(Presence.SILENT)
+    return answer
 
 
 def may_reclaim(answer: Answer, claimed_for: float, lease: float) -> bool:

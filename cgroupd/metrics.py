@@ -80,6 +80,15 @@ class _IgnoredInput:
             labels=list(LABELS))
         resent.add_metric(self._labels, counts.get("resettled", 0))
         yield resent
+        takeovers = CounterMetricFamily(
+            PREFIX + "takeovers", "This standby's decisions to replace its member's active "
+            "instance: taken (it was gone, idle or silent too long), declined (our server "
+            "had no responders for it or heard nothing, yet the consumer's leader held its "
+            "pull request: a cut between servers, not a death).",
+            labels=[*LABELS, "outcome"])
+        takeovers.add_metric([*self._labels, "taken"], counts.get("takeovers", 0))
+        takeovers.add_metric([*self._labels, "declined"], counts.get("takeovers_declined", 0))
+        yield takeovers
 
 
 class _Series:

@@ -32,6 +32,7 @@ from cgroupd.jsapi import (
     request,
     server_status,
 )
+from cgroupd.timestamps import rfc3339
 
 
 @dataclass(frozen=True)
@@ -44,20 +45,6 @@ class FirstMatch:
     #: Stream sequence and store time (Unix seconds) of the first of them.
     seq: int | None = None
     time: float | None = None
-
-
-def _rfc3339(text: str) -> float | None:
-    """``2026-06-08T13:05:57.123456789Z`` → Unix seconds."""
-    text = text.strip()
-    if not text.endswith("Z"):
-        return None
-    head, _, frac = text[:-1].partition(".")
-    try:
-        base = datetime.fromisoformat(head + "+00:00").timestamp()
-    except ValueError:
-        return None
-    digits = "".join(c for c in frac if c.isdigit())[:9]
-    return base + (int(digits) / 10 ** len(digits) if digits else 0.0)
 
 
 async def first_matches(nc: Client, stream: str, queries: list[tuple[str, int]],
@@ -91,7 +78,7 @@ async def first_matches(nc: Client, stream: str, queries: list[tuple[str, int]],
                 seq = int(headers["Nats-Sequence"])
             except ValueError:
                 seq = 0
-            partial[key] = (seq, _rfc3339(headers.get("Nats-Time-Stamp", "")))
+            partial[key] = (seq, rfc3339(headers.get("Nats-Time-Stamp", "")))
             return
         code = headers.get(STATUS, "")
         if code == "204":  # end of batch: pending after the one message sent
@@ -116,7 +103,8 @@ async def first_matches(nc: Client, stream: str, queries: list[tuple[str, int]],
 
     async def one(i: int, subject: str, start: int) -> FirstMatch:
         key = str(i)
-        fut = waiting[key] = loop.create_future()
+        fut: asyncio.Future[FirstMatch] = loop.create_future()
+        waiting[key] = fut
         body: dict[str, Any] = {"batch": 1, "next_by_subj": subject}
         if start > 0:
             body["seq"] = start
@@ -124,10 +112,11 @@ async def first_matches(nc: Client, stream: str, queries: list[tuple[str, int]],
             try:
                 await nc.publish(direct_get_subject(stream, api(nc)), json.dumps(body).encode(),
                                  reply=f"{inbox}.{key}")
-                return await asyncio.wait_for(fut, timeout)
-            except TimeoutError as exc:
-                raise ServerUnreachable(f"no answer to a direct get on {stream} within "
-                                        f"{timeout:.1f}s") from exc
+                await asyncio.wait({fut}, timeout=timeout)
+                if not fut.done():
+                    raise ServerUnreachable(f"no answer to a direct get on {stream} within "
+                                            f"{timeout:.1f}s")
+                return fut.result()
             except (nats.errors.ConnectionClosedError,
                     nats.errors.ConnectionReconnectingError) as exc:
                 raise ServerUnreachable(f"not connected to NATS: {exc}") from exc
@@ -191,7 +180,7 @@ async def msg_get(nc: Client, stream: str, seq: int = 0,
     hdrs = base64.b64decode(m["hdrs"]) if m.get("hdrs") else b""
     return StoredMessage(
         subject=str(m.get("subject", "")), seq=int(m.get("seq", 0)),
-        time=_rfc3339(str(m.get("time", ""))), headers=parse_header_block(hdrs),
+        time=rfc3339(str(m.get("time", ""))), headers=parse_header_block(hdrs),
         data=base64.b64decode(m["data"]) if m.get("data") else b"")
 
 

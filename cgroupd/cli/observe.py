@@ -4,7 +4,6 @@ running group as its operators see it."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import shutil
 import sys
@@ -20,6 +19,7 @@ from cgroupd.cli.options import Group, Stream
 from cgroupd.connect import connect
 from cgroupd.errors import CgroupdError
 from cgroupd.jetstream import JetStream
+from cgroupd.tasks import nap
 
 #: Seconds ``status`` listens for instances answering discovery (hosts, standbys).
 STATUS_DISCOVERY_WAIT = 0.25
@@ -135,8 +135,7 @@ def _watch_status(ctx: typer.Context, stream: str, group: str, interval: float) 
                 out.flush()
                 # A steady cadence: the refresh itself (discovery wait included) counts.
                 pause = max(0.05, interval - (time.monotonic() - started))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), pause)
+                await nap(pause, stop)
         finally:
             if live:
                 out.write("\x1b[?25h\x1b[?1049l")

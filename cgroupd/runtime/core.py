@@ -152,7 +152,7 @@ class MemberCore:
         self.stats = {"delivered": 0, "acked": 0, "naked": 0, "termed": 0, "retries": 0,
                       "duplicates": 0, "step_downs": 0, "rebalances": 0, "resettled": 0,
                       "swallowed": 0, "ack_fences": 0, "lease_checks": 0, "takeovers": 0,
-                      "watch_failures": 0,
+                      "takeovers_declined": 0, "watch_failures": 0,
                       "stale_checks": 0}
         self._log = log.bind(stream=stream, group=group, member=member,
                              instance=self.instance_id)
@@ -259,7 +259,12 @@ class MemberCore:
             self._consume_stream, consumer,
             PullOptions(batch=batch, expires=s.pull_expires, heartbeat=s.heartbeat,
                         group=group, check_gaps=deliver and pinned is None,
-                        overlap=s.exclusivity is not Exclusivity.SYNC),
+                        # The sync consumer's request never ends early (it matches
+                        # nothing): overlapping ones keep one always waiting, which is
+                        # how a standby asks the leader whether we live (issue 29; a
+                        # standby once read the moment between two and took over).
+                        overlap=s.exclusivity is not Exclusivity.SYNC
+                        or consumer == self.sync_consumer),
             on_message, capacity)
 
         def ended(fut: asyncio.Future[tuple[PullEnd, str]]) -> None:

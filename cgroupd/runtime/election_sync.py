@@ -18,11 +18,14 @@ from cgroupd.errors import (
     WorkQueueOverlap,
 )
 from cgroupd.lease import (
+    TRAVEL_SLACK,
     OwnerWatch,
     Presence,
+    confirm_gone,
     may_reclaim,
     owner_presence_subject,
     presence_subject,
+    pulled_since_silent,
 )
 from cgroupd.naming import (
     DATA_SLOTS,
@@ -279,6 +282,21 @@ class SyncElection(MemberCore):
             # claim: it was idle in between), which is not the claim we saw left over.
             self._watch = None
             return True
+        view = ConsumerInfo(info)
+        if not watch.idle and view.num_waiting:
+            self._decline_while_it_pulls(watch, view.leader)
+            return False
+        age = view.age
+        if watch.unseen and not watch.idle and age is not None and age < s.lease:
+            # A claim this young may have no pull request yet (its owner creates its data
+            # consumer first): "no responders" from our server and none at the leader
+            # prove nothing until it is a lease old (issue 29: across a cut, the old owner
+            # took a fresh claim back that way).
+            watch.vouch(self._clock(), s.lease - age)
+            self.stats["takeovers_declined"] += 1
+            self._log.info("not taking over a claim made a moment ago", active=watch.instance,
+                           claim_age=round(age, 3))
+            return False
         why = "gone" if watch.gone else "idle" if watch.idle else "silent"
         silent = self._clock() - watch.heard
         self._log.warning("taking over from the active instance", active=watch.instance,
@@ -300,6 +318,30 @@ class SyncElection(MemberCore):
             return False
         self._watch = None
         return True
+
+    def _decline_while_it_pulls(self, watch: OwnerWatch, leader: str) -> None:
+        """The consumer's leader holds a pull request of the watched instance, which we
+        were about to replace: it lives, or may (issue 29).
+
+        "No responders" from our server while the leader holds its request: our server
+        lost sight of it, the cluster did not (a cut between two servers). Silence: once
+        the request must be younger than the silence, the instance pulls and only our
+        probes are lost; before that it may be a stalled instance's last request, so it
+        is judged again when that one has expired.
+        """
+        s, now = self.settings, self._clock()
+        silent_for = watch.silent_for(now)
+        if not watch.unseen and not pulled_since_silent(silent_for, s.pull_expires,
+                                                        s.presence_interval):
+            watch.defer(watch.heard + s.pull_expires + s.presence_interval + TRAVEL_SLACK)
+            return
+        watch.vouch(now, min(s.pull_expires, s.lease / 3))
+        self.stats["takeovers_declined"] += 1
+        say = self._log.warning if self.stats["takeovers_declined"] == 1 else self._log.info
+        say("not taking over: the consumer's leader holds the active instance's pull request",
+            active=watch.instance, leader=leader or None,
+            our_server="no responders" if watch.unseen else "no answer",
+            silent_for=round(silent_for, 3))
 
     async def _add_data_consumer(self, gen: Generation, partitions: tuple[int, ...],
                                  reclaim: Callable[[], Awaitable[object]] | None = None
@@ -384,7 +426,8 @@ class SyncElection(MemberCore):
                 subject = owner_presence_subject(self._key, meta)
                 if subject is None:
                     continue
-                answer = await self.js.probe(subject, self._probe_timeout)
+                answer = confirm_gone(await self.js.probe(subject, self._probe_timeout),
+                                      info.num_waiting)
                 held = self._clock() - gen.claimed_at
                 if may_reclaim(answer, held, self.settings.lease) and not gen.ended.done():
                     self._log.warning("reclaiming abandoned data consumer", consumer=name,

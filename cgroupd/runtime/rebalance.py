@@ -16,6 +16,7 @@ from cgroupd.errors import (
 )
 from cgroupd.lease import (
     Presence,
+    confirm_gone,
     owner_presence_subject,
 )
 from cgroupd.naming import (
@@ -384,8 +385,8 @@ class Rebalance(MemberCore):
                     continue
                 # Only an instance the server says is gone (no responders): one slow to
                 # answer under load may be alive and finishing.
-                answer = await self.js.probe(subject, self._probe_timeout) \
-                    if subject else None
+                answer = confirm_gone(await self.js.probe(subject, self._probe_timeout),
+                                      info.num_waiting) if subject else None
                 gone = answer is not None and answer.presence is Presence.GONE
                 if gone and not gen.ended.done():
                     self._log.warning("reclaiming a released member's abandoned data "

@@ -17,6 +17,9 @@ from cgroupd.runtime.generation import Generation
 from cgroupd.runtime.state import StepDown
 from cgroupd.settings import Exclusivity
 
+#: The longest pause between two self-checks of an idle active instance (seconds).
+IDLE_CHECK_MAX = 16.0
+
 
 class SelfCheck(MemberCore):
     """One job of :class:`cgroupd.member.Member` (see the module docstring)."""
@@ -51,16 +54,10 @@ class SelfCheck(MemberCore):
         hold or nak'ed with a delay still to run out (a delivery lost in a reconnect). A new
         data consumer starts cleanly from what the work-queue stream still holds.
         """
-        s = self.settings
         starved = received = 0
-        idle = False
+        idle = 0  # checks in a row that found nothing arriving, held or waiting
         while not gen.ended.done():
-            # Nothing arrived, held or waiting at the last check: check less often, yet
-            # often enough that the lease never runs out while checks come back within
-            # ``retry_interval`` (an idle member costs the server half the requests).
-            await self._sleep(max(s.retry_interval, s.lease - s.retry_interval) if idle
-                              else s.retry_interval)
-            idle = False
+            await self._sleep(self._check_pause(idle))
             gen.data_info = None
             if await self._check(gen) is not True or gen.data_info is None:
                 continue
@@ -83,10 +80,28 @@ class SelfCheck(MemberCore):
                 starved += 1
             else:
                 starved = 0
-            idle = (quiet and not waiting and unacked == 0 and not delayed)
+            idle = idle + 1 if (quiet and not waiting and unacked == 0 and not delayed) \
+                else 0
             received = gen.received
             if starved >= 3:
                 gen.end(StepDown.STALLED, "data consumer stopped delivering pending messages")
+
+    def _check_pause(self, idle: int) -> float:
+        """Seconds until the next self-check, after ``idle`` idle checks in a row.
+
+        Busy: every ``retry_interval``, so the lease never runs out while messages come.
+        Idle: the pause doubles from ``lease - retry_interval`` up to :data:`IDLE_CHECK_MAX`
+        (issue 27: self-checks were nearly all of an idle fleet's JetStream API requests,
+        one a second per member). The lease then runs out while nothing comes, which costs
+        the first message after the quiet one check's round trip before it starts
+        (:meth:`_hold_lease`); a lost claim is still heard at once (its deletion ends our
+        pull on it), and a data consumer that starves us within ``IDLE_CHECK_MAX``.
+        """
+        s = self.settings
+        if idle == 0:
+            return s.retry_interval
+        first = max(s.retry_interval, s.lease - s.retry_interval)
+        return max(first, min(IDLE_CHECK_MAX, first * 2.0 ** min(idle - 1, 16)))
 
     async def _check(self, gen: Generation) -> bool | None:
         """One self-check at a time per generation, shared by everyone who asks (a

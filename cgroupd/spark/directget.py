@@ -168,15 +168,13 @@ class DirectGet:
             assert call.done is not None
             while True:
                 # The deadline is for progress, not for the whole batch.
-                try:
-                    await asyncio.wait_for(asyncio.shield(call.done), self.timeout)
+                await asyncio.wait({call.done}, timeout=self.timeout)
+                if call.done.done():
                     return call
-                except TimeoutError:
-                    if call.received == seen:
-                        raise ServerUnreachable(
-                            f"direct get on {self.stream}: no answer within "
-                            f"{self.timeout:.1f}s") from None
-                    seen = call.received
+                if call.received == seen:
+                    raise ServerUnreachable(
+                        f"direct get on {self.stream}: no answer within {self.timeout:.1f}s")
+                seen = call.received
         finally:
             self._calls.pop(token, None)
             if call.done is not None and not call.done.done():

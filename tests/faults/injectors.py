@@ -72,16 +72,18 @@ def _used_networks() -> list[ipaddress.IPv4Network]:
     return nets
 
 
-def pick_subnet() -> ipaddress.IPv4Network:
-    """A /30 of :data:`POOL` that overlaps nothing on the host."""
+def pick_subnet(prefixlen: int = 30) -> ipaddress.IPv4Network:
+    """A subnet of :data:`POOL` (a /30 unless told) that overlaps nothing on the host."""
     used = _used_networks()
     rng = random.Random()
+    size = 2 ** (32 - prefixlen)
     for _ in range(200):
-        base = int(POOL.network_address) + 4 * rng.randrange(1, POOL.num_addresses // 4 - 1)
-        net = ipaddress.IPv4Network(f"{ipaddress.IPv4Address(base)}/30")
+        base = int(POOL.network_address) + size * rng.randrange(
+            1, POOL.num_addresses // size - 1)
+        net = ipaddress.IPv4Network(f"{ipaddress.IPv4Address(base)}/{prefixlen}")
         if not any(net.overlaps(u) for u in used if u.prefixlen > 0):
             return net
-    raise NetnsUnavailable(f"no free /30 in {POOL}")
+    raise NetnsUnavailable(f"no free /{prefixlen} in {POOL}")
 
 
 class VethNamespace:
@@ -173,6 +175,101 @@ def namespace_for_test() -> Iterator[VethNamespace]:
         yield ns
     finally:
         ns.close()
+
+
+class BridgedNamespaces:
+    """Several network namespaces on one host bridge: a small LAN of machines.
+
+    Each namespace gets a veth pair whose host end is a port of the bridge; the bridge
+    holds the host's address, so host-side clients reach every namespace and the
+    namespaces reach each other (one /29 picked for this test only). :meth:`cut` makes
+    two of them unreachable from each other and nothing else: a blackhole route to the
+    other's address inside each (sends are dropped, established TCP connections stay
+    open and silent, as behind a broken switch port), :meth:`heal` removes the routes.
+    """
+
+    def __init__(self, count: int) -> None:
+        if not 1 <= count <= 5:
+            raise ValueError("a /29 holds the host and at most 5 namespaces")
+        token = secrets.token_hex(3)
+        self.bridge = f"{NAME_PREFIX}b{token}"
+        self.names = [f"{NAME_PREFIX}{i}{token}" for i in range(count)]
+        self.host_ifs = [f"{NAME_PREFIX}h{i}{token}" for i in range(count)]
+        self.ns_ifs = [f"{NAME_PREFIX}n{i}{token}" for i in range(count)]
+        self.host_addr = ""
+        self.addrs: list[str] = []
+        self.prefixlen = 29
+        self._made: list[tuple[str, str]] = []  # ("netns" | "link", name), in order
+        self._cuts: set[tuple[int, int]] = set()
+
+    def create(self) -> BridgedNamespaces:
+        """Make the bridge, the namespaces and their links; NetnsUnavailable if impossible."""
+        subnet = pick_subnet(self.prefixlen)
+        hosts = [str(h) for h in subnet.hosts()]
+        self.host_addr, self.addrs = hosts[0], hosts[1:1 + len(self.names)]
+        MADE.update((self.bridge, *self.names, *self.host_ifs))
+        _ip("link", "add", self.bridge, "type", "bridge")
+        self._made.append(("link", self.bridge))
+        _ip("addr", "add", f"{self.host_addr}/{self.prefixlen}", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+        for name, host_if, ns_if, addr in zip(self.names, self.host_ifs, self.ns_ifs,
+                                              self.addrs, strict=True):
+            _ip("netns", "add", name)
+            self._made.append(("netns", name))
+            _ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+            self._made.append(("link", host_if))
+            _ip("link", "set", ns_if, "netns", name)
+            _ip("link", "set", host_if, "master", self.bridge)
+            _ip("link", "set", host_if, "up")
+            _ip("-n", name, "addr", "add", f"{addr}/{self.prefixlen}", "dev", ns_if)
+            _ip("-n", name, "link", "set", ns_if, "up")
+            _ip("-n", name, "link", "set", "lo", "up")
+        return self
+
+    def prefix(self, i: int) -> list[str]:
+        """The command prefix that runs a process inside namespace ``i``."""
+        return ["ip", "netns", "exec", self.names[i]]
+
+    def cut(self, a: int, b: int) -> None:
+        """Blackhole the way between namespaces ``a`` and ``b`` (both directions)."""
+        self._cuts.add((a, b))
+        _ip("-n", self.names[a], "route", "add", "blackhole", f"{self.addrs[b]}/32")
+        _ip("-n", self.names[b], "route", "add", "blackhole", f"{self.addrs[a]}/32")
+
+    def heal(self, a: int, b: int) -> None:
+        """Remove the blackhole routes of :meth:`cut`."""
+        self._cuts.discard((a, b))
+        _ip("-n", self.names[a], "route", "del", "blackhole", f"{self.addrs[b]}/32")
+        _ip("-n", self.names[b], "route", "del", "blackhole", f"{self.addrs[a]}/32")
+
+    def close(self) -> None:
+        """Kill anything still running inside, delete the links, namespaces and bridge."""
+        for kind, name in reversed(self._made):
+            if kind == "netns":
+                pids = _ip("netns", "pids", name, check=False).stdout.split()
+                for pid in pids:  # only processes of this test can be in this namespace
+                    subprocess.run(["kill", "-CONT", pid], capture_output=True)
+                    subprocess.run(["kill", "-KILL", pid], capture_output=True)
+        for kind, name in reversed(self._made):
+            if kind == "link":
+                _ip("link", "del", name, check=False)
+            else:
+                _ip("netns", "del", name, check=False)
+        self._made = []
+
+    def __enter__(self) -> BridgedNamespaces:
+        try:
+            return self.create()
+        except NetnsUnavailable as exc:
+            self.close()
+            pytest.fail(f"this test needs network namespaces, veth pairs and a bridge "
+                        f"(root): {exc}")
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 #: Names of the namespaces and host links this process made, so the leak check sees only

@@ -255,6 +255,11 @@ class Scenario:
             if bad:
                 self.note(f"unexpected exit codes {bad}")
 
+    @property
+    def settled_at(self) -> float:
+        """When :meth:`settle` saw every message finished (epoch seconds; 0 before)."""
+        return self._settled_at
+
     def verdict(self) -> FaultVerdict:
         """Judge what was recorded (after :meth:`settle`); print and collect the table."""
         assert self.publisher is not None

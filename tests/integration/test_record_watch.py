@@ -47,6 +47,39 @@ async def test_every_change_and_the_deletion_are_seen_without_a_consumer(
         await asyncio.gather(task, return_exceptions=True)
 
 
+async def test_a_read_that_comes_before_the_stream_stored_the_change_is_repeated(
+        jetstream: JetStream, js: JetStreamContext) -> None:
+    """Subscribers hear a write before the stream has stored it: the read after the
+    notification can still show the old record (injected here: the first read after the
+    deletion answers as before). The watch reads again a moment later and yields the
+    deletion within a second, not at the 60 s resync (CI on 868810b: a standby missed its
+    group's deletion)."""
+    kv = await js.create_key_value(KeyValueConfig(bucket="w", history=1))
+    first = await kv.put("S.g", b"one")
+    seen: list[Record] = []
+    read = jetstream.get_record
+    early: list[bool] = []
+
+    async def too_early(bucket: str, key: str) -> Record | None:
+        if seen and not early:
+            early.append(True)
+            return Record(b"one", first)  # what the stream held a moment earlier
+        return await read(bucket, key)
+
+    jetstream.get_record = too_early  # type: ignore[method-assign]
+    task = asyncio.create_task(_follow(jetstream.watch_record("w", "S.g"), seen))
+    try:
+        await eventually(lambda: len(seen) == 1, 10, what="the current record")
+        loop = asyncio.get_running_loop()
+        deleted_at = loop.time()
+        await kv.delete("S.g")
+        await eventually(lambda: seen[-1].value is None, 5, what="the deletion")
+        assert early and loop.time() - deleted_at < 1.5
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 async def test_a_change_nobody_announced_is_read_after_a_reconnect(
         nats_server: NatsServer, nc: Client, js: JetStreamContext) -> None:
     """A change the watch cannot hear (the record purged through the stream API, which

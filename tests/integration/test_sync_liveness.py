@@ -401,11 +401,40 @@ class Muted(Member):
     def _presence_text(self) -> str | None:
         return None if self.muted else super()._presence_text()
 
+    async def cut_off(self) -> None:
+        """Silent, and its pull requests stop reaching the consumers' leaders (they expire
+        there), as for an instance cut off from the cluster; its self-checks still work."""
+        self.muted = True
+        assert self._gen is not None
+        for puller in self._gen.pullers:
+            await puller.pause()
+
+
+async def test_an_owner_our_server_cannot_see_but_the_leader_can_is_not_replaced(
+        instances: Instances, jetstream: JetStream) -> None:
+    """Issue 29: the server answers "no responders" for the owner's presence (as the
+    standby's server does across a cut between two servers) while the owner's pull
+    requests still reach its consumers' leader: the standby declines, for three leases
+    and more, and the owner keeps the member. A plain silence (a stall) is the lease's
+    case (the test below)."""
+    await make_group(jetstream, partitions=2, members=("m1",))
+    settings = MemberSettings(lease=1.5, takeover_margin=0.5, retry_interval=0.5)
+    a = await instances.add("m1", instances.recorder(), settings)
+    await eventually(lambda: a.active, 20, what="a active")
+    b = await instances.add("m1", instances.recorder(), settings)
+    await eventually(lambda: b.state is MemberState.STANDBY, 10, what="b to watch a")
+    assert a._presence_sub is not None
+    await a._presence_sub.unsubscribe()  # "no responders" for a, which lives on
+    await eventually(lambda: b.stats["takeovers_declined"] >= 1, 15, what="b to decline")
+    await asyncio.sleep(3 * settings.lease)
+    assert a.active and b.state is MemberState.STANDBY
+    assert b.stats["takeovers"] == 0 and a.stats["step_downs"] == 0
+
 
 async def test_two_standbys_replace_a_silent_owner_once_and_leave_each_other_alone(
         instances: Instances, jetstream: JetStream) -> None:
-    """The active instance stops answering presence probes (alive, connected, but its
-    answers are lost): after lease + margin one of the two standbys takes the claim; the
+    """The active instance is cut off (alive, connected, but its answers are lost and its
+    pull requests expire): after lease + margin one of the two standbys takes the claim; the
     other sees it is claiming (not idle) and leaves it alone; the old owner learns it lost
     and releases. Exactly one new owner, no hand-over back and forth. (Two standbys that
     decide within the same millisecond may both delete the old claim; the second delete
@@ -418,7 +447,7 @@ async def test_two_standbys_replace_a_silent_owner_once_and_leave_each_other_alo
     c = await instances.add("m1", instances.recorder(), settings)
     assert isinstance(a, Muted)
     await asyncio.sleep(0.5)  # both standbys are watching a
-    a.muted = True
+    await a.cut_off()
     await eventually(lambda: b.active or c.active, 15, what="a standby to take over")
     await eventually(lambda: a.state is MemberState.STANDBY, 10, what="a to step down")
     owner = b if b.active else c

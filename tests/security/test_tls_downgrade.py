@@ -10,6 +10,7 @@ the fake server (the fake is good enough to be believed)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -64,6 +65,12 @@ class FakeServer:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        # A connection accepted just before the close has its handler task created but
+        # not yet run: let those run up to their first await, so that their writers are
+        # listed and closed here (CI on b6fc8d9: one left unclosed was collected, and
+        # warned, during the next test).
+        for _ in range(3):
+            await asyncio.sleep(0)
         for writer in self._writers:  # handlers the test's end would leave unfinished
             writer.close()
             try:
@@ -78,6 +85,7 @@ async def fake() -> AsyncIterator[tuple[FakeServer, int]]:
     port = await server.start()
     yield server, port
     await server.stop()
+    gc.collect()  # a transport left open warns in this test, not in a later one
 
 
 @pytest.mark.parametrize("how", ["tls-url", "ca-only", "client-cert"])
@@ -144,6 +152,7 @@ async def test_a_reconnect_to_a_server_without_tls_sends_nothing(tmp_path: Path)
         finally:
             await nc.close()
             await fake.stop()
+        gc.collect()  # a transport left open warns here, in this test, not in a later one
 
 
 async def _listen(fake: FakeServer, port: int) -> bool:

@@ -121,11 +121,25 @@ class FakeConsumer:
     config: dict[str, Any]
     num_ack_pending: int = 0
     num_pending: int = 0
+    #: Who pulls from it: a process and its puller (see :meth:`num_waiting`).
+    pulling: list[tuple[FakeJetStream, Puller]] = field(default_factory=list)
+    #: Pull requests of pullers outside the fake processes (a consumer a test put there).
+    waiting: int = 0
+
+    @property
+    def num_waiting(self) -> int:
+        """Pull requests the leader holds: one per puller still running in a process whose
+        requests reach the leader (a crashed or stalled process's expire; a process cut
+        off from the prober's server only still pulls)."""
+        return self.waiting + sum(1 for process, puller in self.pulling
+                   if process.connected and process.pulls_reach_leader
+                   and puller._sub is not None)
 
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "stream_name": self.stream, "config": self.config,
                 "num_pending": self.num_pending, "num_ack_pending": self.num_ack_pending,
-                "num_waiting": 1, "delivered": {"consumer_seq": 0, "stream_seq": 0},
+                "num_waiting": self.num_waiting,
+                "delivered": {"consumer_seq": 0, "stream_seq": 0},
                 "ack_floor": {"stream_seq": 0}}
 
 
@@ -166,6 +180,9 @@ class FakeJetStream:
         self.server = server
         self.nc = FakeNats()
         self.connected = True
+        #: False: this process's pull requests no longer reach the consumers' leaders (it
+        #: is stalled, or cut off from the cluster), so they expire there.
+        self.pulls_reach_leader = True
         self._answering: list[tuple[str, Callable[[bytes], str | None]]] = []
 
     # -- consumers ---------------------------------------------------------------------
@@ -218,6 +235,9 @@ class FakeJetStream:
         puller = Puller(self.nc, stream, consumer, options,  # type: ignore[arg-type]
                         on_message, capacity=capacity)
         await puller.start()
+        pulled = self.server.consumers.get((stream, consumer))
+        if pulled is not None:
+            pulled.pulling.append((self, puller))
         return puller
 
     # -- the group record ----------------------------------------------------------------
@@ -266,9 +286,14 @@ class FakeJetStream:
 
     def crash(self) -> None:
         """This process dies: its presence subjects get "no responders" from now on."""
+        self.hide()
+        self.connected = self.nc.is_connected = False
+
+    def hide(self) -> None:
+        """Probers' server loses sight of this process (a cut between two servers): its
+        presence subjects get "no responders", while it lives and pulls through another."""
         for subject, respond in self._answering:
             self._unserve(subject, respond)
-        self.connected = self.nc.is_connected = False
 
     async def probe(self, subject: str, timeout: float, body: bytes = b"") -> Answer:
         responders = self.server.presence.get(subject)

@@ -167,21 +167,68 @@ async def test_a_gone_owner_is_replaced_at_once_with_its_consumers(group: Group)
     assert group.server.names(WQ) == {"m1", b.data_consumer} and a_data != b.data_consumer
 
 
-async def test_a_silent_owner_is_replaced_only_after_lease_and_margin(group: Group) -> None:
-    """An owner that stops answering (alive, but cut off) keeps the member for its lease
-    plus the takeover margin, then loses it; it learns so and steps down."""
+async def _owner_and_standby(group: Group) -> tuple[Muted, Member]:
+    """An active instance that can be muted, and a standby watching it."""
     a = await group.start(member_class=Muted)
     assert isinstance(a, Muted)
     await eventually(lambda: a.active, 5, what="a active")
     b = await group.start()
     await eventually(lambda: b.state is MemberState.STANDBY, 5, what="b to watch a")
+    return a, b
+
+
+async def test_a_silent_owner_is_replaced_only_after_lease_and_margin(group: Group) -> None:
+    """An owner that stops answering (alive, but cut off from the cluster: its pull
+    requests expire at the leaders too) keeps the member for its lease plus the takeover
+    margin, then loses it; it learns so and steps down."""
+    a, b = await _owner_and_standby(group)
     loop = asyncio.get_running_loop()
     a.muted = True
+    a.js.pulls_reach_leader = False
     muted_at = loop.time()
     await eventually(lambda: b.active, 5, what="b to take over")
     assert loop.time() - muted_at >= SETTINGS.lease
     await eventually(lambda: a.state is MemberState.STANDBY, 5, what="a to step down")
     assert group.holder() == b.instance_id and a.stats["step_downs"] == 1
+
+
+async def test_an_owner_whose_pulls_reach_the_leader_is_not_replaced(group: Group) -> None:
+    """Issue 29: "no responders" (our server lost the owner's subscriptions: a cut between
+    two servers) while the consumer's leader still holds the owner's pull requests is no
+    death: the standby declines, again and again, and the owner keeps the member.
+    Once the owner really dies, the standby takes over at once."""
+    a, b = await _owner_and_standby(group)
+    loop = asyncio.get_running_loop()
+    a.js.hide()  # "no responders" from b's server
+    await eventually(lambda: b.stats["takeovers_declined"] >= 1, 5, what="b to decline")
+    first = loop.time()
+    await eventually(lambda: b.stats["takeovers_declined"] >= 4, 10, what="b to decline on")
+    # Past lease + margin, and the checks spaced (lease / 3), not one per probe.
+    assert loop.time() - first >= 3 * SETTINGS.lease / 3 * 0.9
+    assert a.active and b.state is MemberState.STANDBY
+    assert b.stats["takeovers"] == 0 and group.holder() == a.instance_id
+    a.js.crash()
+    crashed_at = loop.time()
+    await eventually(lambda: b.active, 5, what="b to take over from the dead owner")
+    assert loop.time() - crashed_at < SETTINGS.lease  # not the silent path's wait
+
+
+async def test_a_silent_owner_that_still_pulls_is_not_replaced(group: Group) -> None:
+    """Issue 29, default server pings: across a cut the standby's probes go unanswered
+    (no "no responders") while the owner pulls through another server. Its pull request
+    at the leader may be a stalled owner's last one until ``pull_expires`` has passed; then
+    it proves the owner pulls after falling silent: the standby declines and the owner keeps
+    the member."""
+    a, b = await _owner_and_standby(group)
+    loop = asyncio.get_running_loop()
+    a.muted = True
+    muted_at = loop.time()
+    await eventually(lambda: b.stats["takeovers_declined"] >= 1, 15, what="b to decline")
+    assert loop.time() - muted_at >= SETTINGS.pull_expires
+    # Silent again for longer than lease + margin since the decline: still declined.
+    await asyncio.sleep(SETTINGS.lease + SETTINGS.takeover_margin + 0.5)
+    assert a.active and b.state is MemberState.STANDBY
+    assert b.stats["takeovers"] == 0 and group.holder() == a.instance_id
 
 
 async def test_a_second_process_with_the_same_instance_id_is_refused(group: Group) -> None:

@@ -16,7 +16,7 @@ LAYERS: dict[str, set[str]] = {
     # No I/O: configs, names, rules, errors.
     "core": {"config", "consumerinfo", "errors", "exits", "lazyimport", "logs", "naming",
              "ordering", "partitions", "pinning", "records", "redact", "retrying",
-             "settings", "tasks"},
+             "settings", "tasks", "timestamps"},
     # The only modules that talk to nats-py and build $JS.API requests.
     "adapter": {"adapter", "connect", "events", "jetstream", "jsapi", "lease", "message",
                 "groupstreams", "jserrors", "natsload", "pull", "streamread"},

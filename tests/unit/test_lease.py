@@ -9,10 +9,12 @@ from cgroupd.lease import (
     Lease,
     OwnerWatch,
     Presence,
+    confirm_gone,
     legacy_presence_subject,
     may_reclaim,
     owner_presence_subject,
     presence_subject,
+    pulled_since_silent,
 )
 from cgroupd.naming import INSTANCE_KEY, MEMBER_KEY, PRESENCE_BY_MEMBER, PRESENCE_KEY
 
@@ -94,6 +96,54 @@ def test_who_may_have_its_data_consumer_reclaimed(answer: Answer, held: float,
     never (it releases it itself); a silent one's once the new owner has held the
     synchronization consumer for a whole lease."""
     assert may_reclaim(answer, held, 3.0) is allowed
+
+
+def test_no_responders_is_death_only_when_the_leader_holds_no_pull_of_the_instance() -> None:
+    """Issue 29: our server's "no responders" while the consumer's leader holds a pull
+    request of the instance is silence (a cut between servers), never death; other
+    answers pass unchanged."""
+    assert confirm_gone(Answer(Presence.GONE), 0).presence is Presence.GONE
+    assert confirm_gone(Answer(Presence.GONE), 2).presence is Presence.SILENT
+    alive = Answer(Presence.ALIVE, "active")
+    assert confirm_gone(alive, 0) is alive and confirm_gone(alive, 1) is alive
+    assert not may_reclaim(confirm_gone(Answer(Presence.GONE), 1), 0.0, 3.0)
+
+
+def test_a_vouched_owner_is_not_replaceable_while_our_server_cannot_see_it() -> None:
+    """Our server says "no responders", the consumer's leader vouched for the instance at
+    10.0 (checks 1 s apart): not gone, heard from at 10.0, not replaceable until 11.0;
+    "no responders" at 11.0 is believed (the next check decides). Silence (a probe our
+    server delivered, unanswered) is never vouched for: a stall is the lease's case."""
+    watch = OwnerWatch("a", heard=0.0)
+    watch.update(Answer(Presence.GONE), 10.0)
+    assert watch.gone and watch.unseen
+    watch.vouch(10.0, 1.0)
+    assert not watch.gone and watch.silent_for(10.0) == 0.0
+    watch.update(Answer(Presence.GONE), 10.9)
+    assert not watch.gone and not watch.replaceable(10.9, 3.0, 1.0)
+    watch.update(Answer(Presence.GONE), 11.0)
+    assert watch.gone and watch.replaceable(11.0, 3.0, 1.0)
+    silent = OwnerWatch("b", heard=0.0)
+    silent.update(Answer(Presence.GONE), 1.0)
+    silent.vouch(1.0, 1.0)
+    silent.update(Answer(Presence.SILENT), 1.5)
+    assert not silent.unseen and not silent.vouched(1.5)
+    assert silent.replaceable(5.0, 3.0, 1.0)  # silent since the vouch, lease + margin
+
+
+def test_a_held_pull_proves_life_only_once_it_is_younger_than_the_silence() -> None:
+    """Pulls live 5 s, probes every 0.25 s: a request still held 4 s into a silence may be
+    a stalled instance's last one; 5.75 s in, it was sent after the silence began. A silent
+    watch deferred to then is not replaceable before it, whatever the lease says."""
+    assert not pulled_since_silent(4.0, 5.0, 0.25)
+    assert not pulled_since_silent(5.7, 5.0, 0.25)
+    assert pulled_since_silent(5.75, 5.0, 0.25)
+    watch = OwnerWatch("a", heard=0.0)
+    assert watch.replaceable(4.0, 3.0, 1.0)
+    watch.defer(5.75)
+    assert not watch.replaceable(5.7, 3.0, 1.0) and watch.replaceable(5.75, 3.0, 1.0)
+    watch.update(Answer(Presence.GONE), 5.0)
+    assert watch.replaceable(5.0, 3.0, 1.0), "a death is not deferred"
 
 
 def test_where_an_owner_answers_presence() -> None:

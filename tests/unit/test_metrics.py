@@ -47,3 +47,15 @@ async def test_a_non_jetstream_delivery_is_counted_and_the_next_one_runs() -> No
     assert stats["delivered"] == 1
     assert nc.replies(b"+ACK") == ["$JS.ACK.S.C.1.1.1.1700000000000000000.0"]
     await d.drain(1)
+
+
+def test_takeovers_taken_and_declined_are_read_from_the_runtime_at_scrape_time() -> None:
+    """Issue 29: a standby's declined takeovers (the consumer's leader still heard the
+    owner) are visible beside the ones it made."""
+    m = Metrics("S", "G", "M")
+    counts = {"takeovers": 1, "takeovers_declined": 3}
+    m.count_ignored_input(lambda: counts)
+    got = {dict(labels)["outcome"]: value
+           for (name, labels), value in parse_metrics(m.render().decode()).items()
+           if name == "cgroupd_takeovers_total"}
+    assert got == {"taken": 1, "declined": 3}

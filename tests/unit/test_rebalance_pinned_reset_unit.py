@@ -138,7 +138,8 @@ async def test_a_move_refused_by_another_members_claim_drops_nothing_it_held(
     taken = info["config"]["filter_subjects"][-1]
     # Another member's claim on one of a's partitions, as the server would have let it
     # in while a had let that partition go half-way.
-    group.server.consumers[(WQ, "m2")] = FakeConsumer(WQ, "m2", {"filter_subjects": [taken]})
+    group.server.consumers[(WQ, "m2")] = FakeConsumer(WQ, "m2", {"filter_subjects": [taken]},
+                                                      waiting=1)
     group.gates[2].set()
     await group.offer(1)
     await eventually(lambda: 5 in group.by(a), 5, what=f"#5 to run (ran {group.by(a)})")
@@ -248,7 +249,8 @@ async def test_a_claim_that_raced_another_members_claim_is_let_go(group: Group) 
     await group.offer(1)
     await eventually(lambda: a.active and group.by(a) == [1], 5, what="a pinned, ran #1")
     update = a.js.create_consumer
-    rival = FakeConsumer(WQ, "m2", {"filter_subjects": [f"2.orders.{HOLD_TOKEN}"]})
+    rival = FakeConsumer(WQ, "m2", {"filter_subjects": [f"2.orders.{HOLD_TOKEN}"]},
+                         waiting=1)  # m2's instance pulls on it
     raced: list[bool] = []
 
     async def racing(stream: str, name: str, config: dict[str, Any],
