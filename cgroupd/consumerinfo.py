@@ -72,14 +72,6 @@ class ConsumerInfo:
                      if g.get("group") == group), None)
 
     @property
-    def leader(self) -> str | None:
-        """The server that leads the consumer (None: not clustered, or not said). The pin
-        lives only in its memory (nats-server 2.15): a new leader starts unpinned."""
-        cluster = self.raw.get("cluster") or {}
-        leader = cluster.get("leader") if isinstance(cluster, dict) else None
-        return leader if isinstance(leader, str) and leader else None
-
-    @property
     def anyone_pinned(self) -> bool:
         return any(g.get("pinned_client_id") for g in self.raw.get("priority_groups") or [])
 

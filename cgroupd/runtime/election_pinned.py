@@ -109,6 +109,7 @@ class PinnedElection(MemberCore):
         puller = await self._start_puller(
             gen, name, s.max_in_flight, StepDown.PIN_LOST, deliver=True, pinned=pinned)
         gen.pullers.append(puller)
+        puller.on_pin_news = lambda: self._pin_news(gen)
         puller.hush()  # until the gate has looked (it runs before the puller's first pull)
         gate = asyncio.ensure_future(self._gate_pulls(puller, pinned))
         # Standby until the server pins us: the first message carries our pin id.
@@ -148,17 +149,18 @@ class PinnedElection(MemberCore):
                 info = {}  # no answer: keep doing what we did
             else:
                 view = ConsumerInfo.of(info)
+                leader = view.leader or None  # None: not clustered
                 now = self._clock()
                 if info is None:
                     puller.hush(False)  # gone: the puller's answer tells the member
                 elif view.pinned_client(PRIORITY_GROUP):
-                    seen_under, waiting_since, compete = view.leader, None, False
+                    seen_under, waiting_since, compete = leader, None, False
                     puller.hush()
                 elif compete or not (
-                        (seen_under is not None and view.leader not in (None, seen_under))
+                        (seen_under is not None and leader not in (None, seen_under))
                         # Never saw a holder, but someone holds messages: one may have
                         # been pinned just before a leader change we did not see.
-                        or (seen_under is None and view.leader is not None
+                        or (seen_under is None and leader is not None
                             and int(view.raw.get("num_ack_pending", 0)) > 0)):
                     seen_under, compete = None, True
                     puller.hush(False)
@@ -171,7 +173,7 @@ class PinnedElection(MemberCore):
                         waiting_since = now
                     if waiting_since is not None and now - waiting_since >= s.pinned_ttl:
                         self._log.info("pin not taken back after a consumer leader "
-                                       "change; competing", leader=view.leader)
+                                       "change; competing", leader=leader)
                         seen_under, compete = None, True
                         puller.hush(False)
                     else:
@@ -233,6 +235,15 @@ class PinnedElection(MemberCore):
         if gen.pin_lease is not None and not gen.pin_lease.lost and not gen.ended.done():
             gen.renewal = asyncio.ensure_future(self._renew_once(gen))
 
+    def _pin_news(self, gen: Generation) -> None:
+        """Our puller saw the pin change (our pin id refused, or a new one delivered)
+        while we hold the member: check it now. After a consumer leader change that is
+        the step that asks to be pinned again, and the one that resumes starts once we
+        are (each waited up to a renewal period: a 3.01 s gap in a rolling restart)."""
+        lease = gen.pin_lease
+        if lease is not None and lease.pin_id is not None and not lease.lost:
+            self._renew_now(gen)
+
     async def _renew_once(self, gen: Generation) -> bool:
         """A pull carrying our pin id, a round trip proving the server read it, then the
         consumer info showing our pin id still (see :mod:`cgroupd.pinning`)."""
@@ -254,6 +265,11 @@ class PinnedElection(MemberCore):
         except (CgroupdError, TimeoutError) as exc:
             self._log.info("pin lease not renewed: no answer", error=repr(exc))
             return lease.valid
+        newer = gen.renewal
+        if newer is not None and newer is not asyncio.current_task() and not newer.done():
+            # Overtaken by a renewal asked since (on news of the pin, or a reconnect):
+            # its answer is the newer view, ours may predate the change.
+            return await asyncio.shield(newer)
         view = ConsumerInfo.of(info)
         holder = view.pinned_client(PRIORITY_GROUP)
         # As in sync mode's self-check: a clustered consumer's leader cut off from its
@@ -267,7 +283,7 @@ class PinnedElection(MemberCore):
             # Nobody pinned: after a consumer leader change (the pin stays with the old
             # leader) we hold on and ask to be pinned again; otherwise it is over.
             quiet = view.delivered_consumer_seq <= puller.last_delivery
-            if not lease.vanished(view.leader, asked - age, quiet):
+            if not lease.vanished(view.leader or None, asked - age, quiet):
                 return False
             if puller.pin_id is not None or puller.pin_refused:
                 self._log.info("pin went with the member consumer's old leader; asking "
@@ -280,12 +296,20 @@ class PinnedElection(MemberCore):
             now = self._clock()
             if gen.repin_since is None:
                 gen.repin_since = now
-            elif now - gen.repin_since > self.settings.pinned_ttl and lease.valid:
+            elif now - gen.repin_since > self.settings.pinned_ttl and lease.valid \
+                    and gen.dispatcher is not None and gen.dispatcher.unstarted():
                 # Not pinned again (what we hold may fill max_ack_pending, and the server
                 # pins only with a delivery): hand it all back while the lease still
                 # covers it (see _release_pinned), so whoever is pinned next gets it.
+                # Holding nothing that waits, we wait: nobody can be pinned before a
+                # message comes (the group stream's sourcing stood still 8-15 s after an
+                # origin leader change), and the first one pins us, the only one asking
+                # (standbys wait a TTL of messages waiting); stepping down then was a
+                # coin toss between us and a standby.
                 gen.end(StepDown.PIN_LOST, "not pinned again after a leader change")
                 return True
+            if view.num_pending > 0 and view.num_waiting == 0:
+                puller.reconnected()  # our request is not at the new leader: ask again
             return lease.valid
         if pin is None:
             # Being pinned again, and someone is: us, if the delivery that carries our
@@ -302,7 +326,12 @@ class PinnedElection(MemberCore):
             # have been lost on the way (our server restarting): it stays unacknowledged,
             # and running later messages of its key would break their order. Anything
             # delivered that we do not hold: step down; the next holder takes it back
-            # in order (a consumer reset one TTL after it is pinned).
+            # in order (a consumer reset one TTL after it is pinned). What the consumer
+            # delivered just before this answer may still be on its way to us: wait
+            # for it first (otherwise it counts as lost, and the holder steps down).
+            if view.delivered_consumer_seq > puller.last_delivery:
+                await puller.received_through(view.delivered_consumer_seq,
+                                              self.settings.pull_expires)
             foreign = view.num_ack_pending - gen.dispatcher.holding
             if foreign > 0:
                 self._log.warning("messages delivered before the leader change did not "
@@ -320,7 +349,7 @@ class PinnedElection(MemberCore):
         if lease.pin_id != pin:  # pinned again only after our lease ran out
             lease.lose()
             return False
-        lease.leader = view.leader
+        lease.leader = view.leader or None
         if not lease.valid:
             self.stats["stale_checks"] += 1
             self._log.warning("pin confirmed by a server out of touch with its cluster; "

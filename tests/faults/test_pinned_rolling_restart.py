@@ -29,6 +29,7 @@ from nats.js import api
 
 from cgroupd import admin
 from cgroupd.config import ELASTIC_BUCKET, STATIC_BUCKET, StaticGroupConfig
+from cgroupd.errors import ApiError
 from cgroupd.naming import sync_consumer
 from tests.faults import injectors
 from tests.faults.checks import Row, Span, committed
@@ -184,8 +185,17 @@ async def make_static_group(sc: Scenario, partitions: int) -> None:
         name="ORDERS", subjects=["orders.*"], num_replicas=3,
         subject_transform=api.SubjectTransform(
             src="orders.*", dest=f"{{{{partition({partitions},1)}}}}.orders.$1")))
-    await admin.create_static_group(sc.js, "ORDERS", "g", StaticGroupConfig(
-        max_members=partitions, members=("m1", "m2")))
+    for attempt in itertools.count():
+        # Setup, not under test: the R3 bucket made here may have no leader yet for the
+        # record's put (503 "no responders"; 1 setup of 7 failed so).
+        try:
+            await admin.create_static_group(sc.js, "ORDERS", "g", StaticGroupConfig(
+                max_members=partitions, members=("m1", "m2")))
+            break
+        except ApiError as exc:
+            if not exc.retriable or attempt == 20:
+                raise
+            await asyncio.sleep(0.25)  # a retry's backoff, not a synchronisation
     sc.partitions = partitions
     sc.static = True
 

@@ -251,3 +251,21 @@ async def test_a_consumer_leader_change_moves_nothing(group: Group) -> None:
     assert getattr(holder, "reasons", []) == []
     assert group.by(holder) == [1, 2, 3, 4, 5] and group.by(standby) == []
     assert group.pin() not in (None, old_pin) and _pin_of(holder) == group.pin()
+
+
+async def test_a_leader_change_with_nothing_to_deliver_moves_nothing(group: Group) -> None:
+    """After a consumer leader change nobody can be pinned before a message comes (the
+    server pins with a delivery; the group stream's sourcing once stood still 8-15 s
+    then). A holder holding nothing waits for it instead of stepping down after a TTL
+    (which left the member to whichever instance pulled first), and the next message
+    runs on it."""
+    holder, standby = await group.pinned_pair(offer=2)
+    await eventually(lambda: len(group.ran) == 2, 5, what="#1 and #2 run")
+    await asyncio.sleep(TTL)  # the standby has seen the holder pinned
+    group.server.change_leader(WQ, MEMBER, "n1")
+    await asyncio.sleep(4 * TTL)  # no message: nobody can be pinned
+    assert holder.active and getattr(holder, "reasons", []) == []
+    await group.offer(1)
+    await eventually(lambda: len(group.ran) == 3, 5, what="#3 runs")
+    assert group.by(holder) == [1, 2, 3] and group.by(standby) == []
+    assert standby.state is MemberState.STANDBY and getattr(holder, "reasons", []) == []

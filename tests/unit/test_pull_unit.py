@@ -238,3 +238,27 @@ async def test_423_wrong_pin_id_waits_for_the_member() -> None:
         assert not h.puller.ended.done() and not h.puller.pin_refused
     finally:
         await h.puller.stop()
+
+
+async def test_pin_news_tells_the_member_at_once() -> None:
+    """The member hears of a pin change as the puller sees it, not at its next renewal:
+    a delivery bringing a pin id other than ours (after the message is handed over), and
+    the first 423 "Nats-Wrong-Pin-Id" for ours; not the same pin again, nor a second
+    refusal while the first is being checked."""
+    h = Harness(PullOptions(batch=4, expires=2.0, heartbeat=0.5, group="PCG"))
+    news: list[int] = []
+    h.puller.on_pin_news = lambda: news.append(len(h.got))
+    await h.puller.start()
+    await asyncio.sleep(0)
+    try:
+        await h.send(delivery(1, **{PIN_ID: "pin-1"}))
+        await h.send(delivery(2, **{PIN_ID: "pin-1"}))
+        assert news == [1], "told once, after the delivery reached the callback"
+        await h.send(status("423", "Nats-Wrong-Pin-Id", **{PENDING_MSGS: "4"}))
+        await h.send(status("423", "Nats-Wrong-Pin-Id", **{PENDING_MSGS: "4"}))
+        assert news == [1, 2]
+        h.puller.repin()
+        await h.send(delivery(3, **{PIN_ID: "pin-2"}))
+        assert news == [1, 2, 3] and h.puller.pin_id == "pin-2"
+    finally:
+        await h.puller.stop()
