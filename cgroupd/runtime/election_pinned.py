@@ -321,24 +321,18 @@ class PinnedElection(MemberCore):
             return False
         puller.pin_refused = False
         gen.repin_since = None
+        lost = 0
         if lease.repinning and gen.dispatcher is not None:
             # Pinned again after a leader change. A delivery the old leader sent us may
-            # have been lost on the way (our server restarting): it stays unacknowledged,
-            # and running later messages of its key would break their order. Anything
-            # delivered that we do not hold: step down; the next holder takes it back
-            # in order (a consumer reset one TTL after it is pinned). What the consumer
-            # delivered just before this answer may still be on its way to us: wait
-            # for it first (otherwise it counts as lost, and the holder steps down).
+            # have been lost on the way (its server stopping: 37 at once in one run): it
+            # stays unacknowledged, and running later messages of its key would break
+            # their order. What the consumer delivered just before this answer may still
+            # be on its way to us: wait for it first.
             if view.delivered_consumer_seq > puller.last_delivery:
                 await puller.received_through(view.delivered_consumer_seq,
                                               self.settings.pull_expires)
-            foreign = view.num_ack_pending - gen.dispatcher.holding
-            if foreign > 0:
-                self._log.warning("messages delivered before the leader change did not "
-                                  "reach us; stepping down", count=foreign)
-                lease.lose()
-                return False
-            if gen.repin_paused:
+            lost = view.num_ack_pending - gen.dispatcher.holding
+            if lost <= 0 and gen.repin_paused:
                 gen.repin_paused = False
                 gen.dispatcher.resume()
         if view.num_pending > 0 and view.num_waiting == 0:
@@ -358,7 +352,49 @@ class PinnedElection(MemberCore):
         if ConsumerInfo(info).meta(RESET_KEY):
             gen.reconcile = True  # a standby retargeted it before we held the pin
             gen.retarget.set()
+        if lost > 0 and not gen.taking_back:
+            gen.taking_back = True
+            self._spawn(gen, self._take_back(gen, puller, lost), "_take_back")
         return lease.valid
+
+    async def _take_back(self, gen: Generation, puller: Puller, lost: int) -> None:
+        """Pinned again after a leader change, the consumer holds deliveries that never
+        reached us. Our lease ran on through the change (nobody else was pinned), so they
+        were ours: with no pull of ours open, reset the consumer to its ack floor, and
+        everything unacknowledged comes again in stream order (what we completed is
+        settled again, not run). Starts stay paused until then. Stepping down instead
+        left them to the ack wait: max_ack_pending stayed full, nobody could be pinned,
+        the member stood still 34.8 s and changed owner."""
+        s = self.settings
+        assert gen.dispatcher is not None
+        self._log.warning("messages delivered before the leader change did not reach "
+                          "us; taking them back", count=lost)
+        puller.hush()
+        try:
+            deadline = self._clock() + 2 * (s.pull_expires + RESET_QUIET_MARGIN)
+            while puller.outstanding > 0 and not gen.ended.done():
+                if self._clock() > deadline:
+                    gen.end(StepDown.PIN_LOST, "our pull requests did not end; cannot "
+                            "take back deliveries lost in a leader change")
+                    return
+                await self._sleep(0.02)
+            if gen.ended.done():
+                return
+            lease = gen.pin_lease
+            if lease is None or not (lease.valid or await self._renew(gen)):
+                gen.end(StepDown.PIN_LOST, "the pin could not be proven ours any more")
+                return
+            try:
+                await self._reset_pinned(gen)
+            except CgroupdError as exc:
+                gen.end(StepDown.PIN_LOST, f"could not take back lost deliveries: {exc}")
+                return
+        finally:
+            puller.hush(False)
+            gen.taking_back = False
+        if gen.repin_paused:
+            gen.repin_paused = False
+            gen.dispatcher.resume()
 
     async def _take_over(self, gen: Generation) -> bool:
         """A newly pinned instance starts nothing while the member consumer holds messages

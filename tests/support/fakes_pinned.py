@@ -70,6 +70,9 @@ class PinState:
     pins_given: list[str] = field(default_factory=list)
     resets: int = 0
     failed_resets: int = 0
+    #: The next deliveries that never reach their client (lost with a stopping server):
+    #: counted as delivered, unacknowledged, and not sent.
+    lose_next: int = 0
 
 
 @dataclass
@@ -218,6 +221,9 @@ class PinnedServer(FakeServer):
             if req.left <= 0:
                 st.waiting.remove(req)
             st.deliveries[sseq] = st.deliveries.get(sseq, 0) + 1
+            if st.lose_next > 0:
+                st.lose_next -= 1
+                continue
             self._send(req.nats, req.inbox, Delivery(
                 subject="0.orders.k", data=b"m", headers={"Nats-Pin-Id": st.pin},
                 reply=f"$JS.ACK.{stream}.{name}.{st.deliveries[sseq]}.{sseq}.{st.dseq}.0.0",

@@ -269,3 +269,26 @@ async def test_a_leader_change_with_nothing_to_deliver_moves_nothing(group: Grou
     await eventually(lambda: len(group.ran) == 3, 5, what="#3 runs")
     assert group.by(holder) == [1, 2, 3] and group.by(standby) == []
     assert standby.state is MemberState.STANDBY and getattr(holder, "reasons", []) == []
+
+
+async def test_deliveries_lost_in_a_leader_change_are_taken_back_in_place(
+        group: Group) -> None:
+    """Deliveries the old leader made to the holder that never arrived (its server
+    stopping) stay unacknowledged. Pinned again under the new leader, the holder (whose
+    lease ran on, so nobody else held them) resets the consumer itself instead of
+    stepping down, which left them to the ack wait with max_ack_pending full and nobody
+    able to be pinned: everything runs once, in order, on the holder."""
+    holder, standby = await group.pinned_pair(offer=2)
+    await eventually(lambda: len(group.ran) == 2, 5, what="#1 and #2 run")
+    await asyncio.sleep(TTL)  # the standby has seen the holder pinned
+    st = group.server.state(WQ, MEMBER)
+    assert st is not None
+    st.lose_next = 2
+    await group.offer(2)  # #3 and #4: delivered, never arrive
+    group.server.change_leader(WQ, MEMBER, "n1")
+    await group.offer(2)
+    await eventually(lambda: len(group.ran) == 6, 5, what="#3 to #6 run")
+    await asyncio.sleep(TTL)
+    assert group.by(holder) == [1, 2, 3, 4, 5, 6] and group.by(standby) == []
+    assert holder.active and getattr(holder, "reasons", []) == []
+    assert standby.state is MemberState.STANDBY and st.resets == 1
