@@ -327,7 +327,11 @@ class PinnedElection(MemberCore):
             # have been lost on the way (its server stopping: 37 at once in one run): it
             # stays unacknowledged, and running later messages of its key would break
             # their order. What the consumer delivered just before this answer may still
-            # be on its way to us: wait for it first.
+            # be on its way to us, or waiting in our subscription's queue (the news of the
+            # pin came with the first of a batch): wait for it first. (The numbers alone
+            # cannot tell: a new leader that never heard of the old one's last deliveries
+            # numbers its own from where it knew; 63 of a batch counted as lost once.)
+            await puller.flush_received()
             if view.delivered_consumer_seq > puller.last_delivery:
                 await puller.received_through(view.delivered_consumer_seq,
                                               self.settings.pull_expires)
