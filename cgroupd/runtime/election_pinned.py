@@ -373,26 +373,39 @@ class PinnedElection(MemberCore):
         assert gen.dispatcher is not None
         self._log.warning("messages delivered before the leader change did not reach "
                           "us; taking them back", count=lost)
-        puller.hush()
+        retry_in = RESET_RETRY_FIRST
         try:
-            deadline = self._clock() + 2 * (s.pull_expires + RESET_QUIET_MARGIN)
-            while puller.outstanding > 0 and not gen.ended.done():
-                if self._clock() > deadline:
-                    gen.end(StepDown.PIN_LOST, "our pull requests did not end; cannot "
-                            "take back deliveries lost in a leader change")
+            while True:
+                puller.hush()
+                deadline = self._clock() + 2 * (s.pull_expires + RESET_QUIET_MARGIN)
+                while puller.outstanding > 0 and not gen.ended.done():
+                    if self._clock() > deadline:
+                        gen.end(StepDown.PIN_LOST, "our pull requests did not end; "
+                                "cannot take back deliveries lost in a leader change")
+                        return
+                    await self._sleep(0.02)
+                lease = gen.pin_lease
+                if gen.ended.done():
                     return
-                await self._sleep(0.02)
-            if gen.ended.done():
-                return
-            lease = gen.pin_lease
-            if lease is None or not (lease.valid or await self._renew(gen)):
-                gen.end(StepDown.PIN_LOST, "the pin could not be proven ours any more")
-                return
-            try:
-                await self._reset_pinned(gen)
-            except CgroupdError as exc:
-                gen.end(StepDown.PIN_LOST, f"could not take back lost deliveries: {exc}")
-                return
+                if lease is None or not (lease.valid or await self._renew(gen)):
+                    gen.end(StepDown.PIN_LOST, "the pin could not be proven ours any more")
+                    return
+                try:
+                    await self._reset_pinned(gen)
+                    break
+                except CgroupdError as exc:
+                    if reset_unsupported(exc) or retry_in > RESET_RETRY_MAX:
+                        gen.end(StepDown.PIN_LOST,
+                                f"could not take back lost deliveries: {exc}")
+                        return
+                    # Passing (a server restarting): pull meanwhile, which keeps the pin
+                    # ours; applied or not, nothing we hold may start before a reset.
+                    self._log.warning("consumer reset failed; retrying", error=str(exc),
+                                      retry_in=retry_in)
+                    gen.dispatcher.discard_unstarted()
+                    puller.hush(False)
+                    await self._sleep(retry_in)
+                    retry_in *= 2
         finally:
             puller.hush(False)
             gen.taking_back = False
