@@ -80,13 +80,20 @@ class PinLease:
         """Seconds the lease still runs (negative once it ran out)."""
         return -math.inf if self.lost else self.until - self._clock()
 
-    def renewed(self, pin_id: str, pulled_at: float) -> None:
+    def renewed(self, pin_id: str, pulled_at: float, pinned_at: float | None = None) -> None:
         """The server read a pull carrying ``pin_id`` sent at ``pulled_at`` while the pin
-        was ours: the lease runs at least until ``pulled_at + ttl - margin``."""
+        was ours: the lease runs at least until ``pulled_at + ttl - margin``.
+
+        ``pinned_at``: when the delivery that brought a new ``pin_id`` reached us (the
+        server pinned us before). Being pinned again continues the lease if that came
+        while the lease ran, however late the answer proving it (a new leader busy after
+        a restart answered after the lease ran out: the holder stepped down and its 64
+        unacknowledged messages held the member still for the 30 s ack wait)."""
         if self.lost:
             return
         if self.pin_id is not None and pin_id != self.pin_id:
-            if not (self.repinning and self.valid):
+            when = self._clock() if pinned_at is None else pinned_at
+            if not (self.repinning and when < self.until):
                 return
             self.repinning = False  # pinned again while nobody else could have been
         self.pin_id = pin_id

@@ -129,6 +129,8 @@ class Puller:
         #: brought a new one): the member checks the pin at once rather than at its next
         #: renewal (issue 29: each renewal period waited cost a rolling restart 0.4 s).
         self.on_pin_news: Callable[[], None] | None = None
+        #: When the delivery that brought ``pin_id`` arrived (the server pinned us before).
+        self.pinned_at = -math.inf
         #: When the newest pull carrying ``pin_id`` was sent (pinned mode: the lease).
         self.pin_pulled_at = -math.inf
         #: Consumer delivery sequence of the newest delivery handed to the callback.
@@ -343,6 +345,8 @@ class Puller:
                 pin = msg.headers.get(PIN_ID) if msg.headers else None
                 if pin:
                     newly_pinned = pin != self.pin_id
+                    if newly_pinned:
+                        self.pinned_at = self._clock()
                     self.pin_id = pin
             if self._on_message is not None:
                 self._on_message(msg)

@@ -251,7 +251,7 @@ class PinnedElection(MemberCore):
         puller = next((p for p in gen.pullers if p.delivers), None)
         if lease is None or lease.lost or puller is None:
             return False
-        pin = puller.pin_id
+        pin, pinned_at = puller.pin_id, puller.pinned_at
         if (pin is None and not lease.repinning) or puller.ended.done():
             lease.lose()
             return False
@@ -343,7 +343,7 @@ class PinnedElection(MemberCore):
             # Pinned, messages waiting, and no request of ours at the leader (seen after
             # a leader change: requests we count are gone with the old one): ask now.
             puller.reconnected()
-        lease.renewed(pin, sent - age)
+        lease.renewed(pin, sent - age, pinned_at)
         if lease.pin_id != pin:  # pinned again only after our lease ran out
             lease.lose()
             return False

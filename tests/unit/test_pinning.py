@@ -127,3 +127,26 @@ def test_pinned_again_only_while_the_lease_runs() -> None:
     clock.now = lease.until + 0.01
     lease.renewed("pin-b", clock.now)
     assert lease.pin_id == "pin-a" and not lease.valid
+
+
+def test_pinned_again_while_the_lease_ran_continues_it_however_late_the_proof() -> None:
+    """What counts is when the delivery with the new pin id reached us: a new leader busy
+    after a restart may answer the consumer info proving it only after the lease ran
+    out (the holder stepped down then, and the member stood still 30 s)."""
+    clock = Clock()
+    lease = PinLease(2.0, clock)
+    lease.renewed("pin-a", 100.0)
+    lease.leader = "n0"
+    assert lease.vanished("n1", checked_at=100.5)
+    pinned_at = lease.until - 0.1
+    clock.now = lease.until + 0.5  # the answer comes late
+    lease.renewed("pin-b", pulled_at=pinned_at + 0.01, pinned_at=pinned_at)
+    assert lease.pin_id == "pin-b" and not lease.repinning
+    assert lease.until == pinned_at + 0.01 + 2.0 - lease.margin
+    clock.now = 100.5
+    late = PinLease(2.0, clock)
+    late.renewed("pin-a", 100.0)
+    late.leader = "n0"
+    assert late.vanished("n1", checked_at=100.5)
+    late.renewed("pin-c", pulled_at=late.until + 0.2, pinned_at=late.until + 0.1)
+    assert late.pin_id == "pin-a", "pinned only after the lease ran out: not ours"
