@@ -23,7 +23,7 @@ from cgroupd.naming import (
 )
 from cgroupd.partitions import member_consumer_filters
 from cgroupd.pinning import PinLease, SkipRules
-from cgroupd.pull import Puller
+from cgroupd.pull import Puller, delivery_number
 from cgroupd.runtime.core import MemberCore
 from cgroupd.runtime.generation import Generation
 from cgroupd.runtime.state import MemberState, StepDown
@@ -335,7 +335,7 @@ class PinnedElection(MemberCore):
             if view.delivered_consumer_seq > puller.last_delivery:
                 await puller.received_through(view.delivered_consumer_seq,
                                               self.settings.pull_expires)
-            lost = await self._missing(gen, view.num_ack_pending)
+            lost = self._missing(gen, view.num_ack_pending, view.delivered_consumer_seq)
             if lost <= 0 and gen.repin_paused:
                 gen.repin_paused = False
                 gen.dispatcher.resume()
@@ -361,17 +361,17 @@ class PinnedElection(MemberCore):
             self._spawn(gen, self._take_back(gen, puller, lost), "_take_back")
         return lease.valid
 
-    async def _missing(self, gen: Generation, ack_pending: int) -> int:
-        """Deliveries the consumer counts unacknowledged (``ack_pending``, as of its
-        answer) that we do not hold, after giving those still on their way a moment:
-        the batch that pinned us again can trail its first message, which brought the
-        news (63 of a batch of 64 counted as lost twice; all had arrived by the reset
-        that took them back, which cost up to 1 s)."""
+    def _missing(self, gen: Generation, ack_pending: int, delivered: int) -> int:
+        """Deliveries the consumer counted unacknowledged in its answer (``ack_pending``,
+        numbered up to ``delivered``) that we do not hold. Deliveries made after that
+        answer reach us meanwhile and must not hide a lost one (a count of everything
+        held did once: a per-key reorder at the ack wait), so only those numbered up to
+        ``delivered`` count. One numbered otherwise (a new leader numbers from what it
+        knew) counts as missing: a needless take-back, never a reorder."""
         assert gen.dispatcher is not None
-        deadline = self._clock() + self.settings.pull_expires / 4
-        while gen.dispatcher.holding < ack_pending and self._clock() < deadline:
-            await self._sleep(0.01)
-        return ack_pending - gen.dispatcher.holding
+        ours = sum(1 for m in gen.dispatcher.held()
+                   if (delivery_number(m.reply) or delivered + 1) <= delivered)
+        return ack_pending - ours
 
     async def _take_back(self, gen: Generation, puller: Puller, lost: int) -> None:
         """Pinned again after a leader change, the consumer holds deliveries that never
