@@ -24,8 +24,8 @@ from nats.aio.msg import Msg
 from nats.js import api
 
 from cgroupd import admin
-from cgroupd.config import ElasticGroupConfig, PartitioningFilter
-from cgroupd.jetstream import JetStream
+from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter
+from cgroupd.nats.jetstream import JetStream
 from tests.support.natsserver import NatsServer, client_options, find_free_port
 from tests.support.polling import eventually
 

@@ -61,8 +61,8 @@ from bench.common import (
     wait_for,
 )
 from cgroupd import admin
-from cgroupd.config import ElasticGroupConfig, PartitioningFilter
-from cgroupd.jetstream import JetStream
+from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter
+from cgroupd.nats.jetstream import JetStream
 from tests.faults.injectors import NetnsUnavailable, VethNamespace
 from tests.support.groups import Record, check
 from tests.support.natsserver import client_options, running_server

@@ -43,13 +43,13 @@ from typing import Any
 
 from bench.common import CpuMeter, emit, machine, server
 from cgroupd import admin
-from cgroupd.config import ElasticGroupConfig, PartitioningFilter
-from cgroupd.connect import ConnectionOptions, connect
-from cgroupd.errors import CgroupdError, ServerBusy
-from cgroupd.jetstream import JetStream
+from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter
+from cgroupd.core.errors import CgroupdError, ServerBusy
+from cgroupd.core.retrying import retry_delay
+from cgroupd.core.settings import MemberSettings
 from cgroupd.member import Member, MemberState
-from cgroupd.retrying import retry_delay
-from cgroupd.settings import MemberSettings
+from cgroupd.nats.connect import ConnectionOptions, connect
+from cgroupd.nats.jetstream import JetStream
 from tests.support.natsserver import NatsServer
 
 STREAM = "FLEET"

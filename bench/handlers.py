@@ -6,7 +6,7 @@ import json
 import os
 import time
 
-from cgroupd.message import Message
+from cgroupd.nats.message import Message
 
 _record = open(os.environ["BENCH_RECORD"], "a", buffering=1) if os.environ.get(  # noqa: SIM115
     "BENCH_RECORD") else None

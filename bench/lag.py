@@ -27,8 +27,8 @@ from bench.common import (
     wait_for,
 )
 from cgroupd import admin
-from cgroupd.lag import read_lag
-from cgroupd.metrics import Metrics
+from cgroupd.admin.lag import read_lag
+from cgroupd.join.metrics import Metrics
 
 
 def _server_cpu(pid: int) -> float:

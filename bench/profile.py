@@ -51,8 +51,8 @@ from bench.common import (
     wait_processed,
 )
 from cgroupd import admin
-from cgroupd.config import ElasticGroupConfig, PartitioningFilter
-from cgroupd.jetstream import JetStream
+from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter
+from cgroupd.nats.jetstream import JetStream
 from tests.support.natsserver import client_options
 
 MEMBERS = 4

@@ -29,7 +29,7 @@ from bench.common import (
     wait_for,
 )
 from cgroupd import admin
-from cgroupd.partitions import moved_partitions
+from cgroupd.core.partitions import moved_partitions
 
 PARTITIONS = 20
 

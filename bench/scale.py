@@ -51,9 +51,9 @@ from bench.common import (
 )
 from bench.footprint import ServerTraffic, sniff
 from cgroupd import admin
-from cgroupd.config import ElasticGroupConfig, PartitioningFilter
-from cgroupd.jetstream import JetStream
-from cgroupd.partitions import moved_partitions, owners
+from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter
+from cgroupd.core.partitions import moved_partitions, owners
+from cgroupd.nats.jetstream import JetStream
 from tests.support.groups import check
 from tests.support.natsserver import NatsServer, client_options
 from tests.support.peer import PeerProcess, peer_python, why

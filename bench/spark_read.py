@@ -52,8 +52,8 @@ import nats  # noqa: E402
 from nats.js import api  # noqa: E402
 
 from cgroupd import admin  # noqa: E402
-from cgroupd.config import ElasticGroupConfig, PartitioningFilter  # noqa: E402
-from cgroupd.jetstream import JetStream  # noqa: E402
+from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter  # noqa: E402
+from cgroupd.nats.jetstream import JetStream  # noqa: E402
 from cgroupd.spark.layout import HASHED, Layout, Mode  # noqa: E402
 from cgroupd.spark.offsets import READ_SUBJECT, ReadRange  # noqa: E402
 from cgroupd.spark.options import SourceOptions  # noqa: E402

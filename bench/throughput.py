@@ -70,8 +70,8 @@ from bench.common import (
     wait_processed,
 )
 from cgroupd import admin
-from cgroupd.config import ElasticGroupConfig, PartitioningFilter
-from cgroupd.jetstream import JetStream
+from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter
+from cgroupd.nats.jetstream import JetStream
 from tests.support.groups import check
 from tests.support.natsserver import NatsServer, client_options
 from tests.support.peer import PeerProcess, peer_python, why

@@ -54,10 +54,10 @@ def install() -> None:
     """Wrap the steps (imports here: the launcher must not load cgroupd before main)."""
     from nats.aio import transport
 
-    from cgroupd import jsapi
-    from cgroupd.dispatch import Dispatcher
-    from cgroupd.message import Message
-    from cgroupd.pull import Puller
+    from cgroupd.member.dispatch import Dispatcher
+    from cgroupd.nats import jsapi
+    from cgroupd.nats.message import Message
+    from cgroupd.nats.pull import Puller
 
     submit = Dispatcher.submit
 

@@ -18,7 +18,7 @@ from typing import Any
 
 def parse(spec: str) -> dict[str, Any]:
     """``name=value,...`` into settings, refusing names ``MemberSettings`` lacks."""
-    from cgroupd.settings import MemberSettings
+    from cgroupd.core.settings import MemberSettings
 
     known = {f.name for f in dataclasses.fields(MemberSettings)}
     out: dict[str, Any] = {}
@@ -35,7 +35,7 @@ def parse(spec: str) -> dict[str, Any]:
 def run(spec: str, argv: list[str]) -> None:
     from cgroupd import cli
     from cgroupd.cli import join
-    from cgroupd.settings import MemberSettings
+    from cgroupd.core.settings import MemberSettings
 
     overrides = parse(spec)
 

@@ -2,12 +2,11 @@
 
 Strict per-key order with horizontal scale (Kafka-style consumer groups) and hot standbys,
 following the NATS ADR "Partitioned consumer groups". Layers, bottom up: the pure core
-(:mod:`~cgroupd.config`, :mod:`~cgroupd.partitions`), the JetStream adapter
-(:mod:`~cgroupd.jsapi`, :mod:`~cgroupd.pull`, :mod:`~cgroupd.jetstream`), the member
+(:mod:`~cgroupd.core.config`, :mod:`~cgroupd.core.partitions`), the JetStream adapter
+(:mod:`~cgroupd.nats.jsapi`, :mod:`~cgroupd.nats.pull`, :mod:`~cgroupd.nats.jetstream`), the member
 runtime (:mod:`~cgroupd.member`) and group administration (:mod:`~cgroupd.admin`).
 """
 
-from cgroupd import natsload  # noqa: F401 - first: nats-py without aiohttp (see there)
 from cgroupd.admin import (
     ConsumerView,
     GroupStatus,
@@ -27,14 +26,14 @@ from cgroupd.admin import (
     set_mappings,
     step_down,
 )
-from cgroupd.config import (
+from cgroupd.core.config import (
     ElasticGroupConfig,
     GroupConfig,
     MemberMapping,
     PartitioningFilter,
     StaticGroupConfig,
 )
-from cgroupd.errors import (
+from cgroupd.core.errors import (
     AckNotConfirmed,
     AckOutcomeUnknown,
     ApiError,
@@ -73,13 +72,14 @@ from cgroupd.errors import (
     WebhookFailed,
     WorkQueueOverlap,
 )
-from cgroupd.jetstream import JetStream
+from cgroupd.core.ordering import Ordering
+from cgroupd.core.partitions import assignment, member_partitions
+from cgroupd.core.settings import Exclusivity, MemberSettings
 from cgroupd.member import Member, MemberState, StepDown
-from cgroupd.message import Message
-from cgroupd.ordering import Ordering
-from cgroupd.partitions import assignment, member_partitions
-from cgroupd.runtime.generation import GenerationInfo
-from cgroupd.settings import Exclusivity, MemberSettings
+from cgroupd.member.generation import GenerationInfo
+from cgroupd.nats import natsload  # noqa: F401 - nats-py without aiohttp (see there)
+from cgroupd.nats.jetstream import JetStream
+from cgroupd.nats.message import Message
 
 #: The version, written only here (pyproject.toml reads it when building).
 __version__ = "0.1.0"

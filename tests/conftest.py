@@ -14,7 +14,7 @@ import pytest_asyncio
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from cgroupd.jetstream import JetStream
+from cgroupd.nats.jetstream import JetStream
 from tests.support import hangdump, peer
 from tests.support.cli import (
     restore_logging,  # noqa: F401 - autouse for every test: the CLI configures logging globally
@@ -165,7 +165,7 @@ def _without_the_developers_nats_context() -> None:
     ``NATS_CONTEXT``, as ``nats`` does: on a machine that has one, tests would connect
     with its servers, credentials and TLS. Point them at an empty config directory then
     (only then: other tools read ``XDG_CONFIG_HOME`` too)."""
-    from cgroupd.natscontext import CONTEXT_ENV, config_dir
+    from cgroupd.cli.natscontext import CONTEXT_ENV, config_dir
 
     os.environ.pop(CONTEXT_ENV, None)
     if (config_dir(os.environ) / "context.txt").exists():

@@ -1,7 +1,7 @@
 """Group administration: create, delete, list, membership, mappings (:mod:`._groups`), and
 status: who owns what, what is waiting, step-down (:mod:`._status`).
 
-Async functions over the :class:`~cgroupd.jetstream.JetStream` adapter.
+Async functions over the :class:`~cgroupd.nats.jetstream.JetStream` adapter.
 """
 
 from cgroupd.admin._groups import (

@@ -1,6 +1,6 @@
 """Group administration: create, delete, list, membership, mappings.
 
-Async functions over the :class:`~cgroupd.jetstream.JetStream` adapter. Membership changes
+Async functions over the :class:`~cgroupd.nats.jetstream.JetStream` adapter. Membership changes
 are compare-and-set updates on the record's KV revision, retried when another writer got
 there first, so two operators adding members at once both succeed.
 """
@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from cgroupd.config import (
+from cgroupd.core.config import (
     ELASTIC_BUCKET,
     STATIC_BUCKET,
     ElasticGroupConfig,
@@ -24,7 +24,7 @@ from cgroupd.config import (
     validate_name,
     work_queue_stream,
 )
-from cgroupd.errors import (
+from cgroupd.core.errors import (
     BadRecord,
     BucketNotFound,
     CgroupdError,
@@ -34,16 +34,16 @@ from cgroupd.errors import (
     GroupNotFound,
     StreamNotFound,
 )
-from cgroupd.groupstreams import (
+from cgroupd.core.naming import INSTANCE_KEY, MEMBER_KEY
+from cgroupd.core.records import elastic_from_json, static_from_json
+from cgroupd.nats.groupstreams import (
     StreamInfo,
     ensure_bucket,
     ensure_work_queue_stream,
     is_work_queue,
     whole_subject_problem,
 )
-from cgroupd.jetstream import JetStream
-from cgroupd.naming import INSTANCE_KEY, MEMBER_KEY
-from cgroupd.records import elastic_from_json, static_from_json
+from cgroupd.nats.jetstream import JetStream
 
 #: How often a CAS update is retried before ConflictError is raised, and the longest
 #: random pause between two attempts (seconds).

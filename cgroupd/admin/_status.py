@@ -9,16 +9,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cgroupd.admin._groups import StoredGroup, get_group, static_group_consumers
-from cgroupd.config import group_key
-from cgroupd.consumerinfo import ConsumerInfo
-from cgroupd.errors import StreamNotFound
-from cgroupd.jetstream import JetStream
-from cgroupd.lag import read_lag
-from cgroupd.lease import Presence
-from cgroupd.naming import HOLDER_KEY, HOST_KEY, INSTANCE_KEY, MEMBER_KEY, SINCE_KEY
-from cgroupd.partitions import SYNC_PREFIX, owners
-from cgroupd.pinning import step_down_subject
-from cgroupd.settings import PRIORITY_GROUP
+from cgroupd.admin.lag import read_lag
+from cgroupd.core.config import group_key
+from cgroupd.core.consumerinfo import ConsumerInfo
+from cgroupd.core.errors import StreamNotFound
+from cgroupd.core.naming import HOLDER_KEY, HOST_KEY, INSTANCE_KEY, MEMBER_KEY, SINCE_KEY
+from cgroupd.core.partitions import SYNC_PREFIX, owners
+from cgroupd.core.pinning import step_down_subject
+from cgroupd.core.settings import PRIORITY_GROUP
+from cgroupd.nats.jetstream import JetStream
+from cgroupd.nats.lease import Presence
 
 #: Seconds a pinned member's holder has to answer a step-down request before the pin is
 #: simply cleared (a live holder answers within milliseconds).
@@ -207,7 +207,7 @@ async def step_down(js: JetStream, stream: str, group: str, member: str) -> bool
     Sync mode deletes the member's synchronization consumer (the ADR's step-down); the
     active instance notices at once, finishes its running handlers and releases. Pinned
     mode asks the instance holding the pin, which does the same and then unpins (see
-    :func:`cgroupd.pinning.step_down_subject`); when no holder answers within
+    :func:`cgroupd.core.pinning.step_down_subject`); when no holder answers within
     ``STEP_DOWN_ANSWER`` (the reference implementation's, or a frozen one) it unpins,
     as the reference does: the pin then moves at once, and what the old holder still
     runs is refused and run again by the new one. False when the member had no active

@@ -18,15 +18,15 @@ import typer
 from typer.core import TyperGroup
 
 import cgroupd
-from cgroupd import logs
 from cgroupd.cli import console, demo, groups, join, members, observe, replay
 from cgroupd.cli.context import Globals
 from cgroupd.cli.errors import CliError, UsageError
-from cgroupd.connect import DEFAULT_CONNECT_TIMEOUT
-from cgroupd.errors import BadRecord, CgroupdError, ConfigError
-from cgroupd.exits import FAILURE, INTERRUPTED, PROG, USAGE, error_line
-from cgroupd.handlers import HandlerLoadError
-from cgroupd.natscontext import with_context
+from cgroupd.cli.natscontext import with_context
+from cgroupd.core import logs
+from cgroupd.core.errors import BadRecord, CgroupdError, ConfigError
+from cgroupd.core.exits import FAILURE, INTERRUPTED, PROG, USAGE, error_line
+from cgroupd.join.handlers import HandlerLoadError
+from cgroupd.nats.connect import DEFAULT_CONNECT_TIMEOUT
 
 _state = {"debug": False}
 

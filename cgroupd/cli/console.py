@@ -10,8 +10,8 @@ import typer
 from cgroupd.cli.context import check_names, globals_of, stop_on_signals
 from cgroupd.cli.errors import CliError, bad_arguments
 from cgroupd.cli.parsers import parse_listen
-from cgroupd.connect import connect
-from cgroupd.jetstream import JetStream
+from cgroupd.nats.connect import connect
+from cgroupd.nats.jetstream import JetStream
 
 #: Where the console listens unless told: this machine only.
 DEFAULT_LISTEN = "127.0.0.1:8480"

@@ -14,9 +14,9 @@ from typing import Any, TypeVar
 import typer
 
 from cgroupd.cli.errors import UsageError
-from cgroupd.config import name_problems
-from cgroupd.connect import ConnectionOptions, connect
-from cgroupd.jetstream import JetStream
+from cgroupd.core.config import name_problems
+from cgroupd.nats.connect import ConnectionOptions, connect
+from cgroupd.nats.jetstream import JetStream
 
 T = TypeVar("T")
 

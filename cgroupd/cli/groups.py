@@ -12,9 +12,14 @@ from cgroupd.cli.context import check_names, emit, run_admin
 from cgroupd.cli.errors import CliError, UsageError, bad_arguments
 from cgroupd.cli.options import Group, Stream
 from cgroupd.cli.parsers import pair_filters, parse_wildcards
-from cgroupd.config import ElasticGroupConfig, GroupConfig, PartitioningFilter, StaticGroupConfig
-from cgroupd.errors import StreamNotFound
-from cgroupd.jetstream import JetStream
+from cgroupd.core.config import (
+    ElasticGroupConfig,
+    GroupConfig,
+    PartitioningFilter,
+    StaticGroupConfig,
+)
+from cgroupd.core.errors import StreamNotFound
+from cgroupd.nats.jetstream import JetStream
 
 #: Where :class:`PairedFiltersCommand` leaves the ``(filter, wildcards)`` pairs.
 FILTERS_KEY = "cgroupd.filters"

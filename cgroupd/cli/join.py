@@ -1,6 +1,6 @@
 """``cgroupd join``: run one instance of a member until SIGTERM.
 
-The help's defaults come from :class:`~cgroupd.settings.MemberSettings` (and the handler
+The help's defaults come from :class:`~cgroupd.core.settings.MemberSettings` (and the handler
 module's constants), never restated: changing a default there changes ``join --help``.
 """
 
@@ -14,12 +14,15 @@ from typing import Annotated, Any
 
 import typer
 
-from cgroupd import logs
 from cgroupd.cli.context import check_names, globals_of
 from cgroupd.cli.errors import CliError, UsageError, bad_arguments
 from cgroupd.cli.parsers import join_missing, member_from_hostname
-from cgroupd.errors import ConfigError
-from cgroupd.handlers import (
+from cgroupd.core import logs
+from cgroupd.core.errors import ConfigError
+from cgroupd.core.ordering import Ordering
+from cgroupd.core.partitions import key_function
+from cgroupd.core.settings import Exclusivity, MemberSettings
+from cgroupd.join.handlers import (
     DEFAULT_NON_RETRYABLE,
     DEFAULT_WEBHOOK_TIMEOUT,
     AuthHeaders,
@@ -29,11 +32,8 @@ from cgroupd.handlers import (
     load_handler,
     parse_statuses,
 )
-from cgroupd.joinoptions import DEFAULT_METRICS_HOST, HTTP_MAX_CONNECTIONS, HTTP_READ_TIMEOUT
-from cgroupd.joinrun import EXEC_ENV, JoinSpec, add_working_directory, exec_join
-from cgroupd.ordering import Ordering
-from cgroupd.partitions import key_function
-from cgroupd.settings import Exclusivity, MemberSettings
+from cgroupd.join.options import DEFAULT_METRICS_HOST, HTTP_MAX_CONNECTIONS, HTTP_READ_TIMEOUT
+from cgroupd.join.run import EXEC_ENV, JoinSpec, add_working_directory, exec_join
 
 
 class ExclusivityName(StrEnum):
@@ -49,7 +49,7 @@ class OrderingName(Enum):
 
 
 #: Whether ``join`` replaces the process with a lean one once its arguments are checked
-#: (:mod:`cgroupd.joinrun`): only when the CLI is the process (``main()`` with the
+#: (:mod:`cgroupd.join.run`): only when the CLI is the process (``main()`` with the
 #: process's own argv), never when it runs inside a caller (tests, bench.variant).
 LEAN = {"exec": False}
 
@@ -208,7 +208,7 @@ def join(
 ) -> int:
     """Run one instance of a member: consume its partitions while active, stand by
     otherwise. SIGTERM/SIGINT hands over to a standby and exits 0."""
-    from cgroupd.daemon import JoinOptions, drain_problems, run_join
+    from cgroupd.join.daemon import JoinOptions, drain_problems, run_join
 
     g = globals_of(ctx)
     missing = join_missing(stream=stream, group=group, member=member,

@@ -13,7 +13,7 @@ from cgroupd.cli.errors import CliError, bad_arguments
 from cgroupd.cli.observe import show_members
 from cgroupd.cli.options import Group, Stream
 from cgroupd.cli.parsers import parse_mappings
-from cgroupd.config import GroupConfig
+from cgroupd.core.config import GroupConfig
 
 
 def membership_text(stream: str, group: str, config: GroupConfig, verb: str) -> str:

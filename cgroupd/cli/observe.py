@@ -12,14 +12,16 @@ from typing import Annotated, Any
 
 import typer
 
-from cgroupd import admin, events, logs, views
+from cgroupd import admin, views
 from cgroupd.cli.context import check_names, emit, globals_of, run_admin, stop_on_signals
 from cgroupd.cli.errors import CliError
 from cgroupd.cli.options import Group, Stream
-from cgroupd.connect import connect
-from cgroupd.errors import CgroupdError
-from cgroupd.jetstream import JetStream
-from cgroupd.tasks import nap
+from cgroupd.core import logs
+from cgroupd.core.errors import CgroupdError
+from cgroupd.core.tasks import nap
+from cgroupd.nats import events
+from cgroupd.nats.connect import connect
+from cgroupd.nats.jetstream import JetStream
 
 #: Seconds ``status`` listens for instances answering discovery (hosts, standbys).
 STATUS_DISCOVERY_WAIT = 0.25

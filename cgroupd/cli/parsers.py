@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 from datetime import datetime
 
-from cgroupd.config import MAX_PARTITIONS, MemberMapping, name_problems
+from cgroupd.core.config import MAX_PARTITIONS, MemberMapping, name_problems
 
 #: Most partitions one ``mapping set`` may name: a mapping lists every partition in the
 #: record, so a typo like ``m1=0-2000000000`` would write gigabytes.

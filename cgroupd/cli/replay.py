@@ -8,12 +8,13 @@ from typing import Annotated, Any
 
 import typer
 
-from cgroupd import replay, views
+from cgroupd import views
+from cgroupd.admin import replay
 from cgroupd.cli.context import check_names, emit, run_admin
 from cgroupd.cli.errors import CliError, UsageError
 from cgroupd.cli.options import Stream
 from cgroupd.cli.parsers import parse_duration, parse_time
-from cgroupd.jetstream import JetStream
+from cgroupd.nats.jetstream import JetStream
 
 TARGETS = ("--to-earliest, --to-sequence, --to-time, --by-duration, --to-latest, "
            "--to-current, --shift-by or --from-file")

@@ -25,7 +25,7 @@ from cgroupd.console._server import (
     server_label,
 )
 from cgroupd.console._watch import Shared, Timeline
-from cgroupd.jetstream import JetStream
+from cgroupd.nats.jetstream import JetStream
 
 
 async def serve(js: JetStream, options: ConsoleOptions, stop: asyncio.Event,

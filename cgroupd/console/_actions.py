@@ -1,5 +1,5 @@
 """The console's actions: each one is the CLI command's own checks and admin call (the
-name checks, the parsers, :mod:`cgroupd.admin`, :mod:`cgroupd.replay`), so a page gets
+name checks, the parsers, :mod:`cgroupd.admin`, :mod:`cgroupd.admin.replay`), so a page gets
 the same refusals with the same messages as a terminal."""
 
 from __future__ import annotations
@@ -8,14 +8,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cgroupd import admin, replay, views
+from cgroupd import admin, views
+from cgroupd.admin import replay
 from cgroupd.cli.context import check_names
 from cgroupd.cli.errors import CliError, UsageError, bad_arguments
 from cgroupd.cli.members import membership_text, no_active_instance
 from cgroupd.cli.parsers import parse_mappings
 from cgroupd.cli.replay import target_of
-from cgroupd.errors import CgroupdError, ConfigError
-from cgroupd.jetstream import JetStream
+from cgroupd.core.errors import CgroupdError, ConfigError
+from cgroupd.nats.jetstream import JetStream
 
 
 @dataclass(frozen=True)

@@ -29,11 +29,12 @@ from typing import Any
 from aiohttp import web
 
 import cgroupd
-from cgroupd import admin, events
+from cgroupd import admin
 from cgroupd.cli.observe import problem
 from cgroupd.console._actions import run_action
 from cgroupd.console._watch import GroupWatch, Shared
-from cgroupd.jetstream import JetStream
+from cgroupd.nats import events
+from cgroupd.nats.jetstream import JetStream
 
 #: Seconds a listing of the groups is reused (it reads every group record).
 GROUPS_TTL = 30.0

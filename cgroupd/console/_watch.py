@@ -13,9 +13,10 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
-from cgroupd import events, views
+from cgroupd import views
 from cgroupd.cli.observe import problem, status_and_instances
-from cgroupd.jetstream import JetStream
+from cgroupd.nats import events
+from cgroupd.nats.jetstream import JetStream
 
 T = TypeVar("T")
 

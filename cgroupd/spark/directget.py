@@ -2,7 +2,7 @@
 
 The Spark source never consumes through a JetStream consumer: it reads with direct get
 (the stream has ``allow_direct``), which leaves messages in place, so any uncommitted
-range reads back identically. The request forms (:mod:`cgroupd.jsapi`, checked against
+range reads back identically. The request forms (:mod:`cgroupd.nats.jsapi`, checked against
 nats-server 2.15.1):
 
 * Last message on a subject (wildcards allowed): ``{"last_by_subj": "<p>.>"}``. One
@@ -21,7 +21,7 @@ range: it reads until it has seen a message at or beyond the range's end, and wh
 replica says there is nothing more before that, it asks the stream *leader* (the
 message-get API, which only the leader answers) whether a message of the range exists
 after the last one read. If the leader has one, a replica is behind: retry (backing off)
-and fail with :class:`~cgroupd.errors.ReplicaBehind` after ``stale_timeout``. If the
+and fail with :class:`~cgroupd.core.errors.ReplicaBehind` after ``stale_timeout``. If the
 leader has none, the range is complete.
 """
 
@@ -35,14 +35,15 @@ from dataclasses import dataclass, field
 
 from nats.aio.subscription import Subscription
 
-from cgroupd import jsapi, logs
-from cgroupd.errors import (
+from cgroupd.core import logs
+from cgroupd.core.errors import (
     ApiError,
     ReplicaBehind,
     ServerUnreachable,
     StreamNotFound,
 )
-from cgroupd.retrying import retry_delay
+from cgroupd.core.retrying import retry_delay
+from cgroupd.nats import jsapi
 from cgroupd.spark.wire import ReaderClient
 
 log = logs.get_logger("cgroupd.spark")
@@ -59,7 +60,7 @@ UNAVAILABLE_TIMEOUT = 10.0
 #: The server's trailer on a message of a direct-get *batch*, matched where the last
 #: ``\r\nNats-Stream: `` starts: one match instead of splitting and checking six lines
 #: (0.96 against 1.76 µs a message here). Only the server writes these lines and none of
-#: their values holds a CR; anything else falls back to :func:`cgroupd.jsapi.direct_message`,
+#: their values holds a CR; anything else falls back to :func:`cgroupd.nats.jsapi.direct_message`,
 #: so a match gives exactly what it would.
 _BATCH_TRAILER = re.compile(
     rb"\r\nNats-Stream: ([^\r]*)\r\nNats-Subject: ([^\r]*)\r\nNats-Sequence: ([0-9]+)"

@@ -22,11 +22,12 @@ import time
 from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
-from cgroupd import jsapi, logs
 from cgroupd.admin import StoredGroup, get_group
-from cgroupd.config import group_key
-from cgroupd.errors import ConfigError, DataLoss, StreamNotFound
-from cgroupd.jetstream import JetStream
+from cgroupd.core import logs
+from cgroupd.core.config import group_key
+from cgroupd.core.errors import ConfigError, DataLoss, StreamNotFound
+from cgroupd.nats import jsapi
+from cgroupd.nats.jetstream import JetStream
 from cgroupd.spark import worker_logging
 from cgroupd.spark.directget import DirectGet, nth_sequence
 from cgroupd.spark.layout import Layout, resolve

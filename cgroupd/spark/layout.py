@@ -9,7 +9,7 @@ Pure: no I/O. Three layouts:
 * ``hashed``: an elastic group read on its *origin* stream (``mode=read``, the default):
   nothing is consumed or purged, any number of queries can read one stream, and each
   message's partition is computed exactly as the server's ``partition()`` transform does
-  for the group's work-queue stream (:func:`cgroupd.partitions.partition_of`: FNV-1a of
+  for the group's work-queue stream (:func:`cgroupd.core.partitions.partition_of`: FNV-1a of
   the selected tokens, modulo the partition count).
 * ``plain``: a stream without a group: one partition, 0.
 """
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from cgroupd.admin import StoredGroup
-from cgroupd.config import ElasticGroupConfig, PartitioningFilter, StaticGroupConfig
-from cgroupd.errors import ConfigError
-from cgroupd.partitions import member_partitions
+from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter, StaticGroupConfig
+from cgroupd.core.errors import ConfigError
+from cgroupd.core.partitions import member_partitions
 
 
 class Mode(StrEnum):

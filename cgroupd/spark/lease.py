@@ -21,12 +21,12 @@ consumers after ``inactive_threshold``: the lease ends by itself. A stopped quer
 releases it at once (``stop()``; see :func:`cgroupd.spark.source._exit_on_sigterm`).
 
 In the group's picture (issue 30): the consumers record the driver's host and when the
-lease was taken (:data:`~cgroupd.naming.HOST_KEY`, :data:`~cgroupd.naming.SINCE_KEY`),
+lease was taken (:data:`~cgroupd.core.naming.HOST_KEY`, :data:`~cgroupd.core.naming.SINCE_KEY`),
 so ``cgroupd status`` shows the query as each member's active instance; the driver
 answers the group's discovery requests for its members as an active instance would
 (``cgroupd member ls``), with the Spark application id its tasks tell it, and publishes
 the ``active`` and ``stepped_down`` events with ``holder: spark``. One implementation
-of each: the daemon's discovery answer (:func:`cgroupd.events.instance_info`), its event
+of each: the daemon's discovery answer (:func:`cgroupd.nats.events.instance_info`), its event
 publisher, and status's reading of consumers.
 
 A lease is *lost* when one of its consumers disappears or changes hands (an operator's
@@ -53,9 +53,9 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 import cgroupd
-from cgroupd import events, jsapi, logs
-from cgroupd.config import GroupConfig, StaticGroupConfig
-from cgroupd.errors import (
+from cgroupd.core import logs
+from cgroupd.core.config import GroupConfig, StaticGroupConfig
+from cgroupd.core.errors import (
     ApiError,
     CgroupdError,
     ConsumerExists,
@@ -63,9 +63,7 @@ from cgroupd.errors import (
     LeaseUnavailable,
     WorkQueueOverlap,
 )
-from cgroupd.jetstream import JetStream
-from cgroupd.lease import owner_presence_subject
-from cgroupd.naming import (
+from cgroupd.core.naming import (
     HOLDER_KEY,
     HOST_KEY,
     INSTANCE_KEY,
@@ -74,16 +72,19 @@ from cgroupd.naming import (
     consumer_config,
     sync_consumer,
 )
-from cgroupd.partitions import SYNC_PREFIX, owners, sync_filters
-from cgroupd.pull import Puller, PullOptions
-from cgroupd.settings import PRIORITY_GROUP
-from cgroupd.tasks import cancel_and_wait
+from cgroupd.core.partitions import SYNC_PREFIX, owners, sync_filters
+from cgroupd.core.settings import PRIORITY_GROUP
+from cgroupd.core.tasks import cancel_and_wait
+from cgroupd.nats import events, jsapi
+from cgroupd.nats.jetstream import JetStream
+from cgroupd.nats.lease import owner_presence_subject
+from cgroupd.nats.pull import Puller, PullOptions
 
 log = logs.get_logger("cgroupd.spark.lease")
 
 #: Consumer name of the claim on partitions that no member owns.
 UNOWNED_CONSUMER = "cgroupd-spark-unowned"
-#: :data:`~cgroupd.naming.HOLDER_KEY`'s value on a synchronization consumer a query holds.
+#: :data:`~cgroupd.core.naming.HOLDER_KEY`'s value on a synchronization consumer a query holds.
 HOLDER_SPARK = "spark"
 #: Ack wait recorded in the consumer config (the sync consumer never delivers).
 _ACK_WAIT = 30.0
@@ -139,7 +140,7 @@ def claims_for(config: GroupConfig, partitions: Iterable[int],
                group: str | None = None) -> list[Claim]:
     """The claims that cover ``partitions``: one per owning member, with *all* of that
     member's partitions (its election consumer always names all of them, under the name
-    :func:`cgroupd.naming.sync_consumer` gives it), and one for the partitions no member
+    :func:`cgroupd.core.naming.sync_consumer` gives it), and one for the partitions no member
     owns. ``group``: needed for a static group, whose consumer names carry it."""
     static = isinstance(config, StaticGroupConfig)
     if static and group is None:

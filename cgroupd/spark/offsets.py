@@ -28,8 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cgroupd.config import PartitioningFilter
-from cgroupd.errors import ConfigError
+from cgroupd.core.config import PartitioningFilter
+from cgroupd.core.errors import ConfigError
 
 EARLIEST = "earliest"
 LATEST = "latest"

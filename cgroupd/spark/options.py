@@ -2,7 +2,7 @@
 
 Spark hands a data source its options as strings in a case-insensitive map; this is the
 only place that reads them. Every problem is reported at once, as a
-:class:`~cgroupd.errors.ConfigError`, when the query is defined, not when a task runs;
+:class:`~cgroupd.core.errors.ConfigError`, when the query is defined, not when a task runs;
 an option this format does not know is an error that names the closest known one (a
 misspelt ``maxOffsetsPerTrigger`` would otherwise read without any limit). Durations are
 seconds (float), like everywhere in cgroupd, except Kafka's ``maxTriggerDelay`` (Kafka's
@@ -18,11 +18,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from cgroupd import logs
-from cgroupd.config import name_problems
-from cgroupd.connect import DEFAULT_CONNECT_TIMEOUT, DEFAULT_SERVER, ConnectionOptions, connect
-from cgroupd.errors import ConfigError
-from cgroupd.natscontext import CONTEXT_ENV, with_context
+from cgroupd.cli.natscontext import CONTEXT_ENV, with_context
+from cgroupd.core import logs
+from cgroupd.core.config import name_problems
+from cgroupd.core.errors import ConfigError
+from cgroupd.nats.connect import DEFAULT_CONNECT_TIMEOUT, DEFAULT_SERVER, ConnectionOptions, connect
 from cgroupd.spark.layout import Mode
 from cgroupd.spark.wire import ReaderClient
 
@@ -92,7 +92,7 @@ def unknown_option_problems(options: Iterable[str], known: Iterable[str],
 
 
 #: How the connection options are spelt here, and the field of
-#: :class:`~cgroupd.connect.ConnectionOptions` each sets (the CLI's and the daemon's
+#: :class:`~cgroupd.nats.connect.ConnectionOptions` each sets (the CLI's and the daemon's
 #: options, so a query connects exactly as ``cgroupd join`` does: TLS included).
 _CONNECTION_FIELDS = {"creds": "creds", "nkeySeed": "nkey_seed", "tlsCert": "tls_cert",
                       "tlsKey": "tls_key", "tlsCa": "tls_ca"}
@@ -151,7 +151,7 @@ def parse_connection(opts: Mapping[str, str],
 
 async def connect_reader(conn: ConnectionOptions, *, reconnect: bool) -> ReaderClient:
     """A connected :class:`~cgroupd.spark.wire.ReaderClient` (see
-    :func:`cgroupd.connect.connect`; drivers reconnect forever, tasks fail fast)."""
+    :func:`cgroupd.nats.connect.connect`; drivers reconnect forever, tasks fail fast)."""
     nc = ReaderClient()
     await connect(conn, client=nc, reconnect=reconnect)
     return nc

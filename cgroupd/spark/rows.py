@@ -27,8 +27,8 @@ from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 
-from cgroupd import jsapi
-from cgroupd.partitions import partition_of, strip_partition
+from cgroupd.core.partitions import partition_of, strip_partition
+from cgroupd.nats import jsapi
 from cgroupd.spark.directget import Item
 from cgroupd.spark.layout import HASHED, PLAIN, Layout
 from cgroupd.spark.offsets import KeyExtractor, subject_allowed

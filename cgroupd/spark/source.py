@@ -61,8 +61,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from cgroupd.connect import ConnectionOptions
-from cgroupd.errors import ConfigError, LeaseLost
+from cgroupd.core.errors import ConfigError, LeaseLost
+from cgroupd.nats.connect import ConnectionOptions
 from cgroupd.spark import Shipped
 from cgroupd.spark.directget import DirectGet, Item, read_range
 from cgroupd.spark.driver import DriverSession, LoopThread

@@ -2,7 +2,7 @@
 
 The Spark source reads hundreds of thousands of direct-get replies per second. nats-py
 turns each into a :class:`~nats.aio.msg.Msg` with a parsed header dict (which merges a
-status line with the message's own headers, see :mod:`cgroupd.jsapi`) and hands it to a
+status line with the message's own headers, see :mod:`cgroupd.nats.jsapi`) and hands it to a
 subscription queue and task: about 35 µs a message here. :class:`ReaderClient` keeps
 nats-py for everything it does well (connecting, credentials, TLS, reconnects, PING/PONG,
 every other subscription) and replaces its protocol parser with :class:`FastParser`,

@@ -90,10 +90,11 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from cgroupd import jsapi, logs
-from cgroupd.connect import ConnectionOptions, connect
-from cgroupd.errors import CgroupdError, ConfigError, ServerUnreachable
-from cgroupd.jserrors import translated
+from cgroupd.core import logs
+from cgroupd.core.errors import CgroupdError, ConfigError, ServerUnreachable
+from cgroupd.nats import jsapi
+from cgroupd.nats.connect import ConnectionOptions, connect
+from cgroupd.nats.jserrors import translated
 from cgroupd.spark import Shipped, worker_logging
 from cgroupd.spark.options import SinkOptions, parse_duration
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cgroupd import events
+from cgroupd.nats import events
 from cgroupd.views._text import ranges
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from cgroupd.config import ElasticGroupConfig, GroupConfig, StaticGroupConfig
-from cgroupd.partitions import assignment, assignment_ranges
+from cgroupd.core.config import ElasticGroupConfig, GroupConfig, StaticGroupConfig
+from cgroupd.core.partitions import assignment, assignment_ranges
 from cgroupd.views._text import ranges, table
 
 if TYPE_CHECKING:

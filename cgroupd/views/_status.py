@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from cgroupd.admin import ConsumerView, GroupStatus
-from cgroupd.partitions import assignment
+from cgroupd.core.partitions import assignment
 from cgroupd.views._groups import group_kind
 from cgroupd.views._text import duration, ranges, table
 

@@ -15,7 +15,7 @@ import pytest
 import pytest_asyncio
 
 from cgroupd.console import Console, ConsoleOptions, serve
-from cgroupd.jetstream import JetStream
+from cgroupd.nats.jetstream import JetStream
 from tests.support.browser import Chromium, require_chromium
 from tests.support.cli import ROOT, child_env
 from tests.support.natsserver import find_free_port

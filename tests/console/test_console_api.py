@@ -16,10 +16,10 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from cgroupd import admin
-from cgroupd.config import ElasticGroupConfig, PartitioningFilter
-from cgroupd.connect import ConnectionOptions, connect
 from cgroupd.console import TOKEN_HEADER
-from cgroupd.jetstream import JetStream
+from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter
+from cgroupd.nats.connect import ConnectionOptions, connect
+from cgroupd.nats.jetstream import JetStream
 from tests.support.cli import (
     JoinProcess,
     cli,

@@ -16,8 +16,9 @@ from typing import Any
 
 import aiohttp
 
-from cgroupd import admin, events
-from cgroupd.jetstream import JetStream
+from cgroupd import admin
+from cgroupd.nats import events
+from cgroupd.nats.jetstream import JetStream
 from tests.console.conftest import ConsoleProcess
 from tests.support.browser import Chromium, Tab
 from tests.support.cli import (

@@ -18,7 +18,7 @@ Two variants:
     server did not apply the ack (the runtime retries the message in place while this
     instance still owns it; otherwise the new owner gets it). A process killed between a
     confirmed ack and the commit, or a ``double_ack`` whose outcome cannot be known
-    (:class:`~cgroupd.errors.AckOutcomeUnknown`, noted on the row), leaves a ``prepared``
+    (:class:`~cgroupd.core.errors.AckOutcomeUnknown`, noted on the row), leaves a ``prepared``
     row: in doubt, resolved by the checker like a recovering transaction manager would
     (committed unless the message was committed elsewhere).
 
@@ -50,8 +50,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cgroupd.errors import AckNotConfirmed, AckOutcomeUnknown
-from cgroupd.message import Message
+from cgroupd.core.errors import AckNotConfirmed, AckOutcomeUnknown
+from cgroupd.nats.message import Message
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS work (

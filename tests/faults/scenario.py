@@ -25,8 +25,8 @@ from nats.aio.client import Client
 from nats.js import api
 
 from cgroupd import admin
-from cgroupd.config import StaticGroupConfig
-from cgroupd.jetstream import JetStream
+from cgroupd.core.config import StaticGroupConfig
+from cgroupd.nats.jetstream import JetStream
 from tests.faults.checks import FaultVerdict, Row, committed, judge, load_rows, processed
 from tests.faults.runner import JoinProc
 from tests.faults.traffic import KeyedPublisher, partition_of

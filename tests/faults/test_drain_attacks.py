@@ -21,7 +21,7 @@ import time
 import pytest
 
 from cgroupd import admin
-from cgroupd.jetstream import JetStream
+from cgroupd.nats.jetstream import JetStream
 from tests.faults.checks import FaultVerdict
 from tests.faults.runner import JoinProc
 from tests.faults.scenario import Scenario

@@ -13,8 +13,8 @@ import json
 import pytest
 
 from cgroupd import admin
-from cgroupd.config import ELASTIC_BUCKET, group_key
-from cgroupd.jetstream import JetStream
+from cgroupd.core.config import ELASTIC_BUCKET, group_key
+from cgroupd.nats.jetstream import JetStream
 from tests.faults.scenario import Scenario
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]

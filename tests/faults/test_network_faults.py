@@ -10,7 +10,7 @@ The cut-off instance is alive but silent: nobody can tell it from a stalled one.
 starting the handlers it holds only while its lease runs (``MemberSettings.lease`` from its
 last confirmed ownership check), then starts nothing; its standby takes over after hearing
 nothing for the lease and the margin, and takes its data consumer a lease later (see
-:mod:`cgroupd.lease`). What it ran meanwhile is redone by its successor: its acks were
+:mod:`cgroupd.nats.lease`). What it ran meanwhile is redone by its successor: its acks were
 lost with the link, like a crashed process's.
 
 If namespaces or veth pairs cannot be created, the test fails: it never skips.
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from cgroupd.settings import MemberSettings
+from cgroupd.core.settings import MemberSettings
 from tests.faults.injectors import VethNamespace, namespace_for_test
 from tests.faults.scenario import Scenario
 from tests.support.natsserver import NatsServer, running_server

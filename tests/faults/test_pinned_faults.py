@@ -4,7 +4,7 @@ In pinned mode every instance of a member shares one consumer (``<member>`` on t
 elastic stream, durable ``<group>-<member>`` on a static stream) and the server pins one
 of them. The server confirms acks per consumer, not per pin, so an instance that lost the
 pin while suspended still gets its ``double_ack`` confirmed; what keeps the guarantees is
-the instance's own lease on the pin (see :mod:`cgroupd.pinning`) and the takeover rule: a
+the instance's own lease on the pin (see :mod:`cgroupd.core.pinning`) and the takeover rule: a
 newly pinned instance starts nothing while the consumer holds messages delivered to
 someone else.
 """
@@ -17,7 +17,7 @@ import time
 import pytest
 
 from cgroupd import admin
-from cgroupd.jetstream import JetStream
+from cgroupd.nats.jetstream import JetStream
 from tests.faults.runner import JoinProc
 from tests.faults.scenario import Scenario
 

@@ -28,9 +28,9 @@ import pytest
 from nats.js import api
 
 from cgroupd import admin
-from cgroupd.config import ELASTIC_BUCKET, STATIC_BUCKET, StaticGroupConfig
-from cgroupd.errors import ApiError
-from cgroupd.naming import sync_consumer
+from cgroupd.core.config import ELASTIC_BUCKET, STATIC_BUCKET, StaticGroupConfig
+from cgroupd.core.errors import ApiError
+from cgroupd.core.naming import sync_consumer
 from tests.faults import injectors
 from tests.faults.checks import Row, Span, committed
 from tests.faults.runner import JoinProc

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from cgroupd.settings import MemberSettings
+from cgroupd.core.settings import MemberSettings
 from tests.faults.runner import JoinProc
 from tests.faults.scenario import Scenario
 

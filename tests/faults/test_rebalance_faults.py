@@ -16,7 +16,7 @@ import time
 import pytest
 
 from cgroupd import admin
-from cgroupd.jetstream import JetStream
+from cgroupd.nats.jetstream import JetStream
 from tests.faults.scenario import Scenario
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from cgroupd import jsapi
-from cgroupd.consumerinfo import ConsumerInfo
-from cgroupd.errors import CgroupdError
-from cgroupd.jetstream import JetStream
-from cgroupd.naming import INSTANCE_KEY, PRESENCE_KEY
+from cgroupd.core.consumerinfo import ConsumerInfo
+from cgroupd.core.errors import CgroupdError
+from cgroupd.core.naming import INSTANCE_KEY, PRESENCE_KEY
+from cgroupd.nats import jsapi
+from cgroupd.nats.jetstream import JetStream
 from tests.faults import injectors
 from tests.faults.scenario import Scenario
 from tests.support.natsserver import NatsCluster

@@ -47,10 +47,10 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from cgroupd import jsapi
-from cgroupd.consumerinfo import ConsumerInfo
-from cgroupd.naming import INSTANCE_KEY, sync_consumer
-from cgroupd.settings import MemberSettings
+from cgroupd.core.consumerinfo import ConsumerInfo
+from cgroupd.core.naming import INSTANCE_KEY, sync_consumer
+from cgroupd.core.settings import MemberSettings
+from cgroupd.nats import jsapi
 from tests.faults.checks import FaultVerdict, Row, committed
 from tests.faults.injectors import BridgedNamespaces, js_api, move_leader
 from tests.faults.runner import JoinProc

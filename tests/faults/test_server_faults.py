@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cgroupd.config import ELASTIC_BUCKET
+from cgroupd.core.config import ELASTIC_BUCKET
 from tests.faults import injectors
 from tests.faults.scenario import Scenario
 from tests.support.natsserver import NatsCluster, NatsServer

@@ -13,7 +13,7 @@ rolled back). Each scenario stalls the active instance twice while traffic flows
 
 A stall is either the event loop blocked by a handler (``time.sleep`` in an ``async def``)
 or the process suspended (SIGSTOP ... SIGCONT). Sync mode (synchronization consumer and
-lease, :mod:`cgroupd.lease`) and pinned mode (priority group, :mod:`cgroupd.pinning`) are
+lease, :mod:`cgroupd.nats.lease`) and pinned mode (priority group, :mod:`cgroupd.core.pinning`) are
 attacked alike; the 5 s to 10 s stalls are spread over the four scenarios (a sync one
 long enough to be replaced by design: SYNC_TAKEOVER).
 
@@ -30,7 +30,7 @@ import time
 
 import pytest
 
-from cgroupd.settings import MemberSettings
+from cgroupd.core.settings import MemberSettings
 from tests.faults.checks import FaultVerdict, confirmed_across_stall, judge
 from tests.faults.runner import JoinProc
 from tests.faults.scenario import REPORTS, Scenario
@@ -100,7 +100,7 @@ def _step_downs(proc: JoinProc) -> list[str]:
 #: the stall's start: its last answer came up to ``presence_answer_every`` before; silence
 #: counts from there to ``lease + takeover_margin``, is seen at the next probe, then one
 #: last probe waits ``4 * presence_interval`` and a spread of up to 2 intervals follows
-#: (cgroupd.runtime.election_sync._unseat). A 5 s stop was inside that window (6.75 s):
+#: (cgroupd.member.election_sync._unseat). A 5 s stop was inside that window (6.75 s):
 #: the owner resumed, answered the last probe, and no takeover came (2 runs in ~8).
 SYNC_TAKEOVER = (SETTINGS.presence_answer_every + SETTINGS.lease + SETTINGS.takeover_margin
                  + 7 * SETTINGS.presence_interval)

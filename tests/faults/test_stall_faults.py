@@ -17,7 +17,7 @@ pause, a blocking call in an async handler or a throttled pod does.
   run. Their acks decide: when the stall ended before the standby had held the claim a
   lease, the resumed instance confirms them and releases its data consumer, and the
   standby carries on at once; when it ended later, the standby has reclaimed that data
-  consumer (:func:`cgroupd.lease.may_reclaim`) and runs those messages again, and the
+  consumer (:func:`cgroupd.nats.lease.may_reclaim`) and runs those messages again, and the
   late acks find no consumer: nothing the resumed instance ran is confirmed after its
   successor ran the same key. So the long stalls use the exactly-once recorder, whose
   ``double_ack`` tells the two apart: the promises are judged on confirmed work, and
@@ -39,8 +39,8 @@ import signal
 
 import pytest
 
-from cgroupd.lease import TRAVEL_SLACK
-from cgroupd.settings import MemberSettings
+from cgroupd.core.settings import MemberSettings
+from cgroupd.nats.lease import TRAVEL_SLACK
 from tests.faults.checks import Row, confirmed_across_stall
 from tests.faults.runner import JoinProc
 from tests.faults.scenario import Scenario
@@ -50,7 +50,7 @@ pytestmark = [pytest.mark.faults, pytest.mark.slow]
 SETTINGS = MemberSettings()
 #: Stalls the owner survives without a takeover, and one it does not. A stalled owner's
 #: last pull request stays at the consumer's leader up to ``pull_expires`` (5 s) and
-#: vouches for it until then (cgroupd.lease.pulled_since_silent, issue 29), so the
+#: vouches for it until then (cgroupd.nats.lease.pulled_since_silent, issue 29), so the
 #: takeover comes up to ~5.75 s into the stall: LONG leaves 2 s beyond that (6 s left
 #: 0.25 s and once saw the owner resume first under load: no takeover).
 SHORT = 2.0

@@ -21,12 +21,12 @@ import pytest_asyncio
 from nats.aio.client import Client
 from nats.js import api
 
-from cgroupd import jsapi
-from cgroupd.dispatch import Ordering
-from cgroupd.errors import AckNotConfirmed, AckOutcomeUnknown
-from cgroupd.jetstream import JetStream
-from cgroupd.message import Message
-from cgroupd.settings import MemberSettings
+from cgroupd.core.errors import AckNotConfirmed, AckOutcomeUnknown
+from cgroupd.core.settings import MemberSettings
+from cgroupd.member.dispatch import Ordering
+from cgroupd.nats import jsapi
+from cgroupd.nats.jetstream import JetStream
+from cgroupd.nats.message import Message
 from tests.faults.injectors import HoldingProxy
 from tests.support.groups import Fleet, check, make_group
 from tests.support.natsserver import NatsServer, client_options

@@ -25,7 +25,7 @@ from nats.js import api
 
 from cgroupd import admin
 from cgroupd.admin._status import STEP_DOWN_ANSWER
-from cgroupd.config import (
+from cgroupd.core.config import (
     ELASTIC_BUCKET,
     STATIC_BUCKET,
     ElasticGroupConfig,
@@ -34,7 +34,7 @@ from cgroupd.config import (
     StaticGroupConfig,
     group_key,
 )
-from cgroupd.errors import (
+from cgroupd.core.errors import (
     ConfigError,
     GroupExists,
     GroupNotFound,
@@ -42,11 +42,11 @@ from cgroupd.errors import (
     PermissionDenied,
     StreamNotFound,
 )
-from cgroupd.jetstream import JetStream, Record
+from cgroupd.core.partitions import partition_of
+from cgroupd.core.pinning import step_down_subject
+from cgroupd.core.settings import PRIORITY_GROUP
 from cgroupd.member import INSTANCE_KEY, MEMBER_KEY
-from cgroupd.partitions import partition_of
-from cgroupd.pinning import step_down_subject
-from cgroupd.settings import PRIORITY_GROUP
+from cgroupd.nats.jetstream import JetStream, Record
 from tests.support.groups import make_group
 from tests.support.natsserver import NatsCluster, NatsServer, client_options
 from tests.support.polling import eventually

@@ -10,9 +10,9 @@ import pytest
 from nats.aio.client import Client
 from nats.js.api import KeyValueConfig
 
-from cgroupd import jetstream as jetstream_module
-from cgroupd.errors import ServerUnreachable
-from cgroupd.jetstream import JetStream
+from cgroupd.core.errors import ServerUnreachable
+from cgroupd.nats import jetstream as jetstream_module
+from cgroupd.nats.jetstream import JetStream
 from tests.support.natsserver import NatsServer
 
 

@@ -26,8 +26,8 @@ from typer.testing import CliRunner, Result
 
 from cgroupd import admin
 from cgroupd.cli import app
-from cgroupd.config import ELASTIC_BUCKET, group_key
-from cgroupd.jetstream import JetStream
+from cgroupd.core.config import ELASTIC_BUCKET, group_key
+from cgroupd.nats.jetstream import JetStream
 from tests.support.cli import (
     JoinProcess,
     WebhookServer,

@@ -18,10 +18,10 @@ from nats.aio.client import Client
 from typer.testing import CliRunner
 
 from cgroupd.cli import app
-from cgroupd.daemon import drain_problems
-from cgroupd.handlers import HandlerOptions, WebhookOptions
-from cgroupd.jetstream import JetStream
-from cgroupd.settings import MemberSettings
+from cgroupd.core.settings import MemberSettings
+from cgroupd.join.daemon import drain_problems
+from cgroupd.join.handlers import HandlerOptions, WebhookOptions
+from cgroupd.nats.jetstream import JetStream
 from tests.integration.test_daemon import _async, http, publish, records  # noqa: F401 - http fixture
 from tests.support.cli import (
     JoinProcess,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from cgroupd.dispatch import Ordering
-from cgroupd.jetstream import JetStream
-from cgroupd.settings import MemberSettings
+from cgroupd.core.settings import MemberSettings
+from cgroupd.member.dispatch import Ordering
+from cgroupd.nats.jetstream import JetStream
 from tests.support.groups import (
     Fleet,
     MemberProcess,

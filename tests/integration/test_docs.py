@@ -24,7 +24,7 @@ import pytest
 
 import tests.integration.test_docs as this_module
 from cgroupd import JetStream, admin
-from cgroupd.partitions import member_partitions, partition_of
+from cgroupd.core.partitions import member_partitions, partition_of
 from tests.support.cli import child_env
 from tests.support.docblocks import Block, all_blocks, block_by_marker, blocks, with_server
 from tests.support.natsserver import NatsServer, find_free_port, running_server

@@ -16,8 +16,9 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from cgroupd import admin, events
-from cgroupd.jetstream import JetStream
+from cgroupd import admin
+from cgroupd.nats import events
+from cgroupd.nats.jetstream import JetStream
 from tests.integration.test_daemon import cli
 from tests.support.cli import (
     ROOT,
@@ -268,10 +269,10 @@ async def test_unowned_advisory_publisher_is_chosen_by_member_not_pin() -> None:
     from types import SimpleNamespace
 
     from cgroupd.admin import GroupStatus, PartitionStatus
-    from cgroupd.config import ElasticGroupConfig, PartitioningFilter
-    from cgroupd.joinoptions import JoinOptions
-    from cgroupd.metrics import Metrics
-    from cgroupd.operations import Operations
+    from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter
+    from cgroupd.join.metrics import Metrics
+    from cgroupd.join.operations import Operations
+    from cgroupd.join.options import JoinOptions
 
     config = ElasticGroupConfig(max_members=4, members=("m1", "m2"), partitioning_filters=(
         PartitioningFilter("orders.*", (1,)),))

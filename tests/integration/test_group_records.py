@@ -21,16 +21,16 @@ from typer.testing import CliRunner, Result
 
 from cgroupd import admin
 from cgroupd.cli import app
-from cgroupd.config import (
+from cgroupd.core.config import (
     ELASTIC_BUCKET,
     STATIC_BUCKET,
     ElasticGroupConfig,
     PartitioningFilter,
     group_key,
 )
-from cgroupd.errors import BucketNotFound, ConfigError
-from cgroupd.jetstream import JetStream
-from cgroupd.partitions import partition_of, strip_partition
+from cgroupd.core.errors import BucketNotFound, ConfigError
+from cgroupd.core.partitions import partition_of, strip_partition
+from cgroupd.nats.jetstream import JetStream
 from tests.support.cli import JoinProcess, restore_logging  # noqa: F401 - autouse fixture
 from tests.support.natsserver import NatsServer
 from tests.support.polling import eventually

@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 from nats.js import api
 
-from cgroupd import admin, jsapi
-from cgroupd.config import ElasticGroupConfig, PartitioningFilter
-from cgroupd.errors import ApiError
-from cgroupd.groupstreams import SERVER_DEFAULT_MAX_CONSUMERS, transforms
-from cgroupd.jetstream import JetStream
+from cgroupd import admin
+from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter
+from cgroupd.core.errors import ApiError
+from cgroupd.nats import jsapi
+from cgroupd.nats.groupstreams import SERVER_DEFAULT_MAX_CONSUMERS, transforms
+from cgroupd.nats.jetstream import JetStream
 
 pytestmark = pytest.mark.slow
 

@@ -29,10 +29,10 @@ from typer.testing import CliRunner
 
 from cgroupd import admin
 from cgroupd.cli import app
-from cgroupd.config import ELASTIC_BUCKET, group_key
-from cgroupd.errors import ConfigError
+from cgroupd.core.config import ELASTIC_BUCKET, group_key
+from cgroupd.core.errors import ConfigError
+from cgroupd.core.settings import MemberSettings
 from cgroupd.member import MemberState
-from cgroupd.settings import MemberSettings
 from tests.support.cli import (
     ROOT,
     JoinProcess,

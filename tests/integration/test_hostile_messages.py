@@ -9,7 +9,7 @@ long-lived nats-server, consumed by real ``cgroupd join`` processes, one group p
 ``--ordering`` plus one in pinned mode. Every message must be processed exactly once per
 group, in order per key (not for ``none``), arrive intact, and no instance may step down.
 
-The classification rule itself (:func:`cgroupd.jsapi.server_status`) is checked against
+The classification rule itself (:func:`cgroupd.nats.jsapi.server_status`) is checked against
 what the real server sends for every pull status.
 """
 
@@ -34,9 +34,10 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import api
 
-from cgroupd import admin, jsapi
-from cgroupd.config import ElasticGroupConfig, PartitioningFilter
-from cgroupd.jetstream import JetStream
+from cgroupd import admin
+from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter
+from cgroupd.nats import jsapi
+from cgroupd.nats.jetstream import JetStream
 from tests.support.cli import JoinProcess
 from tests.support.groups import Record, check
 from tests.support.handlers.hostile_handler import N_HEADER, digest, headers_digest

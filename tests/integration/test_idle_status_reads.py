@@ -18,9 +18,10 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from cgroupd import admin, events
-from cgroupd.config import work_queue_stream
-from cgroupd.jetstream import JetStream
+from cgroupd import admin
+from cgroupd.core.config import work_queue_stream
+from cgroupd.nats import events
+from cgroupd.nats.jetstream import JetStream
 from tests.support.cli import (
     JoinProcess,
     restore_logging,  # noqa: F401 - autouse fixture

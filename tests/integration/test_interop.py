@@ -10,7 +10,7 @@ The peer runs in its own venv (Python >= 3.12, see :mod:`tests.support.peer`) as
 - in pinned mode, a cgroupd instance and a peer instance of one member stand by for each
   other: kill -9 of the active one, the other takes over, nothing is lost, per-key order
   holds (at-least-once across the crash);
-- the partition a message lands in is what :func:`cgroupd.partitions.partition_of`
+- the partition a message lands in is what :func:`cgroupd.core.partitions.partition_of`
   computes, for groups of either side.
 """
 
@@ -31,7 +31,7 @@ from typer.testing import CliRunner
 
 from cgroupd import admin
 from cgroupd.cli import app
-from cgroupd.config import (
+from cgroupd.core.config import (
     ELASTIC_BUCKET,
     ElasticGroupConfig,
     MemberMapping,
@@ -39,9 +39,9 @@ from cgroupd.config import (
     StaticGroupConfig,
     group_key,
 )
-from cgroupd.errors import GroupNotFound
-from cgroupd.jetstream import JetStream
-from cgroupd.partitions import member_filters, member_partitions, partition_of
+from cgroupd.core.errors import GroupNotFound
+from cgroupd.core.partitions import member_filters, member_partitions, partition_of
+from cgroupd.nats.jetstream import JetStream
 from tests.support.cli import JoinProcess
 from tests.support.groups import Record, check
 from tests.support.natsserver import NatsServer

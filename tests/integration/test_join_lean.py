@@ -1,5 +1,5 @@
 """``cgroupd join`` runs lean (issue 15 §3, RSS <= 40 MB): once the CLI has checked the
-arguments, the process becomes ``python -m cgroupd.joinrun`` (same pid), without typer
+arguments, the process becomes ``python -m cgroupd.join.run`` (same pid), without typer
 and the pydantic it parses options with (~10 MB). ``CGROUPD_JOIN_EXEC=0`` keeps the CLI's
 process (and shows that the check below can fail)."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cgroupd.jetstream import JetStream
+from cgroupd.nats.jetstream import JetStream
 from tests.support.cli import ROOT, child_env
 from tests.support.groups import make_group
 from tests.support.natsserver import NatsServer
@@ -44,7 +44,7 @@ async def test_join_drops_the_cli_once_started(nats_server: NatsServer, jetstrea
                          what="the instance to become active")
         argv, pydantic = _inspect(proc.pid)
         # The same process (pid), still saying which member it is.
-        assert (b"cgroupd.joinrun" in argv) is lean, argv
+        assert (b"cgroupd.join.run" in argv) is lean, argv
         assert b"--member" in argv and b"m1" in argv
         assert pydantic is not lean
         proc.send_signal(signal.SIGTERM)

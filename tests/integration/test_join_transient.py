@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest_asyncio
 
-from cgroupd.jetstream import JetStream
+from cgroupd.nats.jetstream import JetStream
 from tests.support.cli import JoinProcess
 from tests.support.groups import make_group
 from tests.support.natsserver import NatsServer

@@ -14,11 +14,11 @@ from nats.aio.client import Client
 from nats.js import api
 
 from cgroupd import admin
-from cgroupd.config import StaticGroupConfig
-from cgroupd.jetstream import JetStream
-from cgroupd.lag import PartitionLag, _merge, max_lag, partition_subjects, read_lag
-from cgroupd.metrics import Metrics
-from cgroupd.streamread import FirstMatch
+from cgroupd.admin.lag import PartitionLag, _merge, max_lag, partition_subjects, read_lag
+from cgroupd.core.config import StaticGroupConfig
+from cgroupd.join.metrics import Metrics
+from cgroupd.nats.jetstream import JetStream
+from cgroupd.nats.streamread import FirstMatch
 from tests.support.cli import JoinProcess, parse_metrics
 from tests.support.groups import make_group
 from tests.support.polling import eventually

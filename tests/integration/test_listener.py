@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from cgroupd import admin
-from cgroupd.jetstream import JetStream
+from cgroupd.nats.jetstream import JetStream
 from tests.support.cli import JoinProcess
 from tests.support.groups import make_group, publish_keyed
 from tests.support.polling import eventually

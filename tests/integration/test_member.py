@@ -14,12 +14,12 @@ import pytest
 from nats.aio.client import Client
 
 from cgroupd import admin
-from cgroupd.config import ELASTIC_BUCKET, MemberMapping, group_key
-from cgroupd.errors import GroupNotFound
-from cgroupd.jetstream import JetStream
+from cgroupd.core.config import ELASTIC_BUCKET, MemberMapping, group_key
+from cgroupd.core.errors import GroupNotFound
+from cgroupd.core.settings import Exclusivity, MemberSettings
 from cgroupd.member import Member, MemberState
-from cgroupd.message import Message
-from cgroupd.settings import Exclusivity, MemberSettings
+from cgroupd.nats.jetstream import JetStream
+from cgroupd.nats.message import Message
 from tests.support.groups import (
     Fleet,
     MemberProcess,
@@ -369,7 +369,7 @@ async def test_static_group_members_consume_their_partitions(
     over when the pinned instance stops."""
     from nats.js import api
 
-    from cgroupd.config import StaticGroupConfig
+    from cgroupd.core.config import StaticGroupConfig
 
     await jetstream.add_stream(api.StreamConfig(
         name="ORDERS", subjects=[f"{p}.orders.>" for p in range(4)]))

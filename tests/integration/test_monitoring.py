@@ -28,8 +28,8 @@ import yaml
 from nats.aio.client import Client
 
 from cgroupd import admin
-from cgroupd.jetstream import JetStream
-from cgroupd.metrics import Metrics
+from cgroupd.join.metrics import Metrics
+from cgroupd.nats.jetstream import JetStream
 from tests.support.cli import JoinProcess
 from tests.support.groups import make_group
 from tests.support.natsserver import NatsServer

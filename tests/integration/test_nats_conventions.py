@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from cgroupd.config import ELASTIC_BUCKET, group_key
-from cgroupd.connect import ConnectionOptions, connect
-from cgroupd.jetstream import JetStream, Record
+from cgroupd.core.config import ELASTIC_BUCKET, group_key
+from cgroupd.nats.connect import ConnectionOptions, connect
+from cgroupd.nats.jetstream import JetStream, Record
 from tests.support.cli import restore_logging  # noqa: F401 - autouse fixture
 from tests.support.natsserver import NatsServer, find_free_port
 from tests.support.secure import Run, admin_round_trip, join_handles_one, make_stream, run_cli

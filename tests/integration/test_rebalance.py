@@ -9,11 +9,11 @@ import shutil
 import pytest
 
 from cgroupd import admin
-from cgroupd.config import MemberMapping
-from cgroupd.jetstream import JetStream
-from cgroupd.ordering import Ordering
-from cgroupd.partitions import moved_partitions
-from cgroupd.settings import MemberSettings
+from cgroupd.core.config import MemberMapping
+from cgroupd.core.ordering import Ordering
+from cgroupd.core.partitions import moved_partitions
+from cgroupd.core.settings import MemberSettings
+from cgroupd.nats.jetstream import JetStream
 from tests.support.groups import Fleet, all_done, check, make_group, publish_keyed
 from tests.support.natsserver import NatsServer
 from tests.support.polling import eventually

@@ -12,11 +12,11 @@ import asyncio
 
 import pytest
 
-from cgroupd.consumerinfo import ConsumerInfo
-from cgroupd.jetstream import JetStream
+from cgroupd.core.consumerinfo import ConsumerInfo
+from cgroupd.core.partitions import partition_filters, partition_of, sync_filters
+from cgroupd.core.settings import MemberSettings
 from cgroupd.member import Member
-from cgroupd.partitions import partition_filters, partition_of, sync_filters
-from cgroupd.settings import MemberSettings
+from cgroupd.nats.jetstream import JetStream
 from tests.support.groups import Fleet, make_group, publish_keyed
 from tests.support.polling import eventually
 

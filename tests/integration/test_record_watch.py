@@ -14,7 +14,7 @@ from nats.aio.client import Client
 from nats.js.api import KeyValueConfig
 from nats.js.client import JetStreamContext
 
-from cgroupd.jetstream import JetStream, Record
+from cgroupd.nats.jetstream import JetStream, Record
 from tests.support.natsserver import NatsServer
 from tests.support.polling import eventually
 

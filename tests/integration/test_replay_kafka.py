@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 from nats.js import api
 
-from cgroupd import admin, replay
-from cgroupd.config import StaticGroupConfig
-from cgroupd.jetstream import JetStream
-from cgroupd.partitions import partition_of
-from cgroupd.replay import Target
+from cgroupd import admin
+from cgroupd.admin import replay
+from cgroupd.admin.replay import Target
+from cgroupd.core.config import StaticGroupConfig
+from cgroupd.core.partitions import partition_of
+from cgroupd.nats.jetstream import JetStream
 from tests.integration.test_daemon import cli
 from tests.support.cli import restore_logging  # noqa: F401 - autouse fixture
 from tests.support.groups import Fleet, Record, check, make_group, publish_keyed

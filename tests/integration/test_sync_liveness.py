@@ -21,15 +21,15 @@ import pytest
 from nats.aio.client import Client
 
 from cgroupd import admin
-from cgroupd.dispatch import Ordering
-from cgroupd.errors import InstanceIdInUse, ServerUnreachable
-from cgroupd.handlers import DeadLetterOptions, HandlerWrapper
-from cgroupd.jetstream import JetStream, Record
+from cgroupd.core.errors import InstanceIdInUse, ServerUnreachable
+from cgroupd.core.partitions import sync_filters
+from cgroupd.core.settings import MemberSettings
+from cgroupd.join.handlers import DeadLetterOptions, HandlerWrapper
 from cgroupd.member import INSTANCE_KEY, MEMBER_KEY, Member, MemberState
-from cgroupd.message import Message
-from cgroupd.partitions import sync_filters
-from cgroupd.pull import PullOptions
-from cgroupd.settings import MemberSettings
+from cgroupd.member.dispatch import Ordering
+from cgroupd.nats.jetstream import JetStream, Record
+from cgroupd.nats.message import Message
+from cgroupd.nats.pull import PullOptions
 from tests.faults.injectors import HoldingProxy
 from tests.support.groups import Record as Events
 from tests.support.groups import check, make_group

@@ -18,8 +18,8 @@ import pytest
 from nats.aio.client import Client
 
 from cgroupd import admin
-from cgroupd.config import ElasticGroupConfig, PartitioningFilter
-from cgroupd.jetstream import JetStream
+from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter
+from cgroupd.nats.jetstream import JetStream
 from tests.support.cli import ROOT, JoinProcess, child_env
 from tests.support.groups import make_group, publish_keyed
 from tests.support.k8s_tools import in_ci

@@ -2,7 +2,7 @@
 filter against the other consumers' filters without excluding a concurrent update, so
 both can be accepted, and two consumers then hold overlapping filters. cgroupd's pinned
 moves claim a gained partition with such a filter (a hold filter) and must not rely on a
-refusal alone (:meth:`cgroupd.runtime.rebalance_pinned.PinnedRebalance._claim_contested`).
+refusal alone (:meth:`cgroupd.member.rebalance_pinned.PinnedRebalance._claim_contested`).
 
 Seen in the toggle test on main 4038153: m1 and m2 both held partition 2, each then had
 its move refused (10100) when turning its hold into a real filter.
@@ -15,8 +15,8 @@ import asyncio
 
 from nats.aio.client import Client
 
-from cgroupd.errors import WorkQueueOverlap
-from cgroupd.jetstream import JetStream
+from cgroupd.core.errors import WorkQueueOverlap
+from cgroupd.nats.jetstream import JetStream
 
 TRIES = 30
 

@@ -39,7 +39,7 @@ import yaml
 
 from cgroupd import admin
 from cgroupd.cli.parsers import member_from_hostname
-from cgroupd.jetstream import JetStream
+from cgroupd.nats.jetstream import JetStream
 from tests.support.cli import WebhookServer
 from tests.support.k8s_pods import Image, LocalPod, Objects, host_env, pod_names, resolve_container
 from tests.support.k8s_tools import (
@@ -184,7 +184,7 @@ def test_dockerignore_admits_exactly_the_build_inputs() -> None:
                  "cgroupd/__pycache__/cli.cpython-311.pyc", "helm/cgroupd/Chart.yaml",
                  ".cache/x", "bench/x.py"):
         assert ignore.excluded(path), path
-    assert not ignore.excluded("cgroupd/daemon.py")
+    assert not ignore.excluded("cgroupd/join/daemon.py")
 
 
 def test_image_default_command_runs_from_the_environment(image: Image) -> None:

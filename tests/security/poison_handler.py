@@ -3,8 +3,8 @@ message at once (NonRetryable), so each becomes a dead letter."""
 
 from __future__ import annotations
 
-from cgroupd.errors import NonRetryable
-from cgroupd.message import Message
+from cgroupd.core.errors import NonRetryable
+from cgroupd.nats.message import Message
 
 
 def handle(message: Message) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import nkeys
 import pytest
 
-from cgroupd.connect import ConnectionOptions
+from cgroupd.nats.connect import ConnectionOptions
 from tests.support.authsetup import make_operator, make_pki, new_seed, public_key, tls_config
 from tests.support.cli import (
     ROOT,

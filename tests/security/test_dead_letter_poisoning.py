@@ -19,8 +19,8 @@ import pytest
 from nats.aio.client import Client
 from nats.js import api
 
-from cgroupd.daemon import jetstream_publisher
-from cgroupd.jetstream import JetStream
+from cgroupd.join.daemon import jetstream_publisher
+from cgroupd.nats.jetstream import JetStream
 from tests.support.cli import JoinProcess, restore_logging  # noqa: F401 - autouse fixture
 from tests.support.groups import make_group
 from tests.support.natsserver import NatsServer

@@ -3,7 +3,7 @@ how they are named, and for how long."""
 
 from __future__ import annotations
 
-from cgroupd.healthwatch import Denials, kind_of, shown_subject
+from cgroupd.join.healthwatch import Denials, kind_of, shown_subject
 
 
 class Clock:
@@ -74,7 +74,7 @@ def test_acks_that_do_not_take_effect_are_a_problem_once_most_come_back() -> Non
     """Messages delivered again after they were acked: a few among many acks (a
     reconnect) are no problem; three that are at least half of the window's acks are,
     and the problem goes once the window has passed without more."""
-    from cgroupd.healthwatch import AckWatch
+    from cgroupd.join.healthwatch import AckWatch
 
     clock = Clock()
     watch = AckWatch(clock)

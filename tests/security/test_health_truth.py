@@ -17,7 +17,7 @@ import aiohttp
 import nats
 import pytest
 
-from cgroupd.jetstream import JetStream
+from cgroupd.nats.jetstream import JetStream
 from tests.support.cli import JoinProcess, restore_logging  # noqa: F401 - autouse fixture
 from tests.support.groups import make_group
 from tests.support.natsserver import NatsServer, client_options, running_server

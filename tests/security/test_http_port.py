@@ -1,6 +1,6 @@
 """Issue 25 row 11: the metrics/health port under attack.
 
-In process, :class:`~cgroupd.probes.ProbeServer` closes a half-sent request after its
+In process, :class:`~cgroupd.join.probes.ProbeServer` closes a half-sent request after its
 read timeout, holds at most its connection cap (closing the oldest unfinished one for a
 newcomer) and refuses what is not a probe. Then a real ``cgroupd join`` with an open-file
 limit of 256 under a slow-loris flood of 2,000 connections (many more than its limit)
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from cgroupd.jetstream import JetStream
-from cgroupd.metrics import Metrics
-from cgroupd.probes import ProbeServer
-from cgroupd.tasks import cancel_and_wait
+from cgroupd.core.tasks import cancel_and_wait
+from cgroupd.join.metrics import Metrics
+from cgroupd.join.probes import ProbeServer
+from cgroupd.nats.jetstream import JetStream
 from tests.support.cli import (
     ROOT,
     JoinProcess,
@@ -238,7 +238,7 @@ async def test_a_large_answer_is_written_whole_and_an_unread_one_times_out() -> 
 
 async def test_listens_on_ipv6_loopback_and_refuses_a_port_in_use() -> None:
     """Any address getaddrinfo knows (here ::1); a port in use is a StartupError."""
-    from cgroupd.errors import StartupError
+    from cgroupd.core.errors import StartupError
 
     metrics = Metrics("ORDERS", "g", "m1")
     server = ProbeServer(metrics, problems=list, ready=lambda: True, state=dict)

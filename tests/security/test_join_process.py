@@ -1,5 +1,5 @@
 """The process ``cgroupd join`` turns into (issue 25 row 12): ``python -P -m
-cgroupd.joinrun``.
+cgroupd.join.run``.
 
 - Modules planted in the directory ``join`` is started from (``pickle.py``,
   ``secrets.py``, ... shadowing the standard library) never run; a ``--handler`` module
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cgroupd.jetstream import JetStream
+from cgroupd.nats.jetstream import JetStream
 from tests.support.cli import child_env
 from tests.support.groups import make_group
 from tests.support.natsserver import NatsServer
@@ -112,7 +112,7 @@ async def test_no_secret_on_the_command_line(nats_server: NatsServer, jetstream:
     joins.append(join)
     await join.active()
     shown = cmdline(join.proc.pid)
-    assert "--member m1" in shown and "cgroupd.joinrun" in shown, shown
+    assert "--member m1" in shown and "cgroupd.join.run" in shown, shown
     assert password not in shown and token not in shown, shown
     assert join.stop() == 0
     assert password not in join.text() and token not in join.text()
@@ -128,5 +128,5 @@ async def test_settings_larger_than_a_pipe_start(nats_server: NatsServer,
                  "--member", "m1"], tmp_path, tmp_path / "join.log", CGROUPD_WEBHOOK=url)
     joins.append(join)
     await join.active()
-    assert "cgroupd.joinrun" in cmdline(join.proc.pid)
+    assert "cgroupd.join.run" in cmdline(join.proc.pid)
     assert join.stop() == 0

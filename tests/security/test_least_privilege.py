@@ -29,10 +29,10 @@ import pytest_asyncio
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from cgroupd import jsapi
-from cgroupd.consumerinfo import ConsumerInfo
-from cgroupd.naming import INSTANCE_KEY, data_consumers
-from cgroupd.settings import MemberSettings
+from cgroupd.core.consumerinfo import ConsumerInfo
+from cgroupd.core.naming import INSTANCE_KEY, data_consumers
+from cgroupd.core.settings import MemberSettings
+from cgroupd.nats import jsapi
 from tests.faults.runner import JoinProc
 from tests.faults.scenario import Scenario
 from tests.support.cli import ROOT, child_env

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cgroupd.connect import ConnectionOptions, connect
+from cgroupd.nats.connect import ConnectionOptions, connect
 from tests.support.authsetup import make_pki, tls_config
 from tests.support.cli import restore_logging  # noqa: F401 - autouse fixture
 from tests.support.natsserver import NatsServer

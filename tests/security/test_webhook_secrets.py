@@ -21,7 +21,7 @@ from aiohttp import web
 from nats.aio.client import Client
 from nats.js import api
 
-from cgroupd.jetstream import JetStream
+from cgroupd.nats.jetstream import JetStream
 from tests.support.cli import JoinProcess, restore_logging  # noqa: F401 - autouse fixture
 from tests.support.groups import make_group
 from tests.support.natsserver import NatsServer, find_free_port

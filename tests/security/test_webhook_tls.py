@@ -17,9 +17,9 @@ import pytest_asyncio
 from aiohttp import web
 from nats.aio.client import Client
 
-from cgroupd.errors import ConfigError, WebhookFailed
-from cgroupd.handlers import AuthHeaders, WebhookHandler, WebhookOptions
-from cgroupd.jetstream import JetStream
+from cgroupd.core.errors import ConfigError, WebhookFailed
+from cgroupd.join.handlers import AuthHeaders, WebhookHandler, WebhookOptions
+from cgroupd.nats.jetstream import JetStream
 from tests.support.cli import (
     JoinProcess,
     assert_one_line_error,

@@ -23,7 +23,7 @@ pytest.importorskip("pyspark")
 
 from nats.js import api
 
-from cgroupd.jetstream import JetStream
+from cgroupd.nats.jetstream import JetStream
 from tests.support.groups import publish_keyed
 from tests.support.natsserver import NatsServer
 from tests.support.spark_cluster import ROOT, StandaloneCluster, descendants

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from cgroupd.errors import ConfigError
+from cgroupd.core.errors import ConfigError
 from cgroupd.spark.options import SinkOptions, SourceOptions, connect_reader
 from tests.support.natsserver import NatsServer
 

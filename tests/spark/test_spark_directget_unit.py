@@ -1,5 +1,5 @@
 """The direct-get reader's fast trailer match gives exactly what
-:func:`cgroupd.jsapi.direct_message` gives, for any header block a publisher and the
+:func:`cgroupd.nats.jsapi.direct_message` gives, for any header block a publisher and the
 server can produce (hostile own headers, statuses, odd trailers)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("pyspark")
 
-from cgroupd import jsapi
+from cgroupd.nats import jsapi
 from cgroupd.spark.directget import DirectGet, Item, _Call
 
 _TEXT = st.binary(max_size=30).filter(lambda b: b"\r\n" not in b)

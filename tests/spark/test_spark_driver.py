@@ -14,9 +14,9 @@ pytest.importorskip("pyspark")
 from nats.js import api
 
 from cgroupd import admin
-from cgroupd.config import StaticGroupConfig
-from cgroupd.errors import ConfigError, GroupNotFound
-from cgroupd.jetstream import JetStream
+from cgroupd.core.config import StaticGroupConfig
+from cgroupd.core.errors import ConfigError, GroupNotFound
+from cgroupd.nats.jetstream import JetStream
 from cgroupd.spark.driver import DriverSession
 from cgroupd.spark.offsets import READ_SUBJECT, Offset, ReadRange
 from cgroupd.spark.options import SourceOptions

@@ -17,8 +17,8 @@ pytest.importorskip("pyspark")
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from cgroupd.errors import DataLoss
-from cgroupd.jetstream import JetStream
+from cgroupd.core.errors import DataLoss
+from cgroupd.nats.jetstream import JetStream
 from cgroupd.spark.source import close_executor_connections
 from tests.support.groups import publish_keyed
 from tests.support.natsserver import NatsServer

@@ -32,8 +32,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from cgroupd import admin
-from cgroupd.config import ElasticGroupConfig, PartitioningFilter
-from cgroupd.jetstream import JetStream
+from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter
+from cgroupd.nats.jetstream import JetStream
 from cgroupd.spark.source import close_executor_connections
 from tests.support.natsserver import NatsServer, client_options, running_server
 from tests.support.polling import eventually, eventually_blocking

@@ -16,14 +16,14 @@ from nats.aio.msg import Msg
 from nats.js import api
 
 from cgroupd import admin
-from cgroupd.config import group_key
-from cgroupd.connect import ConnectionOptions, connect
-from cgroupd.errors import StreamNotFound
-from cgroupd.jetstream import JetStream
-from cgroupd.lease import legacy_presence_subject
+from cgroupd.core.config import group_key
+from cgroupd.core.errors import StreamNotFound
+from cgroupd.core.settings import MemberSettings
 from cgroupd.member import INSTANCE_KEY, MEMBER_KEY, Member, MemberState
-from cgroupd.message import Message
-from cgroupd.settings import MemberSettings
+from cgroupd.nats.connect import ConnectionOptions, connect
+from cgroupd.nats.jetstream import JetStream
+from cgroupd.nats.lease import legacy_presence_subject
+from cgroupd.nats.message import Message
 from cgroupd.spark import directget
 from cgroupd.spark.directget import DirectGet, nth_sequence, read_range
 from cgroupd.spark.layout import PREFIXED, Layout, Mode

@@ -20,9 +20,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from cgroupd import jsapi
-from cgroupd.config import ElasticGroupConfig, MemberMapping, PartitioningFilter
-from cgroupd.errors import ConfigError
+from cgroupd.core.config import ElasticGroupConfig, MemberMapping, PartitioningFilter
+from cgroupd.core.errors import ConfigError
+from cgroupd.nats import jsapi
 from cgroupd.spark.layout import HASHED, PLAIN, PREFIXED, Layout, Mode
 from cgroupd.spark.lease import UNOWNED_CONSUMER, Claim, claims_for
 from cgroupd.spark.offsets import (
@@ -247,7 +247,7 @@ def test_a_message_is_told_from_a_status_by_the_servers_trailer(
 
 def test_server_statuses_are_statuses() -> None:
     """What the server sends instead of a message has no trailer (checked against
-    nats-server 2.15.1: see cgroupd.jsapi)."""
+    nats-server 2.15.1: see cgroupd.nats.jsapi)."""
     for reply, code in ((b"NATS/1.0 204 EOB\r\nNats-Num-Pending: 0\r\n"
                          b"Nats-Last-Sequence: 2\r\n\r\n", "204"),
                         (b"NATS/1.0 404 Message Not Found\r\n\r\n", "404"),
@@ -313,7 +313,7 @@ def test_rows_of_a_work_queue() -> None:
 def test_rows_of_an_origin_stream_hash_each_message() -> None:
     """Read mode: the partition is computed (the server's partition function), messages
     no filter matches are not the group's."""
-    from cgroupd.partitions import partition_of
+    from cgroupd.core.partitions import partition_of
 
     filters = (PartitioningFilter("orders.*", (1,)),)
     layout = Layout("S", "S", "g", Mode.READ, HASHED, (0, 1, 2, 3), 4, partitioning=filters)

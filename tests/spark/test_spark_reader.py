@@ -25,9 +25,9 @@ from nats.js import api
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from cgroupd import admin
-from cgroupd.config import MemberMapping, StaticGroupConfig
-from cgroupd.errors import ConfigError, DataLoss
-from cgroupd.jetstream import JetStream
+from cgroupd.core.config import MemberMapping, StaticGroupConfig
+from cgroupd.core.errors import ConfigError, DataLoss
+from cgroupd.nats.jetstream import JetStream
 from cgroupd.spark.offsets import Offset
 from cgroupd.spark.source import close_executor_connections
 from tests.support.groups import publish_keyed
@@ -84,7 +84,7 @@ async def test_hostile_messages_are_read_exactly_once_in_both_modes(
     with its own headers only, from the origin (read mode) and from the work queue; and
     the work queue is empty only once everything was read."""
     await jetstream.add_stream(api.StreamConfig(name="H", subjects=["h.>"], allow_direct=True))
-    from cgroupd.config import ElasticGroupConfig, PartitioningFilter
+    from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter
 
     await admin.create_elastic_group(jetstream, "H", "g", ElasticGroupConfig(
         max_members=4, members=("m1",),
@@ -119,7 +119,7 @@ async def test_hash_partitions_match_the_servers_transform(
     """Read mode computes each message's partition (FNV-1a of the key tokens, modulo
     the partition count); the work-queue stream holds the server's own answer in the
     subject: they agree for keys of every shape, over two partitioning wildcards."""
-    from cgroupd.config import ElasticGroupConfig, PartitioningFilter
+    from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter
 
     await jetstream.add_stream(api.StreamConfig(name="T", subjects=["t.>"], allow_direct=True))
     await admin.create_elastic_group(jetstream, "T", "g", ElasticGroupConfig(

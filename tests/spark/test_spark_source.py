@@ -20,10 +20,10 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import Row, SparkSession
 
 from cgroupd import admin
-from cgroupd.jetstream import JetStream
+from cgroupd.core.naming import HOLDER_KEY
 from cgroupd.member import INSTANCE_KEY, Member, MemberState
-from cgroupd.message import Message
-from cgroupd.naming import HOLDER_KEY
+from cgroupd.nats.jetstream import JetStream
+from cgroupd.nats.message import Message
 from tests.support.groups import publish_keyed
 from tests.support.natsserver import NatsServer
 from tests.support.polling import eventually, eventually_blocking

@@ -10,9 +10,10 @@ import pytest
 pytest.importorskip("pyspark")
 
 import cgroupd.spark
-from cgroupd import connect, naming
-from cgroupd.config import ElasticGroupConfig, PartitioningFilter
-from cgroupd.errors import ConfigError
+from cgroupd.core import naming
+from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter
+from cgroupd.core.errors import ConfigError
+from cgroupd.nats import connect
 from cgroupd.spark.lease import Claim, Lease, claims_for
 from cgroupd.spark.options import SinkOptions, SourceOptions
 

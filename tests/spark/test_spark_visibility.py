@@ -19,8 +19,9 @@ pytest.importorskip("pyspark")
 from nats.aio.msg import Msg
 from pyspark.sql import SparkSession
 
-from cgroupd import admin, events, views
-from cgroupd.jetstream import JetStream
+from cgroupd import admin, views
+from cgroupd.nats import events
+from cgroupd.nats.jetstream import JetStream
 from cgroupd.spark.source import close_executor_connections
 from tests.support.groups import publish_keyed
 from tests.support.natsserver import NatsServer

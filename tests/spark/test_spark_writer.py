@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from cgroupd.jetstream import JetStream
+from cgroupd.nats.jetstream import JetStream
 from cgroupd.spark.writer import batch_prefix
 from tests.support.groups import publish_keyed
 from tests.support.natsserver import NatsServer

@@ -1,6 +1,6 @@
 """Fakes for fast unit tests without a server: a nats-py connection stand-in (what
-:class:`cgroupd.pull.Puller` uses of it), a JetStream adapter
-(:class:`cgroupd.adapter.JetStreamPort`) keeping consumers in memory, and a clock the test
+:class:`cgroupd.nats.pull.Puller` uses of it), a JetStream adapter
+(:class:`cgroupd.nats.adapter.JetStreamPort`) keeping consumers in memory, and a clock the test
 moves by hand. Behaviour that crosses the wire is tested against real servers."""
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from typing import Any
 
 import nats.errors
 
-from cgroupd.errors import ConsumerExists, ConsumerNotFound, WorkQueueOverlap
-from cgroupd.jetstream import Record
-from cgroupd.jsapi import ERR_CONSUMER_EXISTS, ERR_CONSUMER_NOT_FOUND, ERR_WQ_NOT_UNIQUE
-from cgroupd.lease import Answer, OwnerWatch, Presence, Prober
-from cgroupd.pull import Puller, PullOptions
+from cgroupd.core.errors import ConsumerExists, ConsumerNotFound, WorkQueueOverlap
+from cgroupd.nats.jetstream import Record
+from cgroupd.nats.jsapi import ERR_CONSUMER_EXISTS, ERR_CONSUMER_NOT_FOUND, ERR_WQ_NOT_UNIQUE
+from cgroupd.nats.lease import Answer, OwnerWatch, Presence, Prober
+from cgroupd.nats.pull import Puller, PullOptions
 
 
 class FakeClock:
-    """A :class:`cgroupd.clock.Clock` whose time moves only when told to (its sleeps are
+    """A :class:`cgroupd.core.clock.Clock` whose time moves only when told to (its sleeps are
     the loop's: a test steps the reading apart from the timers)."""
 
     def __init__(self, now: float = 1000.0) -> None:
@@ -176,7 +176,7 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 class FakeJetStream:
-    """:class:`cgroupd.adapter.JetStreamPort` in memory, for one process: consumer create
+    """:class:`cgroupd.nats.adapter.JetStreamPort` in memory, for one process: consumer create
     rules as the server applies them on a work-queue stream (10148 create-only, 10100
     overlapping filters), presence answered by the instances registered on the server."""
 

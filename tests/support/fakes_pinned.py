@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from cgroupd.errors import ConsumerNotFound
-from cgroupd.jsapi import ERR_CONSUMER_NOT_FOUND
+from cgroupd.core.errors import ConsumerNotFound
+from cgroupd.nats.jsapi import ERR_CONSUMER_NOT_FOUND
 from tests.support.fakes import FakeConsumer, FakeJetStream, FakeMsg, FakeNats, FakeServer
 
 NEXT = "$JS.API.CONSUMER.MSG.NEXT."

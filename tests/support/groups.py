@@ -25,11 +25,11 @@ from nats.aio.client import Client
 from nats.js import api
 
 from cgroupd import admin
-from cgroupd.config import ElasticGroupConfig, PartitioningFilter
-from cgroupd.jetstream import JetStream
+from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter
+from cgroupd.core.settings import MemberSettings
 from cgroupd.member import Member
-from cgroupd.message import Message
-from cgroupd.settings import MemberSettings
+from cgroupd.nats.jetstream import JetStream
+from cgroupd.nats.message import Message
 from tests.support.natsserver import client_options
 from tests.support.polling import eventually
 

@@ -20,11 +20,11 @@ from typing import Any, TextIO
 
 import nats
 
-from cgroupd.dispatch import Ordering
-from cgroupd.jetstream import JetStream
+from cgroupd.core.settings import Exclusivity, MemberSettings
 from cgroupd.member import Member
-from cgroupd.message import Message
-from cgroupd.settings import Exclusivity, MemberSettings
+from cgroupd.member.dispatch import Ordering
+from cgroupd.nats.jetstream import JetStream
+from cgroupd.nats.message import Message
 
 
 class Recorder:

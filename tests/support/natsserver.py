@@ -52,7 +52,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any, Self
 
-from cgroupd.embedded import EmbeddedServerError, find_nats_server
+from cgroupd.demo.embedded import EmbeddedServerError, find_nats_server
 
 __all__ = [
     "BACKEND_ENV",

@@ -19,8 +19,8 @@ import aiohttp
 from nats.js import api
 from typer.testing import Result
 
-from cgroupd.connect import ConnectionOptions, connect
-from cgroupd.jetstream import JetStream
+from cgroupd.nats.connect import ConnectionOptions, connect
+from cgroupd.nats.jetstream import JetStream
 from tests.support.cli import ROOT, child_env, cli
 from tests.support.natsserver import find_free_port
 from tests.support.polling import eventually

@@ -28,8 +28,8 @@ from pyspark.sql.streaming import StreamingQuery
 
 import cgroupd.spark
 from cgroupd import admin
-from cgroupd.config import ElasticGroupConfig, PartitioningFilter
-from cgroupd.jetstream import JetStream
+from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter
+from cgroupd.nats.jetstream import JetStream
 from cgroupd.spark.options import SinkOptions, SourceOptions
 from cgroupd.spark.source import (
     CgroupdDataSource,

@@ -6,7 +6,7 @@ measured in seconds; on the wall clock they spend most of their time asleep. Her
 ``loop.time()`` is a number this loop owns. When the loop would block in its selector with
 a timeout (its next timer), it first polls the selector without blocking: if nothing is
 ready it moves its time to that timer instead of sleeping. ``asyncio.sleep``, ``call_later``,
-``asyncio.timeout`` and everything that reads :class:`cgroupd.clock.LoopClock` therefore
+``asyncio.timeout`` and everything that reads :class:`cgroupd.core.clock.LoopClock` therefore
 run virtually, in order, and a one-hour sleep takes microseconds.
 
 Real readiness is kept: a ready socket or pipe is served first (the poll), and while a

@@ -65,7 +65,7 @@ def test_py_spy_samples_are_attributed(tmp_path: Path) -> None:
             "Handle._run (/py/lib/python3.11/asyncio/events.py)")
     raw = tmp_path / "raw.txt"
     raw.write_text(
-        f"{loop};Dispatcher._invoke (/v/cgroupd/dispatch.py);events (/w/bench/handlers.py);"
+        f"{loop};Dispatcher._invoke (/v/cgroupd/member/dispatch.py);events (/w/bench/handlers.py);"
         "dumps (/py/lib/python3.11/json/__init__.py) 3\n"
         f"{loop};Client._read_loop (/v/site-packages/nats/aio/client.py);"
         "Parser.parse (/v/site-packages/nats/protocol/parser.py) 1\n"

@@ -16,9 +16,9 @@ from cgroupd.cli import app
 from cgroupd.cli.application import exit_code_for
 from cgroupd.cli.errors import CliError, UsageError, bad_arguments
 from cgroupd.cli.parsers import join_missing, pair_filters, parse_wildcards
-from cgroupd.errors import ConfigError, GroupNotFound, ServerUnreachable
-from cgroupd.handlers import HandlerLoadError
-from cgroupd.settings import MemberSettings
+from cgroupd.core.errors import ConfigError, GroupNotFound, ServerUnreachable
+from cgroupd.core.settings import MemberSettings
+from cgroupd.join.handlers import HandlerLoadError
 
 CLI = Path(cgroupd.cli.__file__).parent
 
@@ -70,7 +70,7 @@ def test_parsers_do_no_io() -> None:
         elif isinstance(node, ast.ImportFrom):
             imported.add(node.module or "")
     assert imported <= {"__future__", "re", "collections.abc", "datetime",
-                        "cgroupd.config"}, imported
+                        "cgroupd.core.config"}, imported
 
 
 def test_only_the_app_turns_errors_into_exit_codes() -> None:

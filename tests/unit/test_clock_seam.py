@@ -1,4 +1,4 @@
-"""The member runtime reads time and sleeps only through its clock (cgroupd/clock.py), so
+"""The member runtime reads time and sleeps only through its clock (cgroupd/core/clock.py), so
 one clock, real or virtual, drives all of it (issue 26). Parsed, not run: the modules
 below call no ``time.monotonic``/``time.time``/``time.perf_counter``, no ``loop.time()``
 and no ``asyncio.sleep`` of a non-zero delay (``asyncio.sleep(0)`` only yields)."""
@@ -14,10 +14,9 @@ PACKAGE = Path(__file__).resolve().parents[2] / "cgroupd"
 
 #: The runtime and the parts it drives: member, generations, dispatcher, settlements,
 #: pullers, leases, key queues.
-MODULES = sorted([*(PACKAGE / "runtime").glob("*.py"),
-                  *(PACKAGE / f"{name}.py" for name in (
-                      "member", "dispatch", "pull", "settlements", "lease", "keyqueues",
-                      "pinning"))])
+MODULES = sorted([*(PACKAGE / "member").glob("*.py"),
+                  *(PACKAGE / name for name in ("nats/pull.py", "nats/lease.py",
+                                                "core/pinning.py"))])
 
 WALL = {"monotonic", "time", "perf_counter", "monotonic_ns", "time_ns"}
 

@@ -1,4 +1,4 @@
-"""Unit tests for ``cgroupd.config``: the group records, their rules and their JSON shapes.
+"""Unit tests for ``cgroupd.core.config``: the group records, their rules and their JSON shapes.
 
 Pure: no I/O, no server. The record shapes are the Go reference's (orbit.go ``pcgroups``)
 plus the two older shapes cgroupd must still read (ADR revision 1, Go single-filter).
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cgroupd.config import (
+from cgroupd.core.config import (
     ELASTIC_BUCKET,
     MAX_LISTED_MEMBERS,
     MAX_NAME_LENGTH,
@@ -28,9 +28,9 @@ from cgroupd.config import (
     validate_name,
     work_queue_stream,
 )
-from cgroupd.errors import CgroupdError, ConfigError
-from cgroupd.partitions import assignment
-from cgroupd.records import elastic_from_json, static_from_json
+from cgroupd.core.errors import CgroupdError, ConfigError
+from cgroupd.core.partitions import assignment
+from cgroupd.core.records import elastic_from_json, static_from_json
 
 ORDERS = PartitioningFilter("orders.*", (1,))
 

@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from cgroupd import events, views
+from cgroupd import views
 from cgroupd.cli.parsers import parse_listen
 from cgroupd.console import ConsoleOptions, Shared, Timeline, allowed_host_names
+from cgroupd.nats import events
 
 
 class Clock:

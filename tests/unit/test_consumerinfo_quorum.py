@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from cgroupd.consumerinfo import ConsumerInfo
+from cgroupd.core.consumerinfo import ConsumerInfo
 
 
 def _info(*replicas: dict[str, object]) -> ConsumerInfo:

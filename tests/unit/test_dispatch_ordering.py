@@ -10,9 +10,9 @@ import random
 
 import pytest
 
-from cgroupd.dispatch import Ordering
-from cgroupd.message import Message, ack_subject_fields
-from cgroupd.settings import DEFAULT_CONCURRENCY, MemberSettings
+from cgroupd.core.settings import DEFAULT_CONCURRENCY, MemberSettings
+from cgroupd.member.dispatch import Ordering
+from cgroupd.nats.message import Message, ack_subject_fields
 from tests.support.polling import eventually
 from tests.unit.test_dispatch_unit import FakeConnection, delivery, dispatcher
 

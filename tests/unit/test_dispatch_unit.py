@@ -12,11 +12,11 @@ import nats.errors
 import pytest
 from nats.aio.msg import Msg
 
-from cgroupd import settlements as settlements_module
-from cgroupd.dispatch import Dispatcher, Ordering
-from cgroupd.errors import AckNotConfirmed
-from cgroupd.message import Deliveries, Message
-from cgroupd.partitions import key_function
+from cgroupd.core.errors import AckNotConfirmed
+from cgroupd.core.partitions import key_function
+from cgroupd.member import settlements as settlements_module
+from cgroupd.member.dispatch import Dispatcher, Ordering
+from cgroupd.nats.message import Deliveries, Message
 from tests.support.polling import eventually
 
 

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from cgroupd.errors import ApiError, JetStreamNotEnabled, ServerUnreachable
+from cgroupd.core.errors import ApiError, JetStreamNotEnabled, ServerUnreachable
 from cgroupd.member import Member
 from tests.support.fakes_pinned import PinnedJetStream, PinState
 from tests.support.polling import eventually

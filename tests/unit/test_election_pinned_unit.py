@@ -13,18 +13,18 @@ from typing import Any
 
 import pytest
 
-from cgroupd.config import (
+from cgroupd.core.config import (
     ELASTIC_BUCKET,
     ElasticGroupConfig,
     PartitioningFilter,
     group_key,
     work_queue_stream,
 )
-from cgroupd.errors import ServerUnreachable
-from cgroupd.lease import Answer, Presence
+from cgroupd.core.errors import ServerUnreachable
+from cgroupd.core.pinning import step_down_subject
+from cgroupd.core.settings import PRIORITY_GROUP, Exclusivity, MemberSettings
 from cgroupd.member import Member, MemberState
-from cgroupd.pinning import step_down_subject
-from cgroupd.settings import PRIORITY_GROUP, Exclusivity, MemberSettings
+from cgroupd.nats.lease import Answer, Presence
 from tests.support.fakes_pinned import PinnedJetStream, PinnedServer
 from tests.support.polling import eventually
 

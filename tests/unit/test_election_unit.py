@@ -12,18 +12,18 @@ from typing import Any
 
 import pytest
 
-from cgroupd.config import (
+from cgroupd.core.config import (
     ELASTIC_BUCKET,
     ElasticGroupConfig,
     PartitioningFilter,
     group_key,
     work_queue_stream,
 )
-from cgroupd.errors import ApiError, InstanceIdInUse
-from cgroupd.lease import legacy_presence_subject
+from cgroupd.core.errors import ApiError, InstanceIdInUse
+from cgroupd.core.naming import data_consumers
+from cgroupd.core.settings import MemberSettings
 from cgroupd.member import INSTANCE_KEY, Member, MemberState
-from cgroupd.naming import data_consumers
-from cgroupd.settings import MemberSettings
+from cgroupd.nats.lease import legacy_presence_subject
 from tests.support.fakes import FakeJetStream, FakeServer
 from tests.support.polling import eventually
 

@@ -1,6 +1,6 @@
 """Handlers, dead letters, metrics, logs and connection options: no NATS server needed.
 
-Messages are real :class:`~cgroupd.message.Message` objects over a fake client that
+Messages are real :class:`~cgroupd.nats.message.Message` objects over a fake client that
 records what they publish to their reply subject (``+ACK``, ``-NAK``, ``+TERM``); the
 webhook handler talks to a real local aiohttp server.
 """
@@ -21,10 +21,9 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from cgroupd import logs
-from cgroupd.connect import DEFAULT_SERVER, ConnectionOptions, connect_kwargs
-from cgroupd.errors import ConfigError
-from cgroupd.handlers import (
+from cgroupd.core import logs
+from cgroupd.core.errors import ConfigError
+from cgroupd.join.handlers import (
     DeadLetterFailed,
     DeadLetterOptions,
     HandlerLoadError,
@@ -39,8 +38,9 @@ from cgroupd.handlers import (
     parse_statuses,
     webhook_headers,
 )
-from cgroupd.message import Message, Outcome
-from cgroupd.metrics import Metrics
+from cgroupd.join.metrics import Metrics
+from cgroupd.nats.connect import DEFAULT_SERVER, ConnectionOptions, connect_kwargs
+from cgroupd.nats.message import Message, Outcome
 from tests.support.cli import (
     WebhookServer,
     parse_metrics,
@@ -563,7 +563,7 @@ def test_a_handler_modules_listener_hooks() -> None:
     import sys
     import types
 
-    from cgroupd.handlers import LISTENER_HOOKS, listener_hooks, module_hooks
+    from cgroupd.join.handlers import LISTENER_HOOKS, listener_hooks, module_hooks
 
     found = module_hooks("tests.support.handlers.listener_handler:handle")
     assert sorted(found) == sorted(LISTENER_HOOKS)
@@ -585,7 +585,7 @@ async def test_webhook_listener_events() -> None:
     """With ``events``, each hook POSTs ``Cgroupd-Event`` and a JSON body naming the
     instance and the partitions; a non-2xx answer raises (the runtime logs and counts
     it); without ``events`` the webhook gets none."""
-    from cgroupd.handlers import listener_hooks
+    from cgroupd.join.handlers import listener_hooks
 
     server = await WebhookServer(script={"None": [503]}).start()
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from cgroupd.settings import Exclusivity, MemberSettings
+from cgroupd.core.settings import Exclusivity, MemberSettings
 
 
 def test_sync_pulls_are_long_and_pinned_pulls_keep_the_pin() -> None:
@@ -35,7 +35,7 @@ def test_a_member_process_does_not_load_aiohttp() -> None:
     or a websocket server needs it."""
     import subprocess
 
-    code = ("import sys, cgroupd.cli, cgroupd.daemon, cgroupd.member; "
+    code = ("import sys, cgroupd.cli, cgroupd.join.daemon, cgroupd.member; "
             "print('aiohttp' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
@@ -45,7 +45,7 @@ def test_a_member_process_does_not_load_aiohttp() -> None:
 def test_websocket_transport_gets_aiohttp_when_asked() -> None:
     import nats.aio.transport
 
-    from cgroupd.natsload import enable_websockets
+    from cgroupd.nats.natsload import enable_websockets
 
     enable_websockets()
     assert nats.aio.transport.aiohttp is not None

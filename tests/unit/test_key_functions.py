@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from cgroupd.config import ElasticGroupConfig, PartitioningFilter
-from cgroupd.dispatch import Ordering
-from cgroupd.partitions import key_function
-from cgroupd.settings import MemberSettings
+from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter
+from cgroupd.core.partitions import key_function
+from cgroupd.core.settings import MemberSettings
+from cgroupd.member.dispatch import Ordering
 
 CONFIG = ElasticGroupConfig(
     max_members=4,

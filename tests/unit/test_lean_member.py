@@ -11,7 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from cgroupd.metrics import Metrics
+from cgroupd.join.metrics import Metrics
 
 
 def run(code: str) -> subprocess.CompletedProcess[str]:
@@ -21,9 +21,9 @@ def run(code: str) -> subprocess.CompletedProcess[str]:
 
 MEMBER_PROCESS = """
 import sys
-import cgroupd.cli, cgroupd.daemon, cgroupd.member
-from cgroupd import logs
-from cgroupd.metrics import Metrics
+import cgroupd.cli, cgroupd.join.daemon, cgroupd.member
+from cgroupd.core import logs
+from cgroupd.join.metrics import Metrics
 
 logs.configure("info", json=True)
 m = Metrics("S", "G", "M")
@@ -59,7 +59,7 @@ def test_a_member_process_loads_neither_rich_nor_prometheus_client() -> None:
 CONSOLE = """
 import sys
 {hide}
-from cgroupd import logs
+from cgroupd.core import logs
 
 logs.configure("info", json=False)
 try:

@@ -1,10 +1,11 @@
-"""The lease and the standby's watch (cgroupd.lease), with a fake clock: no server."""
+"""The lease and the standby's watch (cgroupd.nats.lease), with a fake clock: no server."""
 
 from __future__ import annotations
 
 import pytest
 
-from cgroupd.lease import (
+from cgroupd.core.naming import INSTANCE_KEY, MEMBER_KEY, PRESENCE_BY_MEMBER, PRESENCE_KEY
+from cgroupd.nats.lease import (
     Answer,
     Lease,
     OwnerWatch,
@@ -16,7 +17,6 @@ from cgroupd.lease import (
     presence_subject,
     pulled_since_silent,
 )
-from cgroupd.naming import INSTANCE_KEY, MEMBER_KEY, PRESENCE_BY_MEMBER, PRESENCE_KEY
 
 
 class Clock:

@@ -17,16 +17,16 @@ from typing import Any
 
 import pytest
 
-from cgroupd.config import (
+from cgroupd.core.config import (
     ELASTIC_BUCKET,
     ElasticGroupConfig,
     PartitioningFilter,
     group_key,
     work_queue_stream,
 )
+from cgroupd.core.partitions import member_partitions
+from cgroupd.core.settings import MemberSettings
 from cgroupd.member import Member
-from cgroupd.partitions import member_partitions
-from cgroupd.settings import MemberSettings
 from tests.support.fakes import FakeJetStream, FakeMsg, FakeServer, data_puller
 from tests.support.fakes_pinned import PinnedJetStream, PinnedServer
 from tests.support.polling import eventually

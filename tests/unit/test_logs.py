@@ -16,7 +16,7 @@ import sys
 import pytest
 import structlog
 
-from cgroupd import logs
+from cgroupd.core import logs
 from tests.support.cli import (
     child_env,
     restore_logging,  # noqa: F401 - autouse fixture
@@ -24,7 +24,7 @@ from tests.support.cli import (
 
 NOTHING_CONFIGURED = """
 import structlog
-from cgroupd import logs
+from cgroupd.core import logs
 log = logs.get_logger("cgroupd.member")
 log.debug("pull status", status=408)
 log.info("state", new="active")

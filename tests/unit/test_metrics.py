@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from nats.aio.msg import Msg
 
-from cgroupd.message import Message
-from cgroupd.metrics import IGNORED_INPUT, Metrics
+from cgroupd.join.metrics import IGNORED_INPUT, Metrics
+from cgroupd.nats.message import Message
 from tests.support.cli import parse_metrics
 from tests.support.polling import eventually
 from tests.unit.test_dispatch_unit import FakeConnection, delivery, dispatcher

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from cgroupd import jsapi
-from cgroupd.config import name_problems
-from cgroupd.consumerinfo import ConsumerInfo
-from cgroupd.errors import (
+from cgroupd.core.config import name_problems
+from cgroupd.core.consumerinfo import ConsumerInfo
+from cgroupd.core.errors import (
     ApiError,
     ConsumerExists,
     ConsumerNotFound,
@@ -16,7 +15,7 @@ from cgroupd.errors import (
     StreamNotFound,
     WorkQueueOverlap,
 )
-from cgroupd.naming import (
+from cgroupd.core.naming import (
     DATA_SLOTS,
     MEMBER_KEY,
     consumer_config,
@@ -24,6 +23,7 @@ from cgroupd.naming import (
     data_consumers,
     sync_consumer,
 )
+from cgroupd.nats import jsapi
 
 
 def test_consumer_names() -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cgroupd.connect import ConnectionOptions
-from cgroupd.errors import ConfigError
-from cgroupd.natscontext import read_context, selected_context, with_context
+from cgroupd.cli.natscontext import read_context, selected_context, with_context
+from cgroupd.core.errors import ConfigError
+from cgroupd.nats.connect import ConnectionOptions
 
 
 def _env(tmp_path: Path, **contexts: dict[str, object]) -> dict[str, str]:

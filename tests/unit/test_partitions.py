@@ -1,4 +1,4 @@
-"""Unit tests for ``cgroupd.partitions``: who owns which partition, and the subjects for it.
+"""Unit tests for ``cgroupd.core.partitions``: who owns which partition, and the subjects for it.
 
 Pure: no I/O, no server. The distribution must be exactly the ADR's (and the Go
 reference's ``GeneratePartitionFilters``), or cgroupd and Go members of one group would
@@ -14,14 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cgroupd.config import (
+from cgroupd.core.config import (
     ElasticGroupConfig,
     MemberMapping,
     PartitioningFilter,
     StaticGroupConfig,
 )
-from cgroupd.errors import ConfigError
-from cgroupd.partitions import (
+from cgroupd.core.errors import ConfigError
+from cgroupd.core.partitions import (
     HOLD_TOKEN,
     SYNC_PREFIX,
     assignment,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from cgroupd.pinning import PinLease, SkipRules
+from cgroupd.core.pinning import PinLease, SkipRules
 
 
 class Clock:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from cgroupd.pull import PENDING_MSGS, PIN_ID, PullEnd, Puller, PullOptions
+from cgroupd.nats.pull import PENDING_MSGS, PIN_ID, PullEnd, Puller, PullOptions
 from tests.support.fakes import FakeClock, FakeNats, delivery, status
 
 pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time

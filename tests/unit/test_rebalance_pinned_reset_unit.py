@@ -14,16 +14,16 @@ from typing import Any
 
 import pytest
 
-from cgroupd.config import (
+from cgroupd.core.config import (
     ELASTIC_BUCKET,
     ElasticGroupConfig,
     PartitioningFilter,
     group_key,
 )
-from cgroupd.errors import ServerUnreachable
+from cgroupd.core.errors import ServerUnreachable
+from cgroupd.core.naming import RESET_KEY
+from cgroupd.core.partitions import HOLD_TOKEN, member_consumer_filters
 from cgroupd.member import Member
-from cgroupd.naming import RESET_KEY
-from cgroupd.partitions import HOLD_TOKEN, member_consumer_filters
 from tests.support.fakes import FakeConsumer
 from tests.support.fakes_pinned import PinState
 from tests.support.polling import eventually

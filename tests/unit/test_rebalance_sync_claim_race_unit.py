@@ -12,15 +12,15 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from cgroupd.config import (
+from cgroupd.core.config import (
     ELASTIC_BUCKET,
     ElasticGroupConfig,
     PartitioningFilter,
     group_key,
 )
+from cgroupd.core.partitions import partition_filters, sync_filters
 from cgroupd.member import Member
-from cgroupd.partitions import partition_filters, sync_filters
-from cgroupd.runtime.generation import Generation
+from cgroupd.member.generation import Generation
 from tests.support.fakes import FakeJetStream, FakeServer
 from tests.support.polling import eventually
 from tests.unit.test_election_unit import SETTINGS, handler

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import structlog
 
-from cgroupd import logs
-from cgroupd.connect import ConnectionOptions
-from cgroupd.redact import redact_text, redact_url
+from cgroupd.core import logs
+from cgroupd.core.redact import redact_text, redact_url
+from cgroupd.nats.connect import ConnectionOptions
 
 
 def test_userinfo_is_replaced_whole() -> None:

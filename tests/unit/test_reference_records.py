@@ -12,22 +12,22 @@ from typing import Any
 
 import pytest
 
-from cgroupd.config import (
+from cgroupd.core.config import (
     MAX_PARTITIONS,
     ElasticGroupConfig,
     GroupConfig,
     PartitioningFilter,
     StaticGroupConfig,
 )
-from cgroupd.groupstreams import transforms, whole_subject_problem
-from cgroupd.partitions import (
+from cgroupd.core.partitions import (
     assignment,
     assignment_ranges,
     fnv1a_32,
     member_filters,
     partition_of,
 )
-from cgroupd.records import elastic_from_json, static_from_json
+from cgroupd.core.records import elastic_from_json, static_from_json
+from cgroupd.nats.groupstreams import transforms, whole_subject_problem
 from cgroupd.views import group_data, group_text
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "reference-records"

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from cgroupd.admin import StoredGroup
-from cgroupd.config import ElasticGroupConfig, PartitioningFilter
-from cgroupd.partitions import partition_of
-from cgroupd.replay import _shift_index, _shifted
+from cgroupd.admin.replay import _shift_index, _shifted
+from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter
+from cgroupd.core.partitions import partition_of
 
 CONFIG = ElasticGroupConfig(max_members=2, members=("a",),
                             partitioning_filters=(PartitioningFilter("orders.*", (1,)),))

@@ -1,5 +1,5 @@
 """A self-check answered by a server out of touch with its cluster proves nothing, not even
-that another instance owns the member (cgroupd/runtime/selfcheck.py, issue 13).
+that another instance owns the member (cgroupd/member/selfcheck.py, issue 13).
 
 Seen in the sync cluster-node-cut fault test: right after the heal, the node that had been
 cut off still led the previous owner's synchronization consumer (same name, the old
@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from cgroupd.core.naming import INSTANCE_KEY
 from cgroupd.member import Member, MemberState
-from cgroupd.naming import INSTANCE_KEY
-from cgroupd.runtime.state import StepDown
+from cgroupd.member.state import StepDown
 from tests.support.fakes import FakeJetStream, FakeMsg, FakeServer, data_puller, status
 from tests.support.polling import eventually
 from tests.unit.test_election_unit import SETTINGS, WQ, Group, handler

@@ -1,4 +1,4 @@
-"""A self-check against a server that fails fast (cgroupd/runtime/selfcheck.py): after a
+"""A self-check against a server that fails fast (cgroupd/member/selfcheck.py): after a
 cluster heals, a node answers 503 at once for a while. The active instance waiting for its
 lease asked again every 0.1 s with a warning each time (143 lines in one cluster-cut run);
 it now backs off to half a second and warns once per outage, and resumes at the first
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from cgroupd.errors import ServerUnreachable
+from cgroupd.core.errors import ServerUnreachable
 from cgroupd.member import Member, MemberState
 from tests.support.fakes import FakeJetStream, FakeMsg, FakeServer, data_puller
 from tests.support.polling import eventually

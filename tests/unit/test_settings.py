@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from cgroupd.dispatch import Ordering
-from cgroupd.errors import CgroupdError, ConfigError
-from cgroupd.handlers import DEFAULT_WEBHOOK_TIMEOUT
+from cgroupd.core.errors import CgroupdError, ConfigError
+from cgroupd.core.settings import Exclusivity, MemberSettings
+from cgroupd.join.handlers import DEFAULT_WEBHOOK_TIMEOUT
 from cgroupd.member import Member, MemberState
-from cgroupd.settings import Exclusivity, MemberSettings
+from cgroupd.member.dispatch import Ordering
 
 
 @pytest.mark.parametrize(("changes", "message"), [

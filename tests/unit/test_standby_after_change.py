@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from cgroupd.config import ELASTIC_BUCKET, ElasticGroupConfig, PartitioningFilter, group_key
+from cgroupd.core.config import ELASTIC_BUCKET, ElasticGroupConfig, PartitioningFilter, group_key
 from cgroupd.member import Member, MemberState
 from tests.support.fakes import FakeJetStream, FakeServer
 from tests.support.polling import eventually

@@ -1,4 +1,4 @@
-"""The active instance's starvation check (cgroupd/runtime/selfcheck.py) against the
+"""The active instance's starvation check (cgroupd/member/selfcheck.py) against the
 in-memory adapter: a data consumer that keeps delivering is never "stalled", however
 often a check finds a message not yet delivered and none unacknowledged (issue 15: under
 1,000 msg/s several actives stepped down as stalled while their partitions flowed); one

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from cgroupd.tasks import cancel_and_wait
+from cgroupd.core.tasks import cancel_and_wait
 
 
 async def test_a_task_that_swallows_one_cancellation_still_ends() -> None:

@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from cgroupd.errors import ApiError, CgroupdError, PermissionDenied, ServerUnreachable
-from cgroupd.jetstream import Record
+from cgroupd.core.errors import ApiError, CgroupdError, PermissionDenied, ServerUnreachable
+from cgroupd.core.retrying import RETRY_CAP, retry_delay
 from cgroupd.member import Member, MemberState
-from cgroupd.retrying import RETRY_CAP, retry_delay
+from cgroupd.nats.jetstream import Record
 from tests.support.fakes import FakeJetStream, FakeServer
 from tests.support.polling import eventually
 from tests.unit.test_election_unit import SETTINGS, Group, handler

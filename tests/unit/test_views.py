@@ -10,10 +10,12 @@ from datetime import UTC, datetime
 import pytest
 from typer.testing import CliRunner
 
-from cgroupd import events, replay, views
+from cgroupd import views
+from cgroupd.admin import replay
+from cgroupd.admin.replay import PartitionPlan, Plan, Target, _origin_seq
 from cgroupd.cli import app
 from cgroupd.cli.parsers import parse_duration, parse_time
-from cgroupd.replay import PartitionPlan, Plan, Target, _origin_seq
+from cgroupd.nats import events
 from tests.support.cli import restore_logging  # noqa: F401 - autouse fixture
 
 runner = CliRunner()

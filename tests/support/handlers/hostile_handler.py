@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Mapping
 
-from cgroupd.message import Message
+from cgroupd.nats.message import Message
 
 #: Headers the server adds on the way (sourcing into the work-queue stream, pinning).
 SERVER_ADDED = frozenset({"Nats-Stream-Source", "Nats-Pin-Id"})

@@ -12,7 +12,7 @@ import os
 import time
 from typing import Any
 
-from cgroupd.message import Message
+from cgroupd.nats.message import Message
 
 
 def _line(**fields: Any) -> None:

@@ -10,7 +10,7 @@ import json
 import os
 import time
 
-from cgroupd.message import Message
+from cgroupd.nats.message import Message
 
 
 def _record(message: Message, how: str) -> None:

@@ -1,0 +1,50 @@
+"""The member runtime, one module per job; the facade is :class:`Member` (``supervisor``).
+
+    supervisor       Member: the supervisor loop over the states (start, stop, health)
+    state            MemberState, StepDown, the wake-up event
+    generation       Generation: one period of activity, its partitions and consumers
+    core             MemberCore: identity, settings, shared helpers
+    config_watch     following the group record; membership changes
+    election_sync    sync exclusivity: election, standby watch, takeover, reclaim
+    election_pinned  pinned exclusivity: pin, pin lease, takeover of a holder's messages
+    pinned_acks      acks count only while the pin is provably ours
+    rebalance        incremental rebalance (sync)
+    rebalance_pinned incremental rebalance on the shared member consumer (pinned)
+    selfcheck        self-check, lease and fencing before each handler start
+    release          stepping down and giving up consumers or the pin
+    listener         Kafka's rebalance listener: partitions assigned, revoked, lost
+    dispatch         running handlers: in order per key, concurrent across keys
+    keyqueues        which queue a message waits in, by ordering
+    settlements      acks the server has not confirmed yet
+    calling          calling a handler, sync or async
+"""
+
+from cgroupd.member.supervisor import (
+    HOLDER_KEY,
+    INSTANCE_KEY,
+    MEMBER_KEY,
+    RELEASED_KEY,
+    RESET_KEY,
+    SKIP_KEY,
+    TOKEN_KEY,
+    Generation,
+    Member,
+    MemberState,
+    StepDown,
+    new_instance_id,
+)
+
+__all__ = [
+    "HOLDER_KEY",
+    "INSTANCE_KEY",
+    "MEMBER_KEY",
+    "RELEASED_KEY",
+    "RESET_KEY",
+    "SKIP_KEY",
+    "TOKEN_KEY",
+    "Generation",
+    "Member",
+    "MemberState",
+    "StepDown",
+    "new_instance_id",
+]

@@ -1,0 +1,446 @@
+"""Sync exclusivity: winning the member's synchronization consumer, standing by while
+watching the active instance (presence), taking over from one that is gone or silent,
+and reclaiming a dead owner's data consumer (see :mod:`cgroupd.nats.lease`)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+from collections.abc import Awaitable, Callable
+
+from cgroupd.core.consumerinfo import ConsumerInfo
+from cgroupd.core.errors import (
+    ApiError,
+    CgroupdError,
+    ConsumerExists,
+    InstanceIdInUse,
+    WorkQueueOverlap,
+)
+from cgroupd.core.naming import (
+    DATA_SLOTS,
+    HOLDER_KEY,
+    INSTANCE_KEY,
+    MEMBER_KEY,
+    PRESENCE_BY_MEMBER,
+    PRESENCE_KEY,
+    TOKEN_KEY,
+    data_consumer,
+)
+from cgroupd.core.partitions import (
+    partition_filters,
+    sync_filters,
+)
+from cgroupd.core.settings import Exclusivity
+from cgroupd.member.core import MemberCore
+from cgroupd.member.generation import Generation
+from cgroupd.member.rebalance import claim_contested, contest_backoff, sync_claim
+from cgroupd.member.state import MemberState, StepDown
+from cgroupd.nats.lease import (
+    TRAVEL_SLACK,
+    OwnerWatch,
+    Presence,
+    confirm_gone,
+    may_reclaim,
+    owner_presence_subject,
+    presence_subject,
+    pulled_since_silent,
+)
+
+#: A standby whose active instance answers tries to create the synchronization consumer
+#: only this many retry intervals apart (it would fail: the consumer exists), unless
+#: something happened: a consumer deleted, a config change, the owner gone, idle or silent.
+#: (Each is an API request the server answers with an error: 16 standbys at 5 intervals
+#: were a sixth of an idle group's API requests. An owner that lost its claim unseen
+#: steps down and answers so: its standby needs no timer to notice.)
+IDLE_ATTEMPT_EVERY = 15
+
+
+class SyncElection(MemberCore):
+    """One job of :class:`cgroupd.member.Member` (see the module docstring)."""
+
+    #: Whether the next attempt must reach the server (see IDLE_ATTEMPT_EVERY), and when
+    #: the last one did.
+    _attempt_due: bool = True
+    _attempted_at: float = -math.inf
+    #: When the watched claim was created (a claim taken again by the same instance is
+    #: another claim: its owner is no longer idle).
+    _watched_created: str | None = None
+
+    def _attempt_pointless(self) -> bool:
+        """A standby stood by its whole timeout while the active instance kept answering:
+        the sync consumer is still the owner's (a deletion would have woken us), so a
+        create would only cost the server an API request. Tried anyway now and then."""
+        s, watch, now = self.settings, self._watch, self._clock()
+        return (watch is not None and not self._attempt_due
+                and watch.silent_for(now) < s.lease
+                and now - self._attempted_at < IDLE_ATTEMPT_EVERY * s.retry_interval)
+
+    async def _acquire_sync(self, partitions: tuple[int, ...]) -> Generation | None:
+        """Sync exclusivity: try once to win the election; None means stay standby."""
+        s = self.settings
+        watch = self._watch
+        if (watch is not None and watch.replaceable(self._clock(), s.lease, s.takeover_margin)
+                and not await self._unseat(watch)):
+            return None
+        if self._attempt_pointless():
+            return None
+        self._attempt_due = False
+        self._attempted_at = self._clock()
+        inactive = int(s.inactive_threshold * 1e9)
+        sync_cfg = self._consumer_config(sync_filters(partitions), inactive_threshold=inactive,
+                                         metadata=self._instance_metadata(),
+                                         max_ack_pending=1)
+        sent = self._clock()
+        try:
+            await self.js.create_consumer(self._consume_stream, self.sync_consumer, sync_cfg)
+        except ConsumerExists:
+            if self._watch is None:
+                await self._learn_owner()
+            return None
+        except WorkQueueOverlap:
+            return None
+        except CgroupdError as exc:
+            self._log.warning("sync consumer create failed", error=str(exc))
+            if isinstance(exc, ApiError) and exc.files_lost:
+                await self._drop_unstored_claim()
+            return None
+        if await self._election_contested(partitions):
+            return None
+        self._watch = None
+        await self._close_prober()
+        gen = self._gen = self._generation(partitions)
+        # Any ownership check the previous holder sent after this point fails: its lease
+        # has run out a lease from now (see _reclaim_abandoned).
+        gen.claimed_at = self._clock()
+        gen.lease.renew(sent)
+        # We hold the election from here on: keep the sync consumer alive while waiting
+        # for the previous owner's data consumer to go (10100). A live previous owner
+        # (draining after a step-down) is never robbed; an abandoned one is reclaimed.
+        gen.pullers.append(await self._start_puller(gen, self.sync_consumer, 1, StepDown.SYNC_LOST))
+        try:
+            await self._add_data_consumer(gen, partitions)
+        except CgroupdError as exc:
+            self._log.warning("data consumer create failed", error=str(exc))
+            await self._release(gen)
+            self._gen = None
+            return None
+        if self._stopping or self._deleted:
+            # stop() came while we claimed (SIGTERM to every instance: the active one let
+            # go and our create won): let go again without becoming active.
+            await self._release(gen)
+            self._gen = None
+            return None
+        return gen
+
+    def _instance_metadata(self) -> dict[str, str]:
+        """What every consumer this instance creates says about it: its member, id and
+        process token, and that it answers presence on :func:`presence_subject`."""
+        return {MEMBER_KEY: self.member, INSTANCE_KEY: self.instance_id,
+                TOKEN_KEY: self._token, PRESENCE_KEY: PRESENCE_BY_MEMBER}
+
+    async def _drop_unstored_claim(self) -> None:
+        """Our create ran while the server removed the files of the claim of that name
+        deleted just before (see :attr:`ApiError.files_lost`): the consumer it left
+        names us but can store nothing, and every identical create fails the same way,
+        so nobody could take the member over until its inactive threshold. Delete it if
+        it is ours; the deletion's reply comes after its files are gone, so the next
+        attempt creates a sound claim (CI on 0e2193e: a standby never took over)."""
+        with contextlib.suppress(CgroupdError):
+            if await self._sync_is_ours():
+                self._log.info("deleting our claim that the server could not store")
+                await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
+
+    async def _election_contested(self, partitions: tuple[int, ...]) -> bool:
+        """Our new sync consumer claims ``partitions``: was another member's claim on some
+        of them accepted at the same moment (see :func:`claim_contested`)? Then ours goes,
+        and the next attempt comes after a random moment. (Two instances of one member
+        compete by the consumer's name, which is a different lock.)"""
+        try:
+            if not await claim_contested(self.js, self._consume_stream, self.sync_consumer,
+                                         partitions, sync_claim):
+                return False
+            self._log.info("claim contested; letting go and trying again",
+                           partitions=list(partitions))
+            await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
+        except CgroupdError as exc:
+            self._log.warning("could not check the new claim", error=str(exc))
+            with contextlib.suppress(CgroupdError):
+                await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
+        await self._sleep(contest_backoff())
+        return True
+
+    async def _refuse_duplicate_id(self) -> None:
+        """Two processes with one instance id would both pass for the active instance (their
+        consumers' configs would be identical): ask whether someone answers for it."""
+        answer = await self.js.probe(
+            presence_subject(self._key, self.member, self.instance_id), self._probe_timeout)
+        if answer.presence is Presence.ALIVE:
+            raise InstanceIdInUse(
+                f"instance id {self.instance_id!r} is already used by a running instance of "
+                f"group {self.stream}/{self.group} (state {answer.state or 'unknown'}); give "
+                "each process its own id, or none (a random one is chosen)")
+
+    def _presence_text(self) -> str | None:
+        """What this instance answers on its presence subject: its id and state."""
+        state = self.state.value
+        if self.state is MemberState.STANDBY and self._gen is not None:
+            state = "claiming"  # holds the claim, creating its data consumer
+        return f"{self.instance_id} {state}"
+
+    async def _learn_owner(self) -> None:
+        """Read who holds the member's synchronization consumer, to watch it."""
+        try:
+            info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
+        except CgroupdError as exc:
+            self._log.info("could not read the sync consumer's holder", error=str(exc))
+            return
+        if self._out_of_touch_answer(info):
+            # A server out of touch with its cluster (a node just back from a cut): its
+            # answer may name a holder that is long gone, or this very process (the claim
+            # another instance took from us), whose deletion below would be the new
+            # holder's. Read again at the next attempt.
+            self._log.info("sync consumer's holder read from a server out of touch with "
+                           "its cluster; ignored", holder=ConsumerInfo.of(info).meta(INSTANCE_KEY))
+            return
+        meta = ConsumerInfo.of(info).metadata
+        owner = meta.get(INSTANCE_KEY)
+        subject = owner_presence_subject(self._key, meta)
+        if info is None or not owner or not subject or meta.get(HOLDER_KEY):
+            # Gone already, or not a member instance (a Spark query's lease, which answers
+            # no probe): nothing to watch; it ends by itself.
+            self._watch = None
+            return
+        if owner == self.instance_id:
+            if meta.get(TOKEN_KEY) != self._token:
+                raise InstanceIdInUse(
+                    f"another process holds member {self.member} of {self.stream}/"
+                    f"{self.group} under this instance id ({self.instance_id!r}); give each "
+                    "process its own id")
+            # Ours, from an earlier period that could not delete it: drop it and compete.
+            with contextlib.suppress(CgroupdError):
+                await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
+            self._watch = None
+            return
+        if self._watch is None or self._watch.instance != owner \
+                or self._watched_created != info.get("created"):
+            self._watch = OwnerWatch(owner, heard=self._clock(), subject=subject)
+            self._watched_created = info.get("created")
+
+    async def _stand_by(self, timeout: float) -> None:
+        """Wait up to ``timeout`` (a wake ends it early) while watching the active
+        instance: return at once when it is gone, idle, or silent for ``lease +
+        takeover_margin``, so that the next attempt replaces it."""
+        watch, s = self._watch, self.settings
+        self._attempt_due = True  # unless the whole timeout passes with the owner answering
+        if watch is None or s.exclusivity is not Exclusivity.SYNC:
+            await self._close_prober()
+            await self._wait_wake(timeout)
+            return
+        prober = self._prober
+        if prober is None or prober.watch is not watch:
+            await self._close_prober()
+            prober = self._prober = self.js.prober(watch.subject, watch, self._clock,
+                                                   self._wake.set)
+            prober.answer_every = s.presence_answer_every
+        deadline = self._clock() + timeout
+        while not self._wake.is_set():
+            await prober.send()
+            # A "no responders" answer, an advisory or a config change wakes us at once.
+            await self._wait_wake(s.presence_interval)
+            now = self._clock()
+            if self._watch is not watch or watch.replaceable(now, s.lease, s.takeover_margin):
+                return
+            if now >= deadline:
+                self._attempt_due = self._wake.is_set()
+                return
+
+    async def _close_prober(self) -> None:
+        if self._prober is not None:
+            await self._prober.close()
+            self._prober = None
+
+    async def _unseat(self, watch: OwnerWatch) -> bool:
+        """Delete the synchronization consumer of an active instance that is gone, idle, or
+        silent for too long (if it still holds it); True: competing may go on."""
+        s = self.settings
+        if not watch.gone:
+            # One last question before taking over from a silent or idle instance.
+            answer = await self.js.probe(watch.subject, self._probe_timeout)
+            watch.update(answer, self._clock())
+            if not watch.replaceable(self._clock(), s.lease, s.takeover_margin):
+                return False
+            # Other standbys decided at about the same time: spread them out, so that one
+            # is first and the others see it below (no such wait after a crash: speed).
+            await self._sleep(random.uniform(0, 2 * s.presence_interval))
+        # Read the holder right before deleting (another standby may have been quicker).
+        try:
+            info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
+        except CgroupdError as exc:
+            self._log.info("could not read the sync consumer's holder", error=str(exc))
+            return False
+        if self._out_of_touch_answer(info):
+            return False  # out of touch: the holder it names may not be the one deleted
+        if info is None or ConsumerInfo(info).meta(INSTANCE_KEY) != watch.instance \
+                or info.get("created") != self._watched_created:
+            # Released meanwhile, or someone else holds it now: or the watched instance
+            # itself took it again (a step-down for a membership change, then a new
+            # claim: it was idle in between), which is not the claim we saw left over.
+            self._watch = None
+            return True
+        view = ConsumerInfo(info)
+        if not watch.idle and view.num_waiting:
+            self._decline_while_it_pulls(watch, view.leader)
+            return False
+        age = view.age
+        if watch.unseen and not watch.idle and age is not None and age < s.lease:
+            # A claim this young may have no pull request yet (its owner creates its data
+            # consumer first): "no responders" from our server and none at the leader
+            # prove nothing until it is a lease old (issue 29: across a cut, the old owner
+            # took a fresh claim back that way).
+            watch.vouch(self._clock(), s.lease - age)
+            self.stats["takeovers_declined"] += 1
+            self._log.info("not taking over a claim made a moment ago", active=watch.instance,
+                           claim_age=round(age, 3))
+            return False
+        why = "gone" if watch.gone else "idle" if watch.idle else "silent"
+        silent = self._clock() - watch.heard
+        self._log.warning("taking over from the active instance", active=watch.instance,
+                          why=why, silent_for=round(silent, 3))
+        self.stats["takeovers"] += 1
+        try:
+            await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
+            if watch.gone:
+                # Dead: its data consumers can go now too (saves the successor a round
+                # of "overlapping consumer" and presence checks; extra ones are reclaimed).
+                for left in map(ConsumerInfo,
+                                await self.js.list_consumers(self._consume_stream)):
+                    if left.meta(INSTANCE_KEY) == watch.instance \
+                            and left.meta(MEMBER_KEY) == self.member:
+                        self._just_deleted.add(left.name)
+                        await self.js.delete_consumer(self._consume_stream, left.name)
+        except CgroupdError as exc:
+            self._log.warning("could not delete the old owner's consumers", error=str(exc))
+            return False
+        self._watch = None
+        return True
+
+    def _decline_while_it_pulls(self, watch: OwnerWatch, leader: str) -> None:
+        """The consumer's leader holds a pull request of the watched instance, which we
+        were about to replace: it lives, or may (issue 29).
+
+        "No responders" from our server while the leader holds its request: our server
+        lost sight of it, the cluster did not (a cut between two servers). Silence: once
+        the request must be younger than the silence, the instance pulls and only our
+        probes are lost; before that it may be a stalled instance's last request, so it
+        is judged again when that one has expired.
+        """
+        s, now = self.settings, self._clock()
+        silent_for = watch.silent_for(now)
+        if not watch.unseen and not pulled_since_silent(silent_for, s.pull_expires,
+                                                        s.presence_interval):
+            watch.defer(watch.heard + s.pull_expires + s.presence_interval + TRAVEL_SLACK)
+            return
+        watch.vouch(now, min(s.pull_expires, s.lease / 3))
+        self.stats["takeovers_declined"] += 1
+        say = self._log.warning if self.stats["takeovers_declined"] == 1 else self._log.info
+        say("not taking over: the consumer's leader holds the active instance's pull request",
+            active=watch.instance, leader=leader or None,
+            our_server="no responders" if watch.unseen else "no answer",
+            silent_for=round(silent_for, 3))
+
+    async def _add_data_consumer(self, gen: Generation, partitions: tuple[int, ...],
+                                 reclaim: Callable[[], Awaitable[object]] | None = None
+                                 ) -> None:
+        """Create a data consumer for ``partitions`` and pull from it.
+
+        Its name is one of the member's :data:`DATA_SLOTS` (see :func:`data_consumer`):
+        the next after the one this instance used last (never the one it just deleted,
+        whose files the server may still be removing), skipping names that another
+        consumer holds (the previous owner's, still draining or abandoned).
+        Creation fails with 10100 while the previous owner's data consumer still holds
+        some of them: retry until it lets go (reclaiming it if abandoned), up to a bound.
+        ``reclaim`` replaces the reclaim of this member's abandoned consumers (an
+        in-place move takes partitions from other members).
+        """
+        s = self.settings
+        config = self._consumer_config(
+            partition_filters(partitions), inactive_threshold=int(s.inactive_threshold * 1e9),
+            metadata=self._instance_metadata())
+        # Long enough for the previous owner to drain, or its lease to run out.
+        deadline = self._clock() + max(s.drain_timeout, s.lease) + 2 * s.retry_interval
+        taken = 0  # slots found held by other consumers in a row
+        while True:
+            name = data_consumer(self.member, self._data_slot)
+            if name in self._just_deleted and taken < DATA_SLOTS - 1:
+                # We deleted it a moment ago (a predecessor's): the server may still be
+                # removing its files, and a consumer created under that name meanwhile
+                # can store nothing (see _drop_unstored_claim).
+                self._data_slot = (self._data_slot + 1) % DATA_SLOTS
+                taken += 1
+                continue
+            try:
+                await self.js.create_consumer(self._consume_stream, name, config)
+                break
+            except ConsumerExists:
+                # Another consumer has this name: try the next one; every one held
+                # means left-over consumers of this member (reclaimed when abandoned).
+                self._data_slot = (self._data_slot + 1) % DATA_SLOTS
+                taken += 1
+                if taken < DATA_SLOTS:
+                    continue
+                taken = 0
+                if s.reclaim_abandoned:
+                    await self._reclaim_abandoned(gen)
+                if self._clock() > deadline or gen.ended.done() or self._stopping:
+                    raise
+            except WorkQueueOverlap:
+                if reclaim is not None:
+                    await reclaim()
+                elif s.reclaim_abandoned and await self._reclaim_abandoned(gen):
+                    continue
+                if self._clock() > deadline or gen.ended.done() or self._stopping:
+                    raise
+            await self._sleep(min(0.05, s.retry_interval))
+        self._data_slot = (self._data_slot + 1) % DATA_SLOTS
+        self._just_deleted.clear()
+        gen.data[name] = partitions
+        gen.pullers.append(await self._start_puller(gen, name, s.max_in_flight,
+                                                    StepDown.DATA_LOST, deliver=True))
+
+    async def _reclaim_abandoned(self, gen: Generation) -> bool:
+        """Delete data consumers of this member whose instance cannot be using them.
+
+        The server keeps a consumer holding unacknowledged messages until their ack wait
+        runs out, so a crashed owner would block its successor for ``ack_wait``. Every
+        instance answers on its presence subject, with its state; the server itself says
+        "no responders" when the instance's connection is gone. Reclaimed (see
+        :func:`cgroupd.nats.lease.may_reclaim`): a gone instance's consumer at once; a silent
+        one's once we have held the sync consumer for a whole lease (its lease has run out
+        by then); one that answers it is no longer active. A live owner still draining
+        answers, and is left alone: it deletes its consumer itself.
+        """
+        mine = set(gen.data) | {self.sync_consumer}
+        reclaimed = False
+        try:
+            for info in map(ConsumerInfo, await self.js.list_consumers(self._consume_stream)):
+                meta = info.metadata
+                name, owner = info.name, meta.get(INSTANCE_KEY)
+                if name in mine or meta.get(MEMBER_KEY) != self.member or not owner \
+                        or name == self.sync_consumer:
+                    continue
+                subject = owner_presence_subject(self._key, meta)
+                if subject is None:
+                    continue
+                answer = confirm_gone(await self.js.probe(subject, self._probe_timeout),
+                                      info.num_waiting)
+                held = self._clock() - gen.claimed_at
+                if may_reclaim(answer, held, self.settings.lease) and not gen.ended.done():
+                    self._log.warning("reclaiming abandoned data consumer", consumer=name,
+                                      instance=owner, presence=answer.presence.value,
+                                      state=answer.state or None)
+                    self._just_deleted.add(name)
+                    reclaimed |= await self.js.delete_consumer(self._consume_stream, name)
+        except CgroupdError as exc:
+            self._log.warning("could not inspect previous owner's consumer", error=str(exc))
+        return reclaimed
