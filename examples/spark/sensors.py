@@ -52,8 +52,8 @@ import nats.js.errors
 from nats.js import api
 
 from cgroupd import admin
-from cgroupd.config import ElasticGroupConfig, PartitioningFilter
-from cgroupd.jetstream import JetStream
+from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter
+from cgroupd.nats.jetstream import JetStream
 
 STREAM = "SENSORS"
 ALERTS = "ALERTS"
