@@ -19,7 +19,7 @@
     calling          calling a handler, sync or async
 """
 
-from cgroupd.member.supervisor import (
+from cgroupd.core.naming import (
     HOLDER_KEY,
     INSTANCE_KEY,
     MEMBER_KEY,
@@ -27,12 +27,10 @@ from cgroupd.member.supervisor import (
     RESET_KEY,
     SKIP_KEY,
     TOKEN_KEY,
-    Generation,
-    Member,
-    MemberState,
-    StepDown,
-    new_instance_id,
 )
+from cgroupd.member.generation import Generation
+from cgroupd.member.state import MemberState, StepDown, new_instance_id
+from cgroupd.member.supervisor import Member
 
 __all__ = [
     "HOLDER_KEY",

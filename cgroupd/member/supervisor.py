@@ -21,15 +21,6 @@ import asyncio
 import contextlib
 
 from cgroupd.core.errors import GroupNotFound
-from cgroupd.core.naming import (
-    HOLDER_KEY,
-    INSTANCE_KEY,
-    MEMBER_KEY,
-    RELEASED_KEY,
-    RESET_KEY,
-    SKIP_KEY,
-    TOKEN_KEY,
-)
 from cgroupd.core.partitions import member_partitions
 from cgroupd.core.pinning import step_down_subject
 from cgroupd.core.settings import Exclusivity
@@ -42,23 +33,10 @@ from cgroupd.member.rebalance import Rebalance
 from cgroupd.member.rebalance_pinned import PinnedRebalance
 from cgroupd.member.release import Release
 from cgroupd.member.selfcheck import SelfCheck
-from cgroupd.member.state import MemberState, StepDown, new_instance_id
+from cgroupd.member.state import MemberState, StepDown
 from cgroupd.nats.lease import presence_subject
 
-__all__ = [
-    "HOLDER_KEY",
-    "INSTANCE_KEY",
-    "MEMBER_KEY",
-    "RELEASED_KEY",
-    "RESET_KEY",
-    "SKIP_KEY",
-    "TOKEN_KEY",
-    "Generation",
-    "Member",
-    "MemberState",
-    "StepDown",
-    "new_instance_id",
-]
+__all__ = ["Member"]
 
 
 class Member(ConfigWatch, SyncElection, PinnedElection, Rebalance, PinnedRebalance,
