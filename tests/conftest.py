@@ -34,6 +34,10 @@ def pytest_configure(config: pytest.Config) -> None:
     _without_the_developers_nats_context()
     config.addinivalue_line("markers", "cluster: uses a 3-node nats-server cluster (nats_cluster)")
     config.addinivalue_line(
+        "markers", "alone: fault injection or a 3-node cluster; scripts/test.sh runs these "
+                   "after the rest, with nothing beside them (set at collection)"
+    )
+    config.addinivalue_line(
         "markers", "slow: takes seconds (failover, timeouts); deselect with -m 'not slow'"
     )
     config.addinivalue_line(
@@ -48,9 +52,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 #: Tests that must not overlap one another when the suite runs on several workers
 #: (``pytest -n 2 --dist loadgroup``, scripts/test.sh): each group runs in order on one
-#: worker while the other worker takes the rest. Fault injection and 3-node clusters
-#: measure takeover times and own network namespaces; Spark starts a JVM per session;
-#: the console drives one headless Chromium; the interop tests share the reference's venv.
+#: worker while the other worker takes the rest. Spark starts a JVM per session; the
+#: console drives one headless Chromium; the interop tests share the reference's venv.
+#: Fault injection and 3-node clusters are marked ``alone`` as well: they measure
+#: takeover times and own network namespaces, so scripts/test.sh runs them after the
+#: rest, in one process with nothing beside them (on two workers, beside the rest, a
+#: pinned stall test and a pinned toggle test failed in CI runs that pass alone).
 SERIAL_GROUPS = {"faults": "faults", "spark": "spark", "console": "browser"}
 
 
@@ -66,6 +73,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             group = "peer"  # one reference venv, one peer at a time
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+        if group == "faults":
+            item.add_marker(pytest.mark.alone)
 
 
 _HANGDUMP_DISARM = pytest.StashKey[Any]()

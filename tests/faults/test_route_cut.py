@@ -50,6 +50,7 @@ from nats.aio.client import Client
 from cgroupd.core.consumerinfo import ConsumerInfo
 from cgroupd.core.naming import INSTANCE_KEY, sync_consumer
 from cgroupd.core.settings import MemberSettings
+from cgroupd.core.tasks import cancel_and_wait
 from cgroupd.nats import jsapi
 from tests.faults.checks import FaultVerdict, Row, committed
 from tests.faults.injectors import BridgedNamespaces, js_api, move_leader
@@ -333,8 +334,10 @@ async def test_route_cut_between_the_owner_and_standby_servers(
                 cut_at, cut_n = time.time(), pub.published
                 await asyncio.sleep(CUT)  # the fault's duration, not a synchronisation
             finally:
-                watch.cancel()
-                await asyncio.gather(watch, return_exceptions=True)
+                # Cancelled until it ends: nats-py's request can turn a cancellation that
+                # arrives as its timeout fires into a TimeoutError, which the poll catches
+                # (CI on 60bcecc: one cancel was swallowed and the test hung 300 s).
+                await cancel_and_wait(watch)
             left = await asyncio.to_thread(_routes_between, cl, B, A)
             leaders = await _consumer_leaders(sc)
             net.heal(A, B)

@@ -123,7 +123,7 @@ def test_worker_logging_shows_info_lines_on_stderr() -> None:
     INFO lines (lease taken, purges) visible on the process's stderr; a process that
     configured logging keeps its own."""
     script = ("from cgroupd.spark import worker_logging; worker_logging(); "
-              "from cgroupd import logs; "
+              "from cgroupd.core import logs; "
               "logs.get_logger('cgroupd.spark.lease').info('lease taken', group='S/g')")
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=60, check=True)

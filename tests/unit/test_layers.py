@@ -46,7 +46,7 @@ def _imports(path: Path) -> set[str]:
                 raise AssertionError(f"{path}: relative import (use cgroupd.<module>)")
             base = node.module or ""
             names.add(base)
-            # `from cgroupd import jsapi` imports the module cgroupd.nats.jsapi.
+            # `from cgroupd.nats import jsapi` imports the module cgroupd.nats.jsapi.
             names.update(f"{base}.{alias.name}" for alias in node.names)
     return names
 
