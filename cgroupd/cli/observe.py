@@ -18,7 +18,7 @@ from cgroupd.cli.errors import CliError
 from cgroupd.cli.options import Group, Stream
 from cgroupd.core import logs
 from cgroupd.core.errors import CgroupdError
-from cgroupd.core.tasks import nap
+from cgroupd.core.tasks import cancel_and_wait, nap
 from cgroupd.nats import events
 from cgroupd.nats.connect import connect
 from cgroupd.nats.jetstream import JetStream
@@ -206,9 +206,9 @@ def events_(
             stopping = asyncio.ensure_future(stop.wait())
             done, _ = await asyncio.wait({following, stopping}, timeout=timeout or None,
                                          return_when=asyncio.FIRST_COMPLETED)
-            for task in (following, stopping):
-                task.cancel()
-            # Let them end before the connection closes (the follower unsubscribes).
+            # Let them end before the connection closes (the follower unsubscribes),
+            # cancelled until they do (see cgroupd.core.tasks).
+            await asyncio.gather(cancel_and_wait(following), cancel_and_wait(stopping))
             await asyncio.gather(following, stopping, return_exceptions=True)
             if following in done:
                 following.result()

@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 
 from cgroupd import views
 from cgroupd.cli.observe import problem, status_and_instances
+from cgroupd.core.tasks import cancel_and_wait
 from cgroupd.nats import events
 from cgroupd.nats.jetstream import JetStream
 
@@ -187,8 +188,8 @@ class GroupWatch:
         return data
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
+        # Cancelled until each ends (see cgroupd.core.tasks), then their outcomes read.
+        await asyncio.gather(*(cancel_and_wait(task) for task in self._tasks))
         for task in self._tasks:
             with contextlib.suppress(BaseException):
                 await task

@@ -127,6 +127,11 @@ async def test_the_fake_server_gets_credentials_without_tls(
     assert b"CONNECT" in server.received and PASSWORD.encode() in server.received
 
 
+# The client's refused reconnect attempts can leave their socket to the garbage collector
+# (nats-py), as can a connection the fake accepted as it stopped: collected below, in this
+# test, and not counted against it (CI on 28bcb9c: one was collected in a later test).
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
 async def test_a_reconnect_to_a_server_without_tls_sends_nothing(tmp_path: Path) -> None:
     """A client connected over TLS to a real server (user and password) loses it; what
     answers on that address next offers no TLS: the client keeps trying and never sends
@@ -152,7 +157,8 @@ async def test_a_reconnect_to_a_server_without_tls_sends_nothing(tmp_path: Path)
         finally:
             await nc.close()
             await fake.stop()
-        gc.collect()  # a transport left open warns here, in this test, not in a later one
+        nc = fake = None  # type: ignore[assignment]  # what they held is collected here
+        gc.collect()
 
 
 async def _listen(fake: FakeServer, port: int) -> bool:
