@@ -275,7 +275,11 @@ async def test_member_survives_hostile_and_concurrent_record_writers(
         written = await flood
     assert written > 100
     assert m.state is not MemberState.STOPPED and m.stop_reason is None
-    ignored = [e for e in logged if e["event"] == "invalid group record ignored"]
+    # The watch reads the latest record after each notification, so of a burst it may
+    # read only the last: a record that changes the group's shape, logged as ignored too
+    # (CI on b8f56d5, two workers: only those were read during the flood).
+    ignored = [e for e in logged if e["event"] in (
+        "invalid group record ignored", "group record changed more than membership; ignored")]
     assert ignored, "bad records are logged"
     assert not [e for e in logged if e["event"] == "member runtime failed"]
     # Put it right (as an operator would), then everything is processed by m1.
