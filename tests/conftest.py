@@ -73,7 +73,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             group = "peer"  # one reference venv, one peer at a time
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
-        if group == "faults":
+        if group == "faults" or cluster:  # a 3-node cluster in any folder (Spark's too)
             item.add_marker(pytest.mark.alone)
 
 
