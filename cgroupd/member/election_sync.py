@@ -102,6 +102,10 @@ class SyncElection(MemberCore):
             return None
         except CgroupdError as exc:
             self._log.warning("sync consumer create failed", error=str(exc))
+            # Not an answer about the claim: the next attempt is never pointless (CI on
+            # ab8d2b0: after a step-down the standby's create failed with a 500, and with
+            # the old owner answering it waited 15 intervals; test_election_unit).
+            self._attempted_at = -math.inf
             if isinstance(exc, ApiError) and exc.files_lost:
                 await self._drop_unstored_claim()
             return None

@@ -413,3 +413,44 @@ async def test_a_standby_stopped_while_it_claims_does_not_become_active(
     await stopping
     assert MemberState.ACTIVE not in b.__dict__["states"], b.__dict__["states"]
     assert group.server.names(WQ) == set(), "the claim and any data consumer went"
+
+
+class StoreErrorOnce(FakeJetStream):
+    """The server's other order of the same race: the deleted claim's files went first,
+    so the create fails with "error creating store for consumer" and leaves nothing."""
+
+    def __init__(self, server: FakeServer) -> None:
+        super().__init__(server)
+        self.armed = False
+        self.claims: list[float] = []  # when each create of the claim was sent
+
+    async def create_consumer(self, stream: str, name: str, config: dict[str, Any],
+                              action: str = "create") -> dict[str, Any]:
+        if name == "m1":
+            self.claims.append(asyncio.get_running_loop().time())
+            if self.armed:
+                self.armed = False
+                raise ApiError(500, 10012, "error creating store for consumer")
+        return await super().create_consumer(stream, name, config, action)
+
+
+async def test_a_create_that_failed_after_a_step_down_is_tried_again_soon(
+        group: Group) -> None:
+    """CI on ab8d2b0: after an admin step-down the standby's create failed with the
+    server's 500 and left no consumer. The stepped-down owner kept answering its
+    presence, so the standby counted its next attempt pointless for 15 retry intervals
+    (the step-down's deletion had already woken it) and the test's 10 s ran out. A failed
+    create is no answer about the claim: the standby tries again at the next interval."""
+    a = await group.start()
+    await eventually(lambda: a.active, 5, what="a active")
+    js = StoreErrorOnce(group.server)
+    b = Member(js, "ORDERS", "g", "m1", handler, SETTINGS)  # type: ignore[arg-type]
+    await b.start()
+    group.members.append(b)
+    await asyncio.sleep(3 * SETTINGS.lease)  # b stands by, its idle attempts spaced out
+    js.armed = True
+    js.claims.clear()
+    await FakeJetStream(group.server).delete_consumer(WQ, "m1")  # the admin step-down
+    await eventually(lambda: len(js.claims) >= 2, 5, what="b's second create")
+    assert js.claims[1] - js.claims[0] < 3 * SETTINGS.retry_interval  # unfixed: 16
+    await eventually(lambda: b.active, 5, what="the standby active after the step-down")
