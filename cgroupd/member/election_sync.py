@@ -31,10 +31,11 @@ from cgroupd.core.partitions import (
     partition_filters,
     sync_filters,
 )
+from cgroupd.core.retrying import retry_delay
 from cgroupd.core.settings import Exclusivity
 from cgroupd.member.core import MemberCore
 from cgroupd.member.generation import Generation
-from cgroupd.member.rebalance import claim_contested, contest_backoff, sync_claim
+from cgroupd.member.rebalance import contest_backoff, recheck_claim
 from cgroupd.member.state import MemberState, StepDown
 from cgroupd.nats.lease import (
     TRAVEL_SLACK,
@@ -54,6 +55,10 @@ from cgroupd.nats.lease import (
 #: were a sixth of an idle group's API requests. An owner that lost its claim unseen
 #: steps down and answers so: its standby needs no timer to notice.)
 IDLE_ATTEMPT_EVERY = 15
+#: First and longest pause (seconds) between checks of a new claim that the server did
+#: not answer in time (see SyncElection._election_contested).
+CHECK_RETRY_BASE = 0.25
+CHECK_RETRY_CAP = 2.0
 
 
 class SyncElection(MemberCore):
@@ -109,7 +114,7 @@ class SyncElection(MemberCore):
             if isinstance(exc, ApiError) and exc.files_lost:
                 await self._drop_unstored_claim()
             return None
-        if await self._election_contested(partitions):
+        if await self._election_contested(partitions, sync_cfg):
             return None
         self._watch = None
         await self._close_prober()
@@ -155,22 +160,53 @@ class SyncElection(MemberCore):
                 self._log.info("deleting our claim that the server could not store")
                 await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
 
-    async def _election_contested(self, partitions: tuple[int, ...]) -> bool:
+    async def _election_contested(self, partitions: tuple[int, ...],
+                                  config: dict[str, object]) -> bool:
         """Our new sync consumer claims ``partitions``: was another member's claim on some
-        of them accepted at the same moment (see :func:`claim_contested`)? Then ours goes,
-        and the next attempt comes after a random moment. (Two instances of one member
-        compete by the consumer's name, which is a different lock.)"""
-        try:
-            if not await claim_contested(self.js, self._consume_stream, self.sync_consumer,
-                                         partitions, sync_claim):
-                return False
-            self._log.info("claim contested; letting go and trying again",
-                           partitions=list(partitions))
+        of them accepted at the same moment (the server's overlap check races an update:
+        see :func:`recheck_claim`)? Then ours goes, and the next attempt comes after a
+        random moment. (Two instances of one member compete by the consumer's name,
+        which is a different lock.)
+
+        The question is an update of our claim that changes nothing: one small request,
+        where listing the stream's consumers costs as much as the fleet is large (issue
+        27: 500 members started at once, every claim's list timed out and the claim was
+        thrown away, for minutes). A check the server did not answer in time is asked
+        again, later each time, while the claim is kept: nothing starts on it before the
+        check, and a racing claimant's own check still sees it. It is let go once the
+        checks took ``lease``."""
+        give_up = self._clock() + self.settings.lease
+        attempt = 0
+        while True:
+            try:
+                if not await recheck_claim(self.js, self._consume_stream,
+                                           self.sync_consumer, config):
+                    return False
+                self._log.info("claim contested; letting go and trying again",
+                               partitions=list(partitions))
+                break
+            except CgroupdError as exc:
+                if isinstance(exc, ApiError) and exc.files_lost:
+                    # Made while the server removed the files of the claim of that name
+                    # deleted just before: it lives in memory but cannot be written (the
+                    # update says so). Made again at once (see _drop_unstored_claim).
+                    self._log.info("the server lost our new claim's files; making it again")
+                    with contextlib.suppress(CgroupdError):
+                        await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
+                    self._attempted_at = -math.inf
+                    self._wake.set()
+                    return True
+                pause = retry_delay(attempt, CHECK_RETRY_BASE, CHECK_RETRY_CAP)
+                if exc.retriable and self._clock() + pause < give_up \
+                        and not (self._stopping or self._deleted):
+                    attempt += 1
+                    await self._sleep(pause)
+                    continue
+                self._log.warning("could not check the new claim", error=str(exc),
+                                  attempts=attempt + 1)
+                break
+        with contextlib.suppress(CgroupdError):
             await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
-        except CgroupdError as exc:
-            self._log.warning("could not check the new claim", error=str(exc))
-            with contextlib.suppress(CgroupdError):
-                await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
         await self._sleep(contest_backoff())
         return True
 

@@ -67,6 +67,22 @@ async def claim_contested(js: JetStreamPort, stream: str, own: str, gained: Iter
     return bool(await other_holders(js, stream, own, gained, held))
 
 
+async def recheck_claim(js: JetStreamPort, stream: str, own: str,
+                        config: dict[str, object]) -> bool:
+    """After the server accepted our new consumer ``own`` (a claim made with ``config``):
+    was another claim on some of its partitions accepted at the same moment? Asked as an
+    update of ``own`` that changes nothing, which the server checks against the other
+    consumers as they are now (probe: tests/integration/test_workqueue_claim_race.py).
+    Sound for the same reason as :func:`claim_contested`: of two racing claims, the
+    later applied one's check sees the earlier. One small request, whatever the number
+    of consumers (issue 27). True: contested (refused as overlapping)."""
+    try:
+        await js.create_consumer(stream, own, dict(config), action="update")
+    except WorkQueueOverlap:
+        return True
+    return False
+
+
 def contest_backoff() -> float:
     """How long to wait before claiming again after letting a contested claim go."""
     return random.uniform(*CONTEST_BACKOFF)

@@ -10,14 +10,19 @@ bench.fleet --members 500``: docs/performance.md."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 
 import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
 
 from bench import fleet
+from cgroupd.nats.jetstream import JetStream
+from tests.support.groups import Fleet, make_group
+from tests.support.polling import eventually
 
-pytestmark = pytest.mark.slow
 
-
+@pytest.mark.slow
 async def test_two_hundred_instances_start_at_once_and_ride_a_server_restart() -> None:
     result = await fleet.run(argparse.Namespace(members=100, copies=2, processes=2,
                                                 idle=0.0, restart=True, timeout=90.0))
@@ -29,3 +34,28 @@ async def test_two_hundred_instances_start_at_once_and_ride_a_server_restart() -
     # Every message of both rounds processed (a few may run twice after the restart:
     # acks in flight when the server went away; nothing is lost).
     assert result["processed"] - result["processed_twice"] == 2 * 8 * 100, result
+
+
+async def test_a_mass_start_lists_no_consumers(fleet: Fleet, jetstream: JetStream,
+                                                nc: Client) -> None:
+    """Issue 27: every new claim used to list the stream's consumers to find a claim
+    accepted at the same moment; with 500 members starting at once those lists (each as
+    long as the fleet) timed out for minutes. The check is now one update of the claim
+    that changes nothing: a start of many members sends no consumer list at all."""
+    members = [f"m{i}" for i in range(24)]
+    await make_group(jetstream, partitions=48, members=members)
+    lists: list[str] = []
+
+    async def seen(msg: Msg) -> None:
+        lists.append(msg.subject)
+
+    sub = await nc.subscribe("$JS.API.CONSUMER.LIST.>", cb=seen)
+    names = await nc.subscribe("$JS.API.CONSUMER.NAMES.>", cb=seen)
+    await asyncio.gather(*(fleet.add(m) for m in members), *(fleet.add(m) for m in members))
+    await eventually(lambda: len(fleet.active()) == len(members), 30,
+                     what="one active instance per member")
+    await nc.flush()
+    await sub.unsubscribe()
+    await names.unsubscribe()
+    assert sorted(m.member for m in fleet.active()) == sorted(members)
+    assert lists == []

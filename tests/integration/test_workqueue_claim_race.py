@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from nats.aio.client import Client
 
 from cgroupd.core.errors import WorkQueueOverlap
@@ -85,3 +86,25 @@ async def test_a_create_races_an_update_but_not_another_create(
         await _claim(jetstream, "U", ["a.1"])
     assert mixed > 0, f"a create and an update both accepted in 0 of {TRIES} tries"
     assert creates == 0, f"two creates both accepted in {creates} of {TRIES} tries"
+
+
+async def test_an_update_that_changes_nothing_checks_the_overlap_again(
+        jetstream: JetStream, nc: Client) -> None:
+    """What a new claim's check relies on (issue 27, :func:`cgroupd.member.rebalance.
+    recheck_claim`): once a create and an update were both accepted, an update of either
+    that changes nothing is refused as overlapping, so the later claim's own check finds
+    the race without listing the stream's consumers."""
+    js = nc.jetstream()
+    await js.add_stream(name="WQ", subjects=["a.>", "b.>", "x.>"], retention="workqueue")
+    for name, own in (("A", "a.1"), ("B", "b.1")):
+        await _create(jetstream, name, [own])
+    for i in range(TRIES):
+        both = await asyncio.gather(_claim(jetstream, "A", ["a.1", f"x.c{i}"]),
+                                    _create(jetstream, f"C{i}", [f"x.c{i}"]))
+        if all(both):
+            break
+    else:
+        pytest.fail(f"a create and an update both accepted in 0 of {TRIES} tries")
+    again = await asyncio.gather(_claim(jetstream, "A", ["a.1", f"x.c{i}"]),
+                                 _claim(jetstream, f"C{i}", [f"x.c{i}"]))
+    assert again == [False, False], again

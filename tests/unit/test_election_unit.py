@@ -286,6 +286,8 @@ class FilesLostOnce(FakeJetStream):
 
     async def create_consumer(self, stream: str, name: str, config: dict[str, Any],
                               action: str = "create") -> dict[str, Any]:
+        if name == "m1" and (stream, name) not in self.server.consumers:
+            self.broken = False  # deleted: a create now makes a sound one
         if name == "m1" and not self.failed:
             await super().create_consumer(stream, name, config, action)
             self.broken = True
@@ -454,3 +456,36 @@ async def test_a_create_that_failed_after_a_step_down_is_tried_again_soon(
     await eventually(lambda: len(js.claims) >= 2, 5, what="b's second create")
     assert js.claims[1] - js.claims[0] < 3 * SETTINGS.retry_interval  # unfixed: 16
     await eventually(lambda: b.active, 5, what="the standby active after the step-down")
+
+
+class CheckFindsFilesLost(FakeJetStream):
+    """The first check of a new claim (an update that changes nothing) fails as the
+    server's update does when the claim's files went with the deleted one's."""
+
+    def __init__(self, server: FakeServer) -> None:
+        super().__init__(server)
+        self.calls: list[str] = []
+
+    async def create_consumer(self, stream: str, name: str, config: dict[str, Any],
+                              action: str = "create") -> dict[str, Any]:
+        if name == "m1":
+            self.calls.append(action)
+            if self.calls == ["create", "update"]:
+                raise ApiError(500, 10012, FilesLostOnce.ERROR)
+        return await super().create_consumer(stream, name, config, action)
+
+
+async def test_a_claim_whose_check_finds_its_files_lost_is_made_again_at_once(
+        group: Group) -> None:
+    """Seen on a real server after a SIGTERM hand-over: the standby's create was accepted
+    while the old claim's files were being removed, and the check's update could not
+    write them. The claim is deleted and made again without waiting a retry interval."""
+    js = CheckFindsFilesLost(group.server)
+    a = Member(js, "ORDERS", "g", "m1", handler, SETTINGS)  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await a.start()
+    group.members.append(a)
+    await eventually(lambda: a.active, 5, what="a active")
+    assert js.calls == ["create", "update", "create", "update"]
+    assert loop.time() - began < SETTINGS.retry_interval
