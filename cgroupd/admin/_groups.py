@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +36,7 @@ from cgroupd.core.errors import (
 )
 from cgroupd.core.naming import INSTANCE_KEY, MEMBER_KEY
 from cgroupd.core.records import elastic_from_json, static_from_json
+from cgroupd.core.retrying import retry_delay
 from cgroupd.nats.groupstreams import (
     StreamInfo,
     ensure_bucket,
@@ -97,7 +98,8 @@ async def _create_record(js: JetStream, bucket: str, stream: str, group: str,
     existing = await js.get_record(bucket, key)
     if existing is None or existing.value is None:
         try:
-            return await js.create_record(bucket, key, config.to_json())
+            return await _stored_once_available(
+                lambda: js.create_record(bucket, key, config.to_json()))
         except ConflictError:
             existing = await js.get_record(bucket, key)
             if existing is None or existing.value is None:
@@ -111,6 +113,30 @@ async def _create_record(js: JetStream, bucket: str, stream: str, group: str,
             f"group {stream}/{group} already exists with a different configuration; "
             "delete it first or change only its members")
     return None
+
+
+#: How long a record write waits for the bucket's stream to answer (seconds): a bucket
+#: just made on a cluster has no leader for a moment, and a write then gets "no
+#: responders" (CI on 8b9f385: test_admin.py::test_r3_group_on_cluster).
+BUCKET_READY_WAIT = 10.0
+
+
+async def _stored_once_available(write: Callable[[], Awaitable[int]]) -> int:
+    """``write`` retried, with jittered backoff, while it fails in passing (a stream
+    electing its leader, a server busy), for up to :data:`BUCKET_READY_WAIT`."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + BUCKET_READY_WAIT
+    attempt = 0
+    while True:
+        try:
+            return await write()
+        except CgroupdError as exc:
+            pause = retry_delay(attempt, 0.1, 1.0)
+            if isinstance(exc, ConflictError) or not exc.retriable \
+                    or loop.time() + pause > give_up:
+                raise
+        await asyncio.sleep(pause)
+        attempt += 1
 
 
 async def _check_other_kind(js: JetStream, stream: str, group: str, creating: str) -> None:
