@@ -26,7 +26,8 @@ instances at once: a mass start). It reports
     partition that changed owner, the seconds from the config change until its new owner
     processed one of its messages published after the change (``reowned_s_p50``,
     ``reowned_s_max``; ``reowned`` of ``moved_partitions``). It includes the wait for the
-    partition's next message: about partitions / rate seconds apart.
+    partition's next message: ``traffic_partition_interval_s`` (partitions / rate) apart
+    on average.
   - ``--kill K``: one instance of each of the last K members runs in a worker of its own,
     started (and active) before the rest; under traffic that worker gets SIGKILL. Per
     victim member, the seconds from the kill until another instance of it processed a
@@ -451,7 +452,10 @@ async def under_traffic(srv: NatsServer, fleet: Fleet, plan: Plan,
     """Keyed traffic at ``plan.rate``; under it, members added (re-ownership), then the
     victims' worker killed (failover); then what was lost or run twice."""
     keys = KEYS_PER_PARTITION * plan.partitions
-    result: dict[str, Any] = {"traffic_rate": plan.rate, "traffic_keys": keys}
+    # Mean time between two messages of one partition: part of every wait below.
+    result: dict[str, Any] = {"traffic_rate": plan.rate, "traffic_keys": keys,
+                              "traffic_partition_interval_s": round(
+                                  plan.partitions / plan.rate, 4)}
     records = Records(fleet.records_dir)
     traffic = await KeyedTraffic(srv.url, STREAM.lower(), plan.rate, keys=keys).start()
     t_kill = None
