@@ -388,16 +388,20 @@ async def publish_keyed(nc: Client, prefix: str, count: int, keys: int = 64,
 class KeyedTraffic:
     """Steady keyed traffic at ``rate`` msg/s from a :mod:`bench.traffic` process, until
     :meth:`stop`. :meth:`mark` adds fields to a coming message (e.g. ``block``: the
-    recording handler then blocks its event loop that long, once) and returns its ``n``."""
+    recording handler then blocks its event loop that long, once) and returns its ``n``.
+    With ``stamp`` each payload carries its publish time (``pt``)."""
 
-    def __init__(self, url: str, prefix: str, rate: float, keys: int = 64) -> None:
+    def __init__(self, url: str, prefix: str, rate: float, keys: int = 64,
+                 stamp: bool = False) -> None:
         self.url, self.prefix, self.rate, self.keys = url, prefix, rate, keys
+        self.stamp = stamp
         self._proc: asyncio.subprocess.Process | None = None
 
     async def start(self) -> KeyedTraffic:
         self._proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bench.traffic", self.url, self.prefix, str(self.rate),
-            str(self.keys), cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            str(self.keys), *(["stamp"] if self.stamp else []), cwd=ROOT,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         if (await self._answer()).get("ready") is not True:
             raise RuntimeError("the traffic process did not start")
         return self

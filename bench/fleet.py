@@ -27,11 +27,17 @@ instances at once: a mass start). It reports
     processed one of its messages published after the change (``reowned_s_p50``,
     ``reowned_s_max``; ``reowned`` of ``moved_partitions``). It includes the wait for the
     partition's next message: ``traffic_partition_interval_s`` (partitions / rate) apart
-    on average.
+    on average. Apart from that wait (each payload carries its publish time): the
+    publish-to-processed seconds of the moved partitions' messages published between the
+    change and their partition's re-ownership (``moved_latency_s_p50``, ``_max``), and of
+    the other partitions' from the change to the last re-ownership, the baseline
+    (``unmoved_latency_s_*``).
   - ``--kill K``: one instance of each of the last K members runs in a worker of its own,
     started (and active) before the rest; under traffic that worker gets SIGKILL. Per
     victim member, the seconds from the kill until another instance of it processed a
-    message (``failover_s_p50``, ``failover_s_max``; ``failed_over`` of ``kill_victims``).
+    message (``failover_s_p50``, ``failover_s_max``; ``failed_over`` of ``kill_victims``),
+    and the publish-to-processed seconds of the victims' partitions' messages published
+    from the kill to their member's failover (``victim_latency_s_p50``, ``_max``).
   - over the whole traffic: ``traffic_published``, ``traffic_lost``,
     ``traffic_processed_twice`` (of them ``traffic_processed_twice_before_kill``: the
     add's), ``traffic_order_violations`` (per key; a kill's redone tail allowed);
@@ -50,6 +56,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -75,6 +82,7 @@ from bench.common import (
 from cgroupd import admin
 from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter
 from cgroupd.core.errors import CgroupdError, ServerBusy
+from cgroupd.core.partitions import owners
 from cgroupd.core.retrying import retry_delay
 from cgroupd.core.settings import MemberSettings
 from cgroupd.member import Member, MemberState
@@ -117,7 +125,7 @@ def _handler(member: str, instance: str) -> Callable[[Any], Awaitable[None]]:
         _Events.file.write(json.dumps({
             "event": "end", "instance": instance, "member": member, "t": time.time(),
             "subject": body["key"], "n": body["n"], "partition": msg.partition,
-            "seq": msg.stream_sequence}) + "\n")
+            "seq": msg.stream_sequence, "pt": body.get("pt")}) + "\n")
     return handle
 
 
@@ -457,16 +465,21 @@ async def under_traffic(srv: NatsServer, fleet: Fleet, plan: Plan,
                               "traffic_partition_interval_s": round(
                                   plan.partitions / plan.rate, 4)}
     records = Records(fleet.records_dir)
-    traffic = await KeyedTraffic(srv.url, STREAM.lower(), plan.rate, keys=keys).start()
+    traffic = await KeyedTraffic(srv.url, STREAM.lower(), plan.rate, keys=keys,
+                                 stamp=True).start()
     t_kill = None
+    #: Per measure, per partition: the publish times whose messages waited on a change.
+    windows: dict[str, Windows] = {}
     try:
         await wait_for(lambda: bool(records.poll() or True) and len(records.ends())
                        >= plan.rate / 4, plan.timeout, 0.1, "traffic to flow")
         if plan.add:
-            await _add(srv, fleet, plan, traffic, records, result)
+            windows["moved"], windows["unmoved"] = await _add(srv, fleet, plan, traffic,
+                                                              records, result)
         if plan.kill:
             assert victim_worker is not None
-            t_kill = await _kill(fleet, plan, victim_worker, records, result)
+            t_kill, windows["victim"] = await _kill(srv, fleet, plan, victim_worker,
+                                                    records, result)
         await asyncio.sleep(plan.window)  # traffic after the last change
     finally:
         sent = await traffic.stop()
@@ -481,13 +494,33 @@ async def under_traffic(srv: NatsServer, fleet: Fleet, plan: Plan,
         before = [e["n"] for e in records.ends() if e["t"] < t_kill]
         result["traffic_processed_twice_before_kill"] = len(before) - len(set(before))
     result["traffic_order_violations"] = len(verdict.order_violations)
+    for name, chosen in windows.items():
+        _seconds(result, f"{name}_latency", waited(records.ends(), chosen))
     return result
 
 
+#: Partition -> (from, to): publish times of interest.
+Windows = dict[int, tuple[float, float]]
+
+
+def waited(ends: list[dict[str, Any]], windows: Windows) -> list[float]:
+    """Publish-to-processed seconds of every message of the windows' partitions published
+    within its partition's window (its first completion): what a change made messages
+    wait, apart from the wait for traffic."""
+    first: dict[int, dict[str, Any]] = {}
+    for e in sorted(ends, key=lambda e: e["t"]):
+        window, pt = windows.get(e["partition"]), e.get("pt")
+        if window is not None and pt is not None and window[0] <= pt <= window[1]:
+            first.setdefault(e["n"], e)
+    return [e["t"] - e["pt"] for e in first.values()]
+
+
 async def _add(srv: NatsServer, fleet: Fleet, plan: Plan, traffic: KeyedTraffic,
-               records: Records, result: dict[str, Any]) -> None:
+               records: Records, result: dict[str, Any]) -> tuple[Windows, Windows]:
     """Start the added members' instances (as non-members, standby), then add them to
-    the config in one write; how long each moved partition took to be served again."""
+    the config in one write; how long each moved partition took to be served again.
+    Returns the windows of the moved partitions (from the change to their re-ownership)
+    and of the others (from the change to the last re-ownership: the baseline)."""
     added = [f"{m}-{i}" for m in plan.added() for i in range(plan.copies)]
     fleet.start_worker(added)
     await wait_for(lambda: fleet.in_state(added, "standby", "active"), plan.timeout, 0.2,
@@ -507,13 +540,20 @@ async def _add(srv: NatsServer, fleet: Fleet, plan: Plan, traffic: KeyedTraffic,
     _seconds(result, "reowned", reowned.seconds())
     await _quietly(lambda: len(fleet.active_members()) == plan.partitions, plan.timeout)
     result["active_members_after_add"] = len(fleet.active_members())
+    last = max(reowned.firsts.values(), default=t0)
+    moved = {p: (t0, reowned.firsts.get(p, math.inf)) for p in reowned.moved}
+    unmoved = {p: (t0, last) for p in range(plan.partitions) if p not in reowned.moved}
+    return moved, unmoved
 
 
-async def _kill(fleet: Fleet, plan: Plan, worker: int, records: Records,
-                result: dict[str, Any]) -> float:
+async def _kill(srv: NatsServer, fleet: Fleet, plan: Plan, worker: int, records: Records,
+                result: dict[str, Any]) -> tuple[float, Windows]:
     """SIGKILL the victims' worker; per victim member, how long until another of its
-    instances processed a message. The moment of the kill."""
+    instances processed a message. Returns the moment of the kill and the windows of the
+    victims' partitions (from the kill to their member's failover)."""
     victims = {member_of_instance(n): n for n in plan.victims()}
+    async with connected(srv.url) as js:
+        owner = owners((await admin.get_group(js, STREAM, GROUP)).config)
     result["kill_victims"] = len(victims)
     result["victims_active_at_kill"] = sum(
         s.get("state") == "active" for n, s in fleet.states().items() if n in victims.values())
@@ -533,7 +573,8 @@ async def _kill(fleet: Fleet, plan: Plan, worker: int, records: Records,
     await _quietly(failed_over, plan.timeout)
     result["failed_over"] = len(firsts)
     _seconds(result, "failover", [t - t_kill for t in firsts.values()])
-    return t_kill
+    return t_kill, {p: (t_kill, firsts.get(m, math.inf)) for p, m in owner.items()
+                    if m in victims}
 
 
 @contextlib.contextmanager

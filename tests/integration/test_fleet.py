@@ -52,9 +52,11 @@ async def test_members_added_and_instances_killed_under_traffic() -> None:
     assert result["moved_partitions"] > 0, result
     assert result["reowned"] == result["moved_partitions"], result
     assert result["reowned_s_max"] is not None, result
+    assert result["moved_latency_s_max"] is not None, result
     assert result["active_members_after_add"] == 24, result
     assert result["victims_active_at_kill"] == 2, result
     assert result["failed_over"] == result["kill_victims"] == 2, result
+    assert result["victim_latency_s_max"] is not None, result
     assert result["traffic_published"] > 0 and result["traffic_lost"] == 0, result
     assert result["traffic_processed_twice_before_kill"] == 0, result
     assert result["traffic_order_violations"] == 0, result
