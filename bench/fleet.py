@@ -38,6 +38,10 @@ instances at once: a mass start). It reports
     message (``failover_s_p50``, ``failover_s_max``; ``failed_over`` of ``kill_victims``),
     and the publish-to-processed seconds of the victims' partitions' messages published
     from the kill to their member's failover (``victim_latency_s_p50``, ``_max``).
+  - while the traffic runs: ``traffic_server_cpu_pct``, ``traffic_workers_cpu_pct`` (the
+    workers started first, the killed one apart, together) and
+    ``traffic_load_average_1min`` (before, after): a machine that did not keep up shows
+    in every wait above;
   - over the whole traffic: ``traffic_published``, ``traffic_lost``,
     ``traffic_processed_twice`` (of them ``traffic_processed_twice_before_kill``: the
     add's), ``traffic_order_violations`` (per key; a kill's redone tail allowed);
@@ -470,6 +474,11 @@ async def under_traffic(srv: NatsServer, fleet: Fleet, plan: Plan,
     t_kill = None
     #: Per measure, per partition: the publish times whose messages waited on a change.
     windows: dict[str, Windows] = {}
+    # Whether the machine kept up: a saturated one shows in every wait below.
+    assert srv.pid is not None
+    workers = [p.pid for n, p in enumerate(fleet.procs) if n != victim_worker]
+    meter = CpuMeter([srv.pid, *workers]).start()
+    load_before = os.getloadavg()[0]
     try:
         await wait_for(lambda: bool(records.poll() or True) and len(records.ends())
                        >= plan.rate / 4, plan.timeout, 0.1, "traffic to flow")
@@ -483,6 +492,14 @@ async def under_traffic(srv: NatsServer, fleet: Fleet, plan: Plan,
         await asyncio.sleep(plan.window)  # traffic after the last change
     finally:
         sent = await traffic.stop()
+    used = meter.stop()
+    result["traffic_seconds"] = round(meter.wall, 1)
+    result["traffic_server_cpu_pct"] = round(100 * used[srv.pid] / meter.wall, 1)
+    # The fleet's workers from the start (not the added or the killed one), together.
+    result["traffic_workers_cpu_pct"] = round(
+        100 * sum(used[pid] for pid in workers) / meter.wall, 1)
+    result["traffic_load_average_1min"] = [round(load_before, 2),
+                                           round(os.getloadavg()[0], 2)]
     want = {n for _, n in sent}
     await _quietly(lambda: bool(records.poll() or True)
                    and want <= {e["n"] for e in records.ends()}, plan.timeout)
