@@ -487,6 +487,8 @@ async def under_traffic(srv: NatsServer, fleet: Fleet, plan: Plan,
                                                               records, result)
         if plan.kill:
             assert victim_worker is not None
+            if plan.add:
+                await asyncio.sleep(plan.window)  # the add settles: the kill comes apart
             t_kill, windows["victim"] = await _kill(srv, fleet, plan, victim_worker,
                                                     records, result)
         await asyncio.sleep(plan.window)  # traffic after the last change
