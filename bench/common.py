@@ -9,12 +9,13 @@ import json
 import os
 import platform
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,8 @@ from nats.aio.msg import Msg
 from nats.js import api
 
 from cgroupd import admin
-from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter
+from cgroupd.core.config import ElasticGroupConfig, GroupConfig, PartitioningFilter
+from cgroupd.core.partitions import moved_partitions, owners
 from cgroupd.nats.jetstream import JetStream
 from tests.support.natsserver import NatsServer, client_options, find_free_port
 from tests.support.polling import eventually
@@ -233,6 +235,47 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[rank - 1]
 
 
+def percentiles(values: Iterable[float]) -> dict[str, float | None]:
+    """p50, p99 (nearest rank) and max of some seconds, rounded to the millisecond."""
+    ordered = sorted(values)
+    if not ordered:
+        return {"p50": None, "p99": None, "max": None}
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return {"p50": round(statistics.median(ordered), 3), "p99": round(p99, 3),
+            "max": round(ordered[-1], 3)}
+
+
+class Reowned:
+    """When each partition that a config change moved was first served by its new owner.
+
+    A partition counts as re-owned at the first completion, after ``t0`` (the moment of
+    the change), by an instance of the member that owns it in ``after``; with
+    ``first_n``, only of a message numbered ``first_n`` or later (published after the
+    change), so a backlog drained early does not count. ``member_of`` names the member of
+    a record's event. Feed it the events as they are read (:meth:`see`)."""
+
+    def __init__(self, before: GroupConfig, after: GroupConfig, t0: float,
+                 member_of: Callable[[dict[str, Any]], str | None], first_n: int = 0) -> None:
+        self.new_owner = owners(after)
+        self.moved = {p for p in moved_partitions(before, after) if p in self.new_owner}
+        self.t0, self.member_of, self.first_n = t0, member_of, first_n
+        self.firsts: dict[int, float] = {}
+
+    def see(self, events: Iterable[dict[str, Any]]) -> bool:
+        """Take new events in; whether every moved partition was re-owned."""
+        for e in events:
+            p = e.get("partition")
+            if (e["event"] == "end" and e["t"] > self.t0 and p in self.moved
+                    and p not in self.firsts and e.get("n", 0) >= self.first_n
+                    and self.member_of(e) == self.new_owner[p]):
+                self.firsts[p] = e["t"]
+        return len(self.firsts) == len(self.moved)
+
+    def seconds(self) -> list[float]:
+        """Per re-owned partition, seconds from the change to its first completion."""
+        return [t - self.t0 for t in self.firsts.values()]
+
+
 def emit(result: dict[str, Any]) -> None:
     print(json.dumps(result, indent=2, sort_keys=True))
 
@@ -345,16 +388,20 @@ async def publish_keyed(nc: Client, prefix: str, count: int, keys: int = 64,
 class KeyedTraffic:
     """Steady keyed traffic at ``rate`` msg/s from a :mod:`bench.traffic` process, until
     :meth:`stop`. :meth:`mark` adds fields to a coming message (e.g. ``block``: the
-    recording handler then blocks its event loop that long, once) and returns its ``n``."""
+    recording handler then blocks its event loop that long, once) and returns its ``n``.
+    With ``stamp`` each payload carries its publish time (``pt``)."""
 
-    def __init__(self, url: str, prefix: str, rate: float, keys: int = 64) -> None:
+    def __init__(self, url: str, prefix: str, rate: float, keys: int = 64,
+                 stamp: bool = False) -> None:
         self.url, self.prefix, self.rate, self.keys = url, prefix, rate, keys
+        self.stamp = stamp
         self._proc: asyncio.subprocess.Process | None = None
 
     async def start(self) -> KeyedTraffic:
         self._proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bench.traffic", self.url, self.prefix, str(self.rate),
-            str(self.keys), cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            str(self.keys), *(["stamp"] if self.stamp else []), cwd=ROOT,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         if (await self._answer()).get("ready") is not True:
             raise RuntimeError("the traffic process did not start")
         return self

@@ -43,8 +43,10 @@ from bench.common import (
     KeyedTraffic,
     Members,
     Records,
+    Reowned,
     emit,
     machine,
+    percentiles,
     rss_mb,
     server,
     wait_for,
@@ -52,7 +54,6 @@ from bench.common import (
 from bench.footprint import ServerTraffic, sniff
 from cgroupd import admin
 from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter
-from cgroupd.core.partitions import moved_partitions, owners
 from cgroupd.nats.jetstream import JetStream
 from tests.support.groups import check
 from tests.support.natsserver import NatsServer, client_options
@@ -209,24 +210,14 @@ async def add_members(shape: Shape, js: JetStream, procs: Members, records: Reco
     before = (await admin.get_group(js, "SCALE", "g")).config
     t0 = time.time()
     after = await admin.add_members(js, "SCALE", "g", added)
-    moved = moved_partitions(before, after)
-    new_owner = owners(after)
     member_of = {f"cgroupd-{p.pid}": m for m, p in procs.procs}
-
-    firsts: dict[int, float] = {}
-
-    def reowned() -> bool:
-        """Whether every moved partition was processed by its new owner (new records
-        only: a poll costs what was written since the last one)."""
-        for e in records.poll():
-            p = e["partition"]
-            if (e["event"] == "end" and e["t"] > t0 and p in moved and p not in firsts
-                    and member_of.get(e["instance"]) == new_owner[p]):
-                firsts[p] = e["t"]
-        return len(firsts) == len(moved)
+    reowned = Reowned(before, after, t0, lambda e: member_of.get(e["instance"]))
+    moved, firsts = reowned.moved, reowned.firsts
 
     try:
-        await wait_for(reowned, 120, 0.1, "every moved partition processed by its new owner")
+        # New records only: a poll costs what was written since the last one.
+        await wait_for(lambda: reowned.see(records.poll()), 120, 0.1,
+                       "every moved partition processed by its new owner")
     finally:
         t_all = max(firsts.values(), default=t0)
         await asyncio.sleep(shape.window)  # traffic after the change, for the gap measure
@@ -264,15 +255,6 @@ def longest_gap(records: Records, start: float, end: float) -> dict[str, Any]:
         if gap > worst:
             worst, where = gap, p
     return {"seconds": round(worst, 3), "partition": where}
-
-
-def percentiles(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"p50": None, "p99": None, "max": None}
-    ordered = sorted(values)
-    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-    return {"p50": round(statistics.median(ordered), 3), "p99": round(p99, 3),
-            "max": round(ordered[-1], 3)}
 
 
 def handover_gaps(records: Records, firsts: dict[int, float]) -> dict[str, Any]:

@@ -11,7 +11,9 @@ a line, answered on stdout in order:
   (messages ``0 .. COUNT-1``) and exits.
 
 It prints ``{"ready": true}`` once connected. Usage:
-``python -m bench.traffic URL PREFIX RATE KEYS``.
+``python -m bench.traffic URL PREFIX RATE KEYS [stamp]``; with ``stamp`` every payload
+carries ``"pt"``, its publish time (``time.time()``), so a reader can tell how long a
+message waited.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import nats
 from bench.common import Publisher, keyed_payload
 
 
-async def main(url: str, prefix: str, rate: float, keys: int) -> None:
+async def main(url: str, prefix: str, rate: float, keys: int, stamp: bool = False) -> None:
     nc = await nats.connect(servers=[url], connect_timeout=2, reconnect_time_wait=0.1,
                             max_reconnect_attempts=-1)
     extra: dict[int, dict[str, Any]] = {}
@@ -58,7 +60,10 @@ async def main(url: str, prefix: str, rate: float, keys: int) -> None:
         began = time.monotonic()
         while not stop.is_set():
             subject = f"{prefix}.k{n % keys}"
-            await pub.send(subject, keyed_payload(subject, n, **extra.pop(n, {})))
+            fields = extra.pop(n, {})
+            if stamp:
+                fields["pt"] = time.time()
+            await pub.send(subject, keyed_payload(subject, n, **fields))
             n += 1
             delay = began + n / rate - time.monotonic()
             if delay > 0:
@@ -70,4 +75,5 @@ async def main(url: str, prefix: str, rate: float, keys: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])))
+    asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]),
+                     sys.argv[5:6] == ["stamp"]))

@@ -4,8 +4,9 @@ connection each in 2 worker processes (``bench.fleet``), all started at once on 
 server, then the server restarted under them. Every member must get an active instance,
 no instance may die (a start that fails, a runtime that stops by itself) and no worker
 exit, and a round of messages over every partition must be processed after the start and
-again after the restart, none lost. The full-size run (500 x 2) is ``python -m
-bench.fleet --members 500``: docs/performance.md."""
+again after the restart, none lost. Members added and instances killed under traffic are
+measured at a smaller shape. The full-size run (500 x 2) is ``python -m bench.fleet
+--members 500``: docs/performance.md."""
 
 from __future__ import annotations
 
@@ -34,6 +35,31 @@ async def test_two_hundred_instances_start_at_once_and_ride_a_server_restart() -
     # Every message of both rounds processed (a few may run twice after the restart:
     # acks in flight when the server went away; nothing is lost).
     assert result["processed"] - result["processed_twice"] == 2 * 8 * 100, result
+
+
+@pytest.mark.slow
+async def test_members_added_and_instances_killed_under_traffic() -> None:
+    """Issue 27's re-ownership and kill -9 measures at a small shape: 20 members x 2,
+    then 4 members added under 1,000 msg/s (every partition that moved is served by its
+    new owner, without a message run twice), then the worker holding the active
+    instances of 2 members killed (each of them fails over to its standby); nothing of
+    the traffic is lost and no instance or other worker dies."""
+    result = await fleet.run(argparse.Namespace(
+        members=20, copies=2, processes=2, idle=0.0, restart=False, timeout=30.0,
+        add=4, kill=2, rate=1000.0))
+    assert result["died"] == 0 and result["workers_exited"] == 0, result
+    assert result["all_active_s"] is not None, result
+    assert result["moved_partitions"] > 0, result
+    assert result["reowned"] == result["moved_partitions"], result
+    assert result["reowned_s_max"] is not None, result
+    assert result["moved_latency_s_max"] is not None, result
+    assert result["active_members_after_add"] == 24, result
+    assert result["victims_active_at_kill"] == 2, result
+    assert result["failed_over"] == result["kill_victims"] == 2, result
+    assert result["victim_latency_s_max"] is not None, result
+    assert result["traffic_published"] > 0 and result["traffic_lost"] == 0, result
+    assert result["traffic_processed_twice_before_kill"] == 0, result
+    assert result["traffic_order_violations"] == 0, result
 
 
 async def test_a_mass_start_lists_no_consumers(fleet: Fleet, jetstream: JetStream,

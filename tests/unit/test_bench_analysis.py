@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from bench import failover, profile, table, throughput, variant
-from bench.common import Records
+from bench import failover, fleet, profile, table, throughput, variant
+from bench.common import Records, Reowned
+from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter
 
 
 def _event(event: str, instance: str, n: int, t: float, seq: int | None = None) -> dict[str, Any]:
@@ -33,6 +34,44 @@ def test_records_read_only_complete_lines(tmp_path: Path) -> None:
     assert [e["n"] for e in records.poll()] == [2]
     assert records.count_ends() == 2
     assert records.poll() == []
+
+
+def _end(member: str, partition: int, n: int, t: float, pt: float | None = None
+         ) -> dict[str, Any]:
+    return {"event": "end", "instance": f"{member}-0", "member": member, "t": t, "n": n,
+            "partition": partition, "pt": pt}
+
+
+def test_a_moved_partition_is_reowned_by_its_new_owner_with_new_traffic() -> None:
+    """Members a, b own partitions 0-1 and 2-3; c and d added at t=1.0 take 2 and 3 and
+    b moves to 1. Only a completion after the change, by the new owner, of a message
+    published after the change (n >= 100) counts."""
+    def config(*members: str) -> ElasticGroupConfig:
+        return ElasticGroupConfig(max_members=4, members=members,
+                                  partitioning_filters=(PartitioningFilter("x.*", (1,)),))
+
+    reowned = Reowned(config("a", "b"), config("a", "b", "c", "d"), 1.0,
+                      lambda e: e["member"], first_n=100)
+    assert reowned.moved == {1, 2, 3}
+    assert not reowned.see([
+        _end("b", 1, 101, 0.5),  # before the change
+        _end("a", 1, 102, 1.2),  # the old owner, still at it
+        _end("b", 1, 99, 1.3),  # the new owner, but a backlog message
+        _end("b", 1, 103, 1.4),
+        _end("c", 2, 104, 1.1),
+        _end("a", 0, 105, 1.1),  # not moved
+    ])
+    assert reowned.see([_end("d", 3, 106, 2.0)])
+    assert sorted(round(s, 3) for s in reowned.seconds()) == [0.1, 0.4, 1.0]
+
+
+def test_fleet_latency_counts_each_message_once_within_its_window() -> None:
+    """Publish to first completion, for messages of the windows' partitions published
+    within their window; a rerun, another partition or an unstamped message is not."""
+    ends = [_end("b", 1, 5, 1.35, pt=1.1), _end("c", 1, 5, 1.6, pt=1.1),
+            _end("b", 1, 6, 1.7, pt=1.5), _end("b", 2, 7, 1.3, pt=1.1),
+            _end("b", 1, 8, 1.3)]
+    assert [round(s, 3) for s in fleet.waited(ends, {1: (1.0, 1.4)})] == [0.25]
 
 
 def test_a_stall_taken_over_is_judged() -> None:
