@@ -77,6 +77,12 @@ class Generation:
     pin_lease: PinLease | None = None
     pinned_at: float = 0.0
     renewal: asyncio.Future[bool] | None = None
+    #: Pinned mode: the pin went with a consumer leader change and nothing starts until
+    #: we are pinned again and nothing delivered to us went missing (issue 29).
+    repin_paused: bool = False
+    repin_since: float | None = None
+    #: Taking back deliveries lost in a consumer leader change (a reset in place).
+    taking_back: bool = False
     #: Static groups: per partition, the stream sequence up to which it is processed
     #: (what a release records), and the messages redelivered that were processed.
     processed: dict[int, int] = field(default_factory=dict)

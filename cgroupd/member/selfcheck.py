@@ -194,7 +194,11 @@ class SelfCheck(MemberCore):
         within the lease on the pin (renewed here if it ran out)."""
         if self.settings.exclusivity is Exclusivity.PINNED:
             lease = gen.pin_lease
-            if lease is None or (not lease.valid and not await self._renew(gen)):
+            while lease is not None and not lease.valid and not await self._renew(gen):
+                if not self._pin_unanswered(gen):
+                    break
+                await self._sleep(self.settings.pinned_ttl / 8)  # no answer: ask again
+            if lease is None or not lease.valid:
                 gen.end(StepDown.PIN_LOST, "cannot prove the pin is still ours")
                 return False
             return not gen.ended.done()
@@ -229,3 +233,5 @@ class SelfCheck(MemberCore):
         gen = self._gen
         if gen is not None and gen.dispatcher is not None:
             gen.dispatcher.connection_back()
+        if gen is not None and self.settings.exclusivity is Exclusivity.PINNED:
+            self._renew_now(gen)
