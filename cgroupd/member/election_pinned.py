@@ -308,7 +308,7 @@ class PinnedElection(MemberCore):
                 # coin toss between us and a standby.
                 gen.end(StepDown.PIN_LOST, "not pinned again after a leader change")
                 return True
-            if view.num_pending > 0 and view.num_waiting == 0:
+            if view.num_pending > 0 and view.num_waiting == 0 and not puller.hushed:
                 puller.reconnected()  # our request is not at the new leader: ask again
             return lease.valid
         if pin is None:
@@ -339,14 +339,7 @@ class PinnedElection(MemberCore):
             if lost <= 0 and gen.repin_paused:
                 gen.repin_paused = False
                 gen.dispatcher.resume()
-        if view.num_pending > 0 and view.num_waiting == 0 \
-                and (view.leader or None) != lease.leader:
-            # Pinned under a new leader, messages waiting, and no request of ours there:
-            # the requests we count went with the old leader; ask now. Only then: under
-            # the same leader "none waiting" is a moment between two of our requests,
-            # and forgetting one still open let it deliver after an in-place move's
-            # quiet point (the toggle test's per-key reorders, CI on 60bcecc and b8f56d5).
-            puller.reconnected()
+        self._ask_again_at_a_new_leader(gen, puller, view, lease.leader)
         lease.renewed(pin, sent - age, pinned_at)
         if lease.pin_id != pin:  # pinned again only after our lease ran out
             lease.lose()
@@ -364,6 +357,26 @@ class PinnedElection(MemberCore):
             gen.taking_back = True
             self._spawn(gen, self._take_back(gen, puller, lost), "_take_back")
         return lease.valid
+
+    def _ask_again_at_a_new_leader(self, gen: Generation, puller: Puller, view: ConsumerInfo,
+                                   confirmed_under: str | None) -> None:
+        """Pinned under a new consumer leader: the pull requests we count went with the
+        old one, so while messages wait and none of ours is waiting there, forget them and
+        ask again (a renewal 0.5 s apart) until a request of ours is seen at the new
+        leader or brings a delivery. Never otherwise: under the same leader "messages
+        waiting, none of our requests waiting" is a moment between two requests, and
+        forgetting one still open let it deliver after an in-place move's quiet point
+        (the toggle test's per-key reorders, CI on 60bcecc and b8f56d5)."""
+        leader = view.leader or None
+        if confirmed_under is not None and leader != confirmed_under:
+            gen.requests_unseen = True
+            gen.delivered_before = gen.received
+        elif gen.requests_unseen and (view.num_waiting > 0
+                                      or gen.received > gen.delivered_before):
+            gen.requests_unseen = False
+        if gen.requests_unseen and view.num_pending > 0 and view.num_waiting == 0 \
+                and not puller.hushed:
+            puller.reconnected()
 
     def _missing(self, gen: Generation, ack_pending: int, delivered: int) -> int:
         """Deliveries the consumer counted unacknowledged in its answer (``ack_pending``,

@@ -83,6 +83,10 @@ class Generation:
     repin_since: float | None = None
     #: Taking back deliveries lost in a consumer leader change (a reset in place).
     taking_back: bool = False
+    #: Pinned mode: the member consumer's leader changed and no sign yet that a pull
+    #: request of ours reached the new one (a request waiting there, or a delivery).
+    requests_unseen: bool = False
+    delivered_before: int = 0
     #: Static groups: per partition, the stream sequence up to which it is processed
     #: (what a release records), and the messages redelivered that were processed.
     processed: dict[int, int] = field(default_factory=dict)

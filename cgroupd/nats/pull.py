@@ -257,6 +257,11 @@ class Puller:
         self.pin_refused = False
         self._wake.set()
 
+    @property
+    def hushed(self) -> bool:
+        """Whether pull requests are held back (see :meth:`hush`)."""
+        return self._hushed
+
     def hush(self, hushed: bool = True) -> None:
         """Send no pull request while hushed (requests already made run their course)."""
         self._hushed = hushed
