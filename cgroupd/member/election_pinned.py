@@ -322,7 +322,7 @@ class PinnedElection(MemberCore):
         puller.pin_refused = False
         gen.repin_since = None
         lost = 0
-        if lease.repinning and gen.dispatcher is not None:
+        if (lease.repinning or gen.check_deliveries) and gen.dispatcher is not None:
             # Pinned again after a leader change. A delivery the old leader sent us may
             # have been lost on the way (its server stopping: 37 at once in one run): it
             # stays unacknowledged, and running later messages of its key would break
@@ -336,6 +336,7 @@ class PinnedElection(MemberCore):
                 await puller.received_through(view.delivered_consumer_seq,
                                               self.settings.pull_expires)
             lost = self._missing(gen, view.num_ack_pending, view.delivered_consumer_seq)
+            gen.check_deliveries = False
             if lost <= 0 and gen.repin_paused:
                 gen.repin_paused = False
                 gen.dispatcher.resume()

@@ -83,6 +83,9 @@ class Generation:
     repin_since: float | None = None
     #: Taking back deliveries lost in a consumer leader change (a reset in place).
     taking_back: bool = False
+    #: Pinned mode: our connection dropped; deliveries on their way may have gone with
+    #: it. Starts stay paused (``repin_paused``) until a renewal finds none missing.
+    check_deliveries: bool = False
     #: Pinned mode: the member consumer's leader changed and no sign yet that a pull
     #: request of ours reached the new one (a request waiting there, or a delivery).
     requests_unseen: bool = False
