@@ -308,7 +308,7 @@ class PinnedElection(MemberCore):
                 # coin toss between us and a standby.
                 gen.end(StepDown.PIN_LOST, "not pinned again after a leader change")
                 return True
-            if view.num_pending > 0 and view.num_waiting == 0 and not puller.hushed:
+            if view.num_pending > 0 and view.num_waiting == 0:
                 puller.reconnected()  # our request is not at the new leader: ask again
             return lease.valid
         if pin is None:
