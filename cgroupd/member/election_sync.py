@@ -71,6 +71,10 @@ class SyncElection(MemberCore):
     #: When the watched claim was created (a claim taken again by the same instance is
     #: another claim: its owner is no longer idle).
     _watched_created: str | None = None
+    #: Our new claim exists and is being checked (see _election_contested): not idle.
+    #: (An instance that answered "standby" then was taken for an idle owner and its
+    #: claim deleted, CI on 728341b: test_cluster_rolling_restart.)
+    _holding_claim: bool = False
 
     def _attempt_pointless(self) -> bool:
         """A standby stood by its whole timeout while the active instance kept answering:
@@ -114,7 +118,12 @@ class SyncElection(MemberCore):
             if isinstance(exc, ApiError) and exc.files_lost:
                 await self._drop_unstored_claim()
             return None
-        if await self._election_contested(partitions, sync_cfg):
+        self._holding_claim = True  # from here we answer "claiming", not "standby"
+        try:
+            contested = await self._election_contested(partitions, sync_cfg)
+        finally:
+            self._holding_claim = False
+        if contested:
             return None
         self._watch = None
         await self._close_prober()
@@ -224,8 +233,8 @@ class SyncElection(MemberCore):
     def _presence_text(self) -> str | None:
         """What this instance answers on its presence subject: its id and state."""
         state = self.state.value
-        if self.state is MemberState.STANDBY and self._gen is not None:
-            state = "claiming"  # holds the claim, creating its data consumer
+        if self.state is MemberState.STANDBY and (self._gen is not None or self._holding_claim):
+            state = "claiming"  # holds the claim: checking it, or creating its data consumer
         return f"{self.instance_id} {state}"
 
     async def _learn_owner(self) -> None:

@@ -489,3 +489,33 @@ async def test_a_claim_whose_check_finds_its_files_lost_is_made_again_at_once(
     await eventually(lambda: a.active, 5, what="a active")
     assert js.calls == ["create", "update", "create", "update"]
     assert loop.time() - began < SETTINGS.retry_interval
+
+
+class SlowCheck(FakeJetStream):
+    """The check of a new claim (an update that changes nothing) takes ``DELAY``: a
+    cluster electing leaders in a rolling restart answers late."""
+
+    DELAY = 1.0
+
+    async def create_consumer(self, stream: str, name: str, config: dict[str, Any],
+                              action: str = "create") -> dict[str, Any]:
+        if name == "m1" and action == "update":
+            await asyncio.sleep(self.DELAY)
+        return await super().create_consumer(stream, name, config, action)
+
+
+async def test_a_claimant_checking_its_claim_is_not_taken_for_idle(group: Group) -> None:
+    """CI on 728341b (test_cluster_rolling_restart): an instance that had just created
+    the sync consumer answered "standby" while its claim's check was on its way; a
+    standby took that for an idle owner and deleted a claim about to become active.
+    Holding the claim, it answers "claiming"."""
+    b = Member(SlowCheck(group.server), "ORDERS", "g", "m1", handler,  # type: ignore[arg-type]
+               SETTINGS)
+    await b.start()
+    group.members.append(b)
+    await eventually(lambda: group.holder() == b.instance_id, 5, what="b's claim")
+    c = await group.start()  # watches b while b's check is on its way
+    await eventually(lambda: b.active, 5, what="b active")
+    await asyncio.sleep(2 * SETTINGS.lease)
+    assert b.active and c.state is MemberState.STANDBY
+    assert c.stats["takeovers"] == 0 and b.stats["step_downs"] == 0
