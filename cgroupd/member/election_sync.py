@@ -79,9 +79,13 @@ class SyncElection(MemberCore):
     def _attempt_pointless(self) -> bool:
         """A standby stood by its whole timeout while the active instance kept answering:
         the sync consumer is still the owner's (a deletion would have woken us), so a
-        create would only cost the server an API request. Tried anyway now and then."""
+        create would only cost the server an API request. Tried anyway now and then, and
+        at every attempt while the owner says it is stepping down (its claim was deleted,
+        or is about to be: without the deletion's wake-up, missed, the standby waited 15 s
+        while an admin step-down's owner drained and then took the member back, CI on
+        06c4b53: test_admin_step_down_lets_a_running_handler_finish[sync])."""
         s, watch, now = self.settings, self._watch, self._clock()
-        return (watch is not None and not self._attempt_due
+        return (watch is not None and not self._attempt_due and not watch.stepping_down
                 and watch.silent_for(now) < s.lease
                 and now - self._attempted_at < IDLE_ATTEMPT_EVERY * s.retry_interval)
 

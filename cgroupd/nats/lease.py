@@ -157,6 +157,8 @@ class OwnerWatch:
     #: It answered that it is not active (a standby, stopped, or still acquiring): it runs
     #: no handler, so a synchronization consumer naming it is left over and may be taken.
     idle: bool = False
+    #: It answered that it is stepping down: its claim is gone or about to be.
+    stepping_down: bool = False
     probes: int = field(default=0)
     #: Our server's last word on it was "no responders": it sees no subscription of it.
     unseen: bool = False
@@ -174,6 +176,7 @@ class OwnerWatch:
             self.heard = now
             self.gone = self.unseen = False
             self.idle = answer.state not in ACTIVE_STATES
+            self.stepping_down = answer.state == "stepping-down"
         else:
             self.unseen = False  # our server delivered the probe: it sees the instance
 

@@ -519,3 +519,33 @@ async def test_a_claimant_checking_its_claim_is_not_taken_for_idle(group: Group)
     await asyncio.sleep(2 * SETTINGS.lease)
     assert b.active and c.state is MemberState.STANDBY
     assert c.stats["takeovers"] == 0 and b.stats["step_downs"] == 0
+
+
+class SaysSteppingDown(Member):
+    """An active instance that answers "stepping-down" once told to."""
+
+    stepping = False
+
+    def _presence_text(self) -> str | None:
+        if self.stepping:
+            return f"{self.instance_id} stepping-down"
+        return super()._presence_text()
+
+
+async def test_a_standby_claims_at_once_while_the_owner_steps_down(group: Group) -> None:
+    """CI on 06c4b53: after an admin step-down the standby never tried its claim while
+    the owner drained (the deletion's wake-up missed: its idle attempts were 15 intervals
+    apart), and the owner took the member back. While the owner says it is stepping
+    down, every attempt goes to the server."""
+    a = await group.start(member_class=SaysSteppingDown)
+    await eventually(lambda: a.active, 5, what="a active")
+    b = await group.start()
+    await asyncio.sleep(3 * SETTINGS.lease)  # b's idle attempts are spaced out now
+    group.server.deletions.clear()  # nobody hears of the deletion
+    a.stepping = True  # type: ignore[attr-defined]
+    await asyncio.sleep(2 * SETTINGS.presence_interval)  # b hears it
+    await FakeJetStream(group.server).delete_consumer(WQ, "m1")
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await eventually(lambda: group.holder() == b.instance_id, 5, what="b's claim")
+    assert loop.time() - began < 3 * SETTINGS.retry_interval
