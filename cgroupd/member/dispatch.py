@@ -186,6 +186,10 @@ class Dispatcher:
             await self._clock.sleep(0.002)
         return True
 
+    def held(self) -> list[Message]:
+        """Every message delivered to us and not yet settled (running or not)."""
+        return list(self._held.values())
+
     def unstarted(self) -> list[Message]:
         """Every held message whose handler is not running, in stream order (kept)."""
         return sorted((m for seq, m in self._held.items() if seq not in self._running),

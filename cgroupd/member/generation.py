@@ -77,6 +77,19 @@ class Generation:
     pin_lease: PinLease | None = None
     pinned_at: float = 0.0
     renewal: asyncio.Future[bool] | None = None
+    #: Pinned mode: the pin went with a consumer leader change and nothing starts until
+    #: we are pinned again and nothing delivered to us went missing (issue 29).
+    repin_paused: bool = False
+    repin_since: float | None = None
+    #: Taking back deliveries lost in a consumer leader change (a reset in place).
+    taking_back: bool = False
+    #: Pinned mode: our connection dropped; deliveries on their way may have gone with
+    #: it. Starts stay paused (``repin_paused``) until a renewal finds none missing.
+    check_deliveries: bool = False
+    #: Pinned mode: the member consumer's leader changed and no sign yet that a pull
+    #: request of ours reached the new one (a request waiting there, or a delivery).
+    requests_unseen: bool = False
+    delivered_before: int = 0
     #: Static groups: per partition, the stream sequence up to which it is processed
     #: (what a release records), and the messages redelivered that were processed.
     processed: dict[int, int] = field(default_factory=dict)
