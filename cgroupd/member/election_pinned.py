@@ -110,6 +110,7 @@ class PinnedElection(MemberCore):
             gen, name, s.max_in_flight, StepDown.PIN_LOST, deliver=True, pinned=pinned)
         gen.pullers.append(puller)
         puller.on_pin_news = lambda: self._pin_news(gen)
+        puller.on_gap = lambda: self._delivery_gap(gen)
         puller.hush()  # until the gate has looked (it runs before the puller's first pull)
         gate = asyncio.ensure_future(self._gate_pulls(puller, pinned))
         # Standby until the server pins us: the first message carries our pin id.
@@ -244,6 +245,19 @@ class PinnedElection(MemberCore):
         if lease is not None and lease.pin_id is not None and not lease.lost:
             self._renew_now(gen)
 
+    def _delivery_gap(self, gen: Generation) -> None:
+        """A delivery's number skipped: one before it may be lost on its way (our server
+        went away between the consumer leader and us, and the leader counts it delivered)
+        and running the later ones first breaks their key's order. Start nothing until a
+        renewal asked from now on finds none missing, or takes them back. The check
+        made on a reconnect alone missed some (CI on 869b290, static group: 32 messages
+        came back at their ack wait, after later ones of their keys; the run's logs were
+        not kept, so which event lost them is not known)."""
+        lease = gen.pin_lease
+        if lease is not None and lease.pin_id is not None and not lease.lost:
+            gen.doubt_deliveries()
+            self._renew_now(gen)
+
     async def _renew_once(self, gen: Generation) -> bool:
         """A pull carrying our pin id, a round trip proving the server read it, then the
         consumer info showing our pin id still (see :mod:`cgroupd.core.pinning`)."""
@@ -259,6 +273,7 @@ class PinnedElection(MemberCore):
             await puller.pull_one()
         sent = puller.pin_pulled_at
         asked = self._clock()
+        doubts = gen.doubts  # what this answer can clear: the doubts raised before it
         try:
             await self.js.flush(self.settings.pull_expires)
             info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
@@ -289,10 +304,8 @@ class PinnedElection(MemberCore):
                 self._log.info("pin went with the member consumer's old leader; asking "
                                "to be pinned again", leader=view.leader)
                 puller.repin()
-            if gen.dispatcher is not None and not gen.repin_paused \
-                    and not gen.dispatcher.paused:
-                gen.dispatcher.pause()
-                gen.repin_paused = True
+            if gen.dispatcher is not None and not gen.in_doubt:
+                gen.doubt_deliveries()
             now = self._clock()
             if gen.repin_since is None:
                 gen.repin_since = now
@@ -322,7 +335,7 @@ class PinnedElection(MemberCore):
         puller.pin_refused = False
         gen.repin_since = None
         lost = 0
-        if (lease.repinning or gen.check_deliveries) and gen.dispatcher is not None:
+        if (lease.repinning or gen.in_doubt) and gen.dispatcher is not None:
             # Pinned again after a leader change. A delivery the old leader sent us may
             # have been lost on the way (its server stopping: 37 at once in one run): it
             # stays unacknowledged, and running later messages of its key would break
@@ -336,10 +349,8 @@ class PinnedElection(MemberCore):
                 await puller.received_through(view.delivered_consumer_seq,
                                               self.settings.pull_expires)
             lost = self._missing(gen, view.num_ack_pending, view.delivered_consumer_seq)
-            gen.check_deliveries = False
-            if lost <= 0 and gen.repin_paused:
-                gen.repin_paused = False
-                gen.dispatcher.resume()
+            if lost <= 0:
+                gen.deliveries_checked(doubts)
         self._ask_again_at_a_new_leader(gen, puller, view, lease.leader)
         lease.renewed(pin, sent - age, pinned_at)
         if lease.pin_id != pin:  # pinned again only after our lease ran out
@@ -420,6 +431,7 @@ class PinnedElection(MemberCore):
                 if lease is None or not (lease.valid or await self._renew(gen)):
                     gen.end(StepDown.PIN_LOST, "the pin could not be proven ours any more")
                     return
+                doubts = gen.doubts  # no pull of ours open: the reset covers them all
                 try:
                     await self._reset_pinned(gen)
                     break
@@ -439,9 +451,9 @@ class PinnedElection(MemberCore):
         finally:
             puller.hush(False)
             gen.taking_back = False
-        if gen.repin_paused:
-            gen.repin_paused = False
-            gen.dispatcher.resume()
+        # The reset delivered again whatever went missing before it; a doubt raised
+        # since waits for a renewal of its own.
+        gen.deliveries_checked(doubts)
 
     async def _take_over(self, gen: Generation) -> bool:
         """A newly pinned instance starts nothing while the member consumer holds messages

@@ -236,10 +236,7 @@ class SelfCheck(MemberCore):
             # restart, static group: #2367 of orders.k31 ran 15 s after #4191). Start
             # nothing until a renewal on the new connection finds nothing missing, or
             # takes it back (see PinnedElection._renew_once).
-            gen.check_deliveries = True
-            if not gen.repin_paused and not gen.dispatcher.paused:
-                gen.dispatcher.pause()
-                gen.repin_paused = True
+            gen.doubt_deliveries()
 
     def _connection_back(self) -> None:
         gen = self._gen

@@ -135,6 +135,11 @@ class Puller:
         self.pinned_at = -math.inf
         #: When the newest pull carrying ``pin_id`` was sent (pinned mode: the lease).
         self.pin_pulled_at = -math.inf
+        #: Called before a delivery is handed on whose number does not follow the last
+        #: one's (pinned mode, where a gap may be benign: a new consumer leader numbers
+        #: from what it knew, a reset): one in between may have been lost on its way, and
+        #: the member checks before it starts anything more.
+        self.on_gap: Callable[[], None] | None = None
         #: Consumer delivery sequence of the newest delivery handed to the callback.
         self.last_delivery = 0
         self.last_seen = clock.now()
@@ -345,7 +350,10 @@ class Puller:
             self._pending = max(0, self._pending - 1)
             number = delivery_number(msg.reply or "")
             if number is not None:
-                self.last_delivery = number
+                previous, self.last_delivery = self.last_delivery, number
+                if number != previous + 1 and previous and self.on_gap is not None \
+                        and not self._retiring:
+                    self.on_gap()
                 if self._opts.check_gaps and not self._retiring and self._lost_delivery(number):
                     return
             if self._retiring:

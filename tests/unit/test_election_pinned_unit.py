@@ -302,3 +302,23 @@ async def test_deliveries_lost_in_a_leader_change_are_taken_back_in_place(
     assert holder.active and getattr(holder, "reasons", []) == []
     assert standby.state is MemberState.STANDBY
     assert (st.resets, st.failed_resets) == ((2, 1) if reset_fails else (1, 0))
+
+
+async def test_deliveries_lost_unnoticed_are_found_by_the_gap_they_leave(group: Group) -> None:
+    """Deliveries lost on their way with no leader change and no reconnect of ours (the
+    route between the consumer leader and our server gone while we stayed connected, or
+    a reconnect's check answered before they were counted): the next delivery's number
+    skips. The holder starts nothing more until a renewal finds what is missing and takes
+    it back, so every message runs once, in order, on the holder; without the gap check
+    #5 and #6 ran and #3 and #4 waited for their ack wait."""
+    holder, standby = await group.pinned_pair(offer=2)
+    await eventually(lambda: len(group.ran) == 2, 5, what="#1 and #2 run")
+    st = group.server.state(WQ, MEMBER)
+    assert st is not None
+    st.lose_next = 2
+    await group.offer(2)  # #3 and #4: delivered, never arrive
+    await group.offer(2)
+    await eventually(lambda: len(group.ran) == 6, 5, what="#3 to #6 run")
+    assert group.by(holder) == [1, 2, 3, 4, 5, 6] and group.by(standby) == []
+    assert holder.active and getattr(holder, "reasons", []) == []
+    assert st.resets == 1
