@@ -110,7 +110,7 @@ class PinnedElection(MemberCore):
             gen, name, s.max_in_flight, StepDown.PIN_LOST, deliver=True, pinned=pinned)
         gen.pullers.append(puller)
         puller.on_pin_news = lambda: self._pin_news(gen)
-        puller.on_gap = lambda: self._delivery_gap(gen)
+        puller.on_gap = lambda expected, got: self._delivery_gap(gen, expected, got)
         puller.hush()  # until the gate has looked (it runs before the puller's first pull)
         gate = asyncio.ensure_future(self._gate_pulls(puller, pinned))
         # Standby until the server pins us: the first message carries our pin id.
@@ -245,7 +245,7 @@ class PinnedElection(MemberCore):
         if lease is not None and lease.pin_id is not None and not lease.lost:
             self._renew_now(gen)
 
-    def _delivery_gap(self, gen: Generation) -> None:
+    def _delivery_gap(self, gen: Generation, expected: int, got: int) -> None:
         """A delivery's number skipped: one before it may be lost on its way (our server
         went away between the consumer leader and us, and the leader counts it delivered)
         and running the later ones first breaks their key's order. Start nothing until a
@@ -255,6 +255,8 @@ class PinnedElection(MemberCore):
         not kept, so which event lost them is not known)."""
         lease = gen.pin_lease
         if lease is not None and lease.pin_id is not None and not lease.lost:
+            self._log.info("a delivery number skipped; starting nothing until the "
+                           "consumer shows none missing", expected=expected, got=got)
             gen.doubt_deliveries()
             self._renew_now(gen)
 
@@ -328,6 +330,10 @@ class PinnedElection(MemberCore):
             # Being pinned again, and someone is: us, if the delivery that carries our
             # new pin id is still on its way. Not proof either way: the lease is not
             # extended, and the next renewal (or its running out) decides.
+            self._log.info("someone is pinned; our new pin id not yet delivered",
+                           holder=holder[:6], waiting=view.num_waiting,
+                           pending=view.num_pending, outstanding=puller.outstanding,
+                           hushed=puller.hushed, refused=puller.pin_refused)
             return lease.valid
         if holder != pin:
             lease.lose()
@@ -350,6 +356,9 @@ class PinnedElection(MemberCore):
                                               self.settings.pull_expires)
             lost = self._missing(gen, view.num_ack_pending, view.delivered_consumer_seq)
             if lost <= 0:
+                if gen.in_doubt:
+                    self._log.info("no delivery missing", doubts=gen.doubts,
+                                   cleared=doubts, ack_pending=view.num_ack_pending)
                 gen.deliveries_checked(doubts)
         self._ask_again_at_a_new_leader(gen, puller, view, lease.leader)
         lease.renewed(pin, sent - age, pinned_at)
@@ -596,6 +605,11 @@ class PinnedElection(MemberCore):
         assert gen.dispatcher is not None
         info = await self.js.reset_consumer(self._consume_stream, self.sync_consumer, seq)
         gen.dispatcher.last_settled = None  # acks before a reset need no proof after it
+        # Deliveries are numbered afresh from the reset (from 1 after one to the ack
+        # floor): neither a gap to doubt nor a number already received.
+        numbered = ConsumerInfo(info).delivered_consumer_seq
+        for puller in gen.pullers:
+            puller.last_delivery = numbered
         dropped = gen.dispatcher.discard_unstarted()
         self._log.info("member consumer reset", seq=info.get("reset_seq"),
                        dropped=len(dropped))

@@ -139,7 +139,7 @@ class Puller:
         #: one's (pinned mode, where a gap may be benign: a new consumer leader numbers
         #: from what it knew, a reset): one in between may have been lost on its way, and
         #: the member checks before it starts anything more.
-        self.on_gap: Callable[[], None] | None = None
+        self.on_gap: Callable[[int, int], None] | None = None
         #: Consumer delivery sequence of the newest delivery handed to the callback.
         self.last_delivery = 0
         self.last_seen = clock.now()
@@ -353,7 +353,7 @@ class Puller:
                 previous, self.last_delivery = self.last_delivery, number
                 if number != previous + 1 and previous and self.on_gap is not None \
                         and not self._retiring:
-                    self.on_gap()
+                    self.on_gap(previous + 1, number)
                 if self._opts.check_gaps and not self._retiring and self._lost_delivery(number):
                     return
             if self._retiring:
