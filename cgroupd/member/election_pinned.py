@@ -301,6 +301,9 @@ class PinnedElection(MemberCore):
             # leader) we hold on and ask to be pinned again; otherwise it is over.
             quiet = view.delivered_consumer_seq <= puller.last_delivery
             if not lease.vanished(view.leader or None, asked - age, quiet):
+                self._log.info("nobody pinned and the pin is not coming back (an unpin, "
+                               "its TTL ran out, or word of a new leader came too late)",
+                               leader=view.leader, quiet=quiet)
                 return False
             if puller.pin_id is not None or puller.pin_refused:
                 self._log.info("pin went with the member consumer's old leader; asking "
@@ -336,6 +339,7 @@ class PinnedElection(MemberCore):
                            hushed=puller.hushed, refused=puller.pin_refused)
             return lease.valid
         if holder != pin:
+            self._log.info("the member consumer pins another client", holder=holder[:6])
             lease.lose()
             return False
         puller.pin_refused = False
@@ -363,6 +367,8 @@ class PinnedElection(MemberCore):
         self._ask_again_at_a_new_leader(gen, puller, view, lease.leader)
         lease.renewed(pin, sent - age, pinned_at)
         if lease.pin_id != pin:  # pinned again only after our lease ran out
+            self._log.info("pinned again only after our lease ran out; not ours to keep",
+                           late_by=round(pinned_at - lease.until, 3))
             lease.lose()
             return False
         lease.leader = view.leader or None
