@@ -23,6 +23,16 @@ one ``ttl`` (``lease.until < pinned_at_of_successor + ttl``): a successor that w
 ``ttl`` before taking back messages someone else holds is never overtaken by a
 confirmation the old holder trusts (see ``Member._takeover``).
 
+A consumer leader change is the exception nats-server 2.15 makes to "the pin stays ours
+until ``t + ttl``": the pin id lives only in the leader's memory (``setLeader`` forgets it,
+without an advisory), so the new leader starts unpinned and pins the first pull that
+carries no pin id, answering ours with ``423 Nats-Wrong-Pin-Id``. Nobody holds the pin
+then, and whoever gets it next waits one ``ttl`` before taking back what we hold (as
+after any pin move). So consumer info sent at ``t`` that shows *no* pin and a new leader
+also keeps the lease until ``t + ttl - margin``, and the next pin id the server gives us
+continues the lease (:meth:`PinLease.vanished`): the holder rides the leader change
+instead of stepping down, and standbys leave it that ``ttl`` to do so (issue 29).
+
 Pure: the clock is injected and the member does the I/O.
 """
 
@@ -57,6 +67,10 @@ class PinLease:
         self.until = -math.inf
         #: Set once the pin is known to have moved: no renewal brings it back.
         self.lost = False
+        #: The consumer leader that last confirmed the pin ours (None: not clustered).
+        self.leader: str | None = None
+        #: The pin vanished with a leader change: the next pin id we get continues it.
+        self.repinning = False
 
     @property
     def valid(self) -> bool:
@@ -67,13 +81,43 @@ class PinLease:
         """Seconds the lease still runs (negative once it ran out)."""
         return -math.inf if self.lost else self.until - self._clock()
 
-    def renewed(self, pin_id: str, pulled_at: float) -> None:
+    def renewed(self, pin_id: str, pulled_at: float, pinned_at: float | None = None) -> None:
         """The server read a pull carrying ``pin_id`` sent at ``pulled_at`` while the pin
-        was ours: the lease runs at least until ``pulled_at + ttl - margin``."""
-        if self.lost or (self.pin_id is not None and pin_id != self.pin_id):
+        was ours: the lease runs at least until ``pulled_at + ttl - margin``.
+
+        ``pinned_at``: when the delivery that brought a new ``pin_id`` reached us (the
+        server pinned us before). Being pinned again continues the lease if that came
+        while the lease ran, however late the answer proving it (a new leader busy after
+        a restart answered after the lease ran out: the holder stepped down and its 64
+        unacknowledged messages held the member still for the 30 s ack wait)."""
+        if self.lost:
             return
+        if self.pin_id is not None and pin_id != self.pin_id:
+            when = self._clock() if pinned_at is None else pinned_at
+            if not (self.repinning and when < self.until):
+                return
+            self.repinning = False  # pinned again while nobody else could have been
         self.pin_id = pin_id
         self.until = max(self.until, pulled_at + self.ttl - self.margin)
+
+    def vanished(self, leader: str | None, checked_at: float, quiet: bool = True) -> bool:
+        """Consumer info asked at ``checked_at`` shows nobody pinned. If its leader is not
+        the one that last confirmed our pin, the pin went with the old leader (not moved
+        to anyone): the lease runs on to ``checked_at + ttl - margin`` and the next pin id
+        we are given continues it; True. Otherwise (the same leader: an unpin, or the
+        pin's TTL ran out) the lease is over; False.
+
+        ``quiet``: the consumer delivered nothing since our newest delivery. A lease that
+        already ran out (no answer while the leader moved) comes back only then: nobody
+        else can have been pinned meanwhile, as the server pins a client only with a
+        delivery."""
+        if self.lost or leader is None or self.leader is None or leader == self.leader \
+                or not (quiet or self.valid):
+            self.lose()
+            return False
+        self.repinning = True
+        self.until = max(self.until, checked_at + self.ttl - self.margin)
+        return self.valid
 
     def lose(self) -> None:
         """The pin moved (or the consumer went): the lease is over for good."""

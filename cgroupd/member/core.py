@@ -426,6 +426,12 @@ class MemberCore:
     async def _renew(self, gen: Generation) -> bool:
         raise NotImplementedError
 
+    def _pin_unanswered(self, gen: Generation) -> bool:
+        raise NotImplementedError
+
+    def _renew_now(self, gen: Generation) -> None:
+        raise NotImplementedError
+
     async def _reset_pinned(self, gen: Generation, seq: int = 0) -> None:
         raise NotImplementedError
 

@@ -120,6 +120,7 @@ class Dispatcher:
         #: Set while handlers may start; cleared by pause().
         self._open = asyncio.Event()
         self._open.set()
+        self._holds: set[str] = set()
         #: Messages whose handler is running now (by stream sequence).
         self._running: dict[int, Message] = {}
         #: Handlers cut off by the drain timeout: their work may still go on elsewhere.
@@ -170,12 +171,22 @@ class Dispatcher:
     def paused(self) -> bool:
         return not self._open.is_set()
 
-    def pause(self) -> None:
-        """Start no handler until :meth:`resume`; held messages wait (kept alive)."""
+    def pause(self, hold: str = "") -> None:
+        """Start no handler until every ``hold`` put on is resumed; held messages wait
+        (kept alive). Holds are named so that one owner's resume cannot lift another's:
+        a move's resume once let starts run while deliveries lost in a reconnect were
+        still being checked."""
+        self._holds.add(hold)
         self._open.clear()
 
-    def resume(self) -> None:
-        self._open.set()
+    def resume(self, hold: str = "") -> None:
+        self._holds.discard(hold)
+        if not self._holds:
+            self._open.set()
+
+    def held_by(self, hold: str) -> bool:
+        """Whether ``hold`` keeps starts paused."""
+        return hold in self._holds
 
     async def idle(self, timeout: float) -> bool:
         """Wait until no handler runs (after :meth:`pause`); False after ``timeout``."""
@@ -185,6 +196,10 @@ class Dispatcher:
                 return False
             await self._clock.sleep(0.002)
         return True
+
+    def held(self) -> list[Message]:
+        """Every message delivered to us and not yet settled (running or not)."""
+        return list(self._held.values())
 
     def unstarted(self) -> list[Message]:
         """Every held message whose handler is not running, in stream order (kept)."""

@@ -43,6 +43,10 @@ class GenerationInfo:
         return self.target != self.partitions
 
 
+#: The dispatcher hold kept while a delivery to us may be missing (pinned mode).
+UNCHECKED = "deliveries unchecked"
+
+
 @dataclass
 class Generation:
     """One period of activity: its partitions, this instance's consumers, its tasks. It
@@ -77,6 +81,21 @@ class Generation:
     pin_lease: PinLease | None = None
     pinned_at: float = 0.0
     renewal: asyncio.Future[bool] | None = None
+    #: Pinned mode: since when nobody is pinned after a consumer leader change.
+    repin_since: float | None = None
+    #: Taking back deliveries lost in a consumer leader change (a reset in place).
+    taking_back: bool = False
+    #: Pinned mode: events after which a delivery to us may have gone missing (the pin
+    #: went with a consumer leader change, our connection dropped, a gap in the delivery
+    #: numbers), and how many of them a renewal asked after them has cleared. Starts stay
+    #: paused (hold :data:`UNCHECKED`) while any is not cleared (issue 29). Counted, not
+    #: a flag: a renewal whose answer predates the latest event cannot clear it.
+    doubts: int = 0
+    doubts_cleared: int = 0
+    #: Pinned mode: the member consumer's leader changed and no sign yet that a pull
+    #: request of ours reached the new one (a request waiting there, or a delivery).
+    requests_unseen: bool = False
+    delivered_before: int = 0
     #: Static groups: per partition, the stream sequence up to which it is processed
     #: (what a release records), and the messages redelivered that were processed.
     processed: dict[int, int] = field(default_factory=dict)
@@ -110,6 +129,25 @@ class Generation:
             holding=d.holding if d is not None else 0, paused=d is not None and d.paused,
             ended=self.ended.done(), pin_id=pin.pin_id if pin is not None else None,
             pin_valid=pin is not None and pin.valid)
+
+    @property
+    def in_doubt(self) -> bool:
+        """Whether a delivery to us may be missing and no renewal has checked since."""
+        return self.doubts_cleared < self.doubts
+
+    def doubt_deliveries(self) -> None:
+        """A delivery to us may have gone missing: start nothing until a renewal asked
+        after now finds none missing (:meth:`deliveries_checked`)."""
+        self.doubts += 1
+        if self.dispatcher is not None:
+            self.dispatcher.pause(UNCHECKED)
+
+    def deliveries_checked(self, as_of: int) -> None:
+        """A renewal asked when ``as_of`` doubts were counted found nothing missing (or
+        took it back): starts resume unless a doubt came since."""
+        self.doubts_cleared = max(self.doubts_cleared, as_of)
+        if not self.in_doubt and self.dispatcher is not None:
+            self.dispatcher.resume(UNCHECKED)
 
     def end(self, why: StepDown, detail: str = "") -> None:
         if not self.ended.done():

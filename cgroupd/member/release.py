@@ -175,6 +175,10 @@ class Release(MemberCore):
         unpinned = await self._unpin(gen)
         lease = gen.pin_lease
         safe_until = asked + s.pinned_ttl - (lease.margin if lease is not None else 0.0)
+        if not unpinned and lease is not None and lease.repinning and lease.valid:
+            # The pin went with a leader change and nobody holds it: our lease bounds
+            # any next holder's reset, as an unpin's TTL does (issue 29).
+            unpinned, safe_until = True, lease.until
         if unpinned and gen.dispatcher is not None and self._clock() < safe_until:
             back = await gen.dispatcher.hand_back()
             if back:

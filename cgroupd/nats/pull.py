@@ -123,8 +123,23 @@ class Puller:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self.pin_id: str | None = None
+        #: The server answered our pin id with 423 "Nats-Wrong-Pin-Id": ask for nothing
+        #: until the member says whether the pin moved (over) or went with its consumer
+        #: leader (:meth:`repin`).
+        self.pin_refused = False
+        #: Called when the pin changes under us (a 423 refused our pin id, or a delivery
+        #: brought a new one): the member checks the pin at once rather than at its next
+        #: renewal (issue 29: each renewal period waited cost a rolling restart 0.4 s).
+        self.on_pin_news: Callable[[], None] | None = None
+        #: When the delivery that brought ``pin_id`` arrived (the server pinned us before).
+        self.pinned_at = -math.inf
         #: When the newest pull carrying ``pin_id`` was sent (pinned mode: the lease).
         self.pin_pulled_at = -math.inf
+        #: Called before a delivery is handed on whose number does not follow the last
+        #: one's (pinned mode, where a gap may be benign: a new consumer leader numbers
+        #: from what it knew, a reset): one in between may have been lost on its way, and
+        #: the member checks before it starts anything more.
+        self.on_gap: Callable[[int, int], None] | None = None
         #: Consumer delivery sequence of the newest delivery handed to the callback.
         self.last_delivery = 0
         self.last_seen = clock.now()
@@ -240,6 +255,18 @@ class Puller:
         """Messages our pull requests may still bring (0: nothing can be in flight)."""
         return self._pending
 
+    def repin(self) -> None:
+        """The pin went with the consumer's old leader (nats-server keeps it in the
+        leader's memory only): ask without a pin id, so the new leader pins us again."""
+        self.pin_id = None
+        self.pin_refused = False
+        self._wake.set()
+
+    @property
+    def hushed(self) -> bool:
+        """Whether pull requests are held back (see :meth:`hush`)."""
+        return self._hushed
+
     def hush(self, hushed: bool = True) -> None:
         """Send no pull request while hushed (requests already made run their course)."""
         self._hushed = hushed
@@ -300,7 +327,7 @@ class Puller:
                 self.last_seen = self._clock()
 
     async def _pull(self, batch: int) -> None:
-        if batch <= 0 or self._hushed or not self._nc.is_connected \
+        if batch <= 0 or self._hushed or self.pin_refused or not self._nc.is_connected \
                 or self._clock() < self._quiet_until:
             return
         pin = self.pin_id
@@ -323,7 +350,10 @@ class Puller:
             self._pending = max(0, self._pending - 1)
             number = delivery_number(msg.reply or "")
             if number is not None:
-                self.last_delivery = number
+                previous, self.last_delivery = self.last_delivery, number
+                if number != previous + 1 and previous and self.on_gap is not None \
+                        and not self._retiring:
+                    self.on_gap(previous + 1, number)
                 if self._opts.check_gaps and not self._retiring and self._lost_delivery(number):
                     return
             if self._retiring:
@@ -335,9 +365,13 @@ class Puller:
                 pin = msg.headers.get(PIN_ID) if msg.headers else None
                 if pin:
                     newly_pinned = pin != self.pin_id
+                    if newly_pinned:
+                        self.pinned_at = self._clock()
                     self.pin_id = pin
             if self._on_message is not None:
                 self._on_message(msg)
+            if newly_pinned and self.on_pin_news is not None:
+                self.on_pin_news()
             want = self.room
             if newly_pinned and self._asking:
                 # Requests we sent before the pin carry no pin id (or an old one), and the
@@ -396,6 +430,20 @@ class Puller:
         elif status == "423":
             left = headers.get(PENDING_MSGS)
             self._pending = max(0, self._pending - (int(left) if left else self._opts.batch))
+            if "wrong" in lowered and self._opts.group:
+                # A request carrying a pin id that is not (or no longer) the leader's: it
+                # moved to another client, or went with a consumer leader change. The
+                # member's next renewal tells which; no request until then, so we are not
+                # pinned again after an unpin. With no pin id now (being pinned again),
+                # it is an older request of ours answered: nothing more to learn.
+                if self.pin_id is not None and not self.pin_refused:
+                    log.info("pin id refused; waiting for the pin check",
+                             consumer=self._consumer, description=description)
+                    self.pin_refused = True
+                    if self.on_pin_news is not None:
+                        self.on_pin_news()
+                self._wake.set()
+                return
             self.pin_id = None
             self._end(PullEnd.PIN_LOST, f"pin lost ({description})")
         elif status == "503":

@@ -57,6 +57,8 @@ class PinState:
     pin: str | None = None
     last_pull: float = 0.0
     pinned_ts: float = 0.0
+    #: The consumer's leader (consumer info ``cluster.leader``); see ``change_leader``.
+    leader: str = "n0"
     waiting: list[Waiting] = field(default_factory=list)
     #: Stream sequences available for delivery (stream order), and delivered unacked.
     ready: list[int] = field(default_factory=list)
@@ -67,6 +69,9 @@ class PinState:
     pins_given: list[str] = field(default_factory=list)
     resets: int = 0
     failed_resets: int = 0
+    #: The next deliveries that never reach their client (lost with a stopping server):
+    #: counted as delivered, unacknowledged, and not sent.
+    lose_next: int = 0
 
 
 @dataclass
@@ -156,8 +161,10 @@ class PinnedServer(FakeServer):
             return
         pin = body.get("id")
         if pin is not None and pin != st.pin:
-            self._send(nats, inbox, FakeMsg(headers={
-                "Status": "423", "Description": "Nats-Pin-Id mismatch"}))
+            # Nobody pinned (an unpin, a timeout, a new leader): the server queues it and
+            # answers "Wrong-Pin-Id" when it would pin someone; someone else pinned: at once.
+            why = "Nats-Wrong-Pin-Id" if st.pin is None else "Nats-Pin-Id mismatch"
+            self._send(nats, inbox, FakeMsg(headers={"Status": "423", "Description": why}))
             return
         if pin is not None:
             st.last_pull = asyncio.get_running_loop().time()
@@ -214,6 +221,9 @@ class PinnedServer(FakeServer):
             if req.left <= 0:
                 st.waiting.remove(req)
             st.deliveries[sseq] = st.deliveries.get(sseq, 0) + 1
+            if st.lose_next > 0:
+                st.lose_next -= 1
+                continue
             self._send(req.nats, req.inbox, Delivery(
                 subject="0.orders.k", data=b"m", headers={"Nats-Pin-Id": st.pin},
                 reply=f"$JS.ACK.{stream}.{name}.{st.deliveries[sseq]}.{sseq}.{st.dseq}.0.0",
@@ -241,6 +251,13 @@ class PinnedServer(FakeServer):
         st.ready = sorted([*st.ready, *seqs])
         self._serve(stream, name)
 
+    def change_leader(self, stream: str, name: str, leader: str) -> None:
+        """A new consumer leader, as nats-server 2.15 makes one: the pin (kept only in the
+        old leader's memory) is gone, with no advisory, and so are the waiting requests."""
+        st = self.state(stream, name)
+        assert st is not None, "no pinned_client consumer"
+        st.leader, st.pin, st.waiting = leader, None, []
+
     def pinned_id(self, stream: str, name: str) -> str | None:
         st = self.state(stream, name)
         return None if st is None else st.pin
@@ -257,6 +274,8 @@ class PinnedConsumer(FakeConsumer):
             out["num_pending"] = len(st.ready)
             out["priority_groups"] = [{"group": g, "pinned_client_id": st.pin or ""}
                                       for g in self.config.get("priority_groups", [])]
+            out["cluster"] = {"leader": st.leader}
+            out["delivered"] = {**(out.get("delivered") or {}), "consumer_seq": st.dseq}
         return out
 
 

@@ -313,6 +313,27 @@ async def test_odd_return_values_are_failures_not_silent_acks(result: str) -> No
     assert stats["retries"] == 1
 
 
+async def test_one_owners_resume_does_not_lift_anothers_hold() -> None:
+    """Pauses are named holds: starts resume only once every hold is lifted (a move's
+    resume must not let starts run while lost deliveries are still being checked)."""
+    nc = FakeConnection()
+    runs: list[int] = []
+
+    async def handler(msg: Message) -> None:
+        runs.append(msg.stream_sequence)
+
+    d, _ = dispatcher(nc, handler)
+    d.pause()
+    d.pause("deliveries unchecked")
+    d.submit(delivery(nc, 1, "a"))
+    d.resume()
+    await asyncio.sleep(0.02)
+    assert runs == [] and d.paused and d.held_by("deliveries unchecked")
+    d.resume("deliveries unchecked")
+    await eventually(lambda: runs == [1], 5)
+    await d.drain(1)
+
+
 async def test_a_paused_dispatcher_starts_nothing_and_discards_what_waits() -> None:
     """pause(): held messages wait (nothing starts); discard_unstarted() drops them in
     stream order (the consumer delivers them again) but never one whose handler runs;

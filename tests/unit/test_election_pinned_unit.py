@@ -20,6 +20,7 @@ from cgroupd.core.config import (
     group_key,
     work_queue_stream,
 )
+from cgroupd.core.errors import ServerUnreachable
 from cgroupd.core.pinning import step_down_subject
 from cgroupd.core.settings import PRIORITY_GROUP, Exclusivity, MemberSettings
 from cgroupd.member import Member, MemberState
@@ -235,3 +236,89 @@ async def test_a_standby_does_not_answer_a_step_down_request(group: Group) -> No
     subject = step_down_subject(group_key("ORDERS", "g"), MEMBER)
     assert standby.js.answers(subject, pin.encode()) == [None]  # type: ignore[attr-defined]
     assert standby.state is MemberState.STANDBY and not standby.reasons  # type: ignore[attr-defined]
+
+
+async def test_a_consumer_leader_change_moves_nothing(group: Group) -> None:
+    """A new leader of the member consumer forgets the pin (nats-server keeps it in the
+    old leader's memory only) and the waiting pulls. The holder asks to be pinned again
+    and keeps its partitions; the standby, which pulls only while nobody holds the pin,
+    does not take the member; every message runs once, in order, on the holder."""
+    holder, standby = await group.pinned_pair(offer=2)
+    await eventually(lambda: len(group.ran) == 2, 5, what="#1 and #2 run")
+    await asyncio.sleep(TTL)  # the standby has seen the holder pinned
+    old_pin = group.pin()
+    group.server.change_leader(WQ, MEMBER, "n1")
+    await group.offer(3)
+    await eventually(lambda: len(group.ran) == 5, 5, what="#3 to #5 run")
+    await asyncio.sleep(2 * TTL)
+    assert holder.active and standby.state is MemberState.STANDBY
+    assert getattr(holder, "reasons", []) == []
+    assert group.by(holder) == [1, 2, 3, 4, 5] and group.by(standby) == []
+    assert group.pin() not in (None, old_pin) and _pin_of(holder) == group.pin()
+
+
+async def test_a_leader_change_with_nothing_to_deliver_moves_nothing(group: Group) -> None:
+    """After a consumer leader change nobody can be pinned before a message comes (the
+    server pins with a delivery; the group stream's sourcing once stood still 8-15 s
+    then). A holder holding nothing waits for it instead of stepping down after a TTL
+    (which left the member to whichever instance pulled first), and the next message
+    runs on it."""
+    holder, standby = await group.pinned_pair(offer=2)
+    await eventually(lambda: len(group.ran) == 2, 5, what="#1 and #2 run")
+    await asyncio.sleep(TTL)  # the standby has seen the holder pinned
+    group.server.change_leader(WQ, MEMBER, "n1")
+    await asyncio.sleep(4 * TTL)  # no message: nobody can be pinned
+    assert holder.active and getattr(holder, "reasons", []) == []
+    await group.offer(1)
+    await eventually(lambda: len(group.ran) == 3, 5, what="#3 runs")
+    assert group.by(holder) == [1, 2, 3] and group.by(standby) == []
+    assert standby.state is MemberState.STANDBY and getattr(holder, "reasons", []) == []
+
+
+@pytest.mark.parametrize("reset_fails", [False, True])
+async def test_deliveries_lost_in_a_leader_change_are_taken_back_in_place(
+        group: Group, reset_fails: bool) -> None:
+    """Deliveries the old leader made to the holder that never arrived (its server
+    stopping) stay unacknowledged. Pinned again under the new leader, the holder (whose
+    lease ran on, so nobody else held them) resets the consumer itself instead of
+    stepping down, which left them to the ack wait with max_ack_pending full and nobody
+    able to be pinned: everything runs once, in order, on the holder. A reset that fails
+    in passing (its reply lost, applied) is tried again; what the holder held meanwhile
+    does not run beside its redelivery."""
+    if reset_fails:
+        group.server.reset_failures.append((ServerUnreachable("no answer"), True))
+    holder, standby = await group.pinned_pair(offer=2)
+    await eventually(lambda: len(group.ran) == 2, 5, what="#1 and #2 run")
+    await asyncio.sleep(TTL)  # the standby has seen the holder pinned
+    st = group.server.state(WQ, MEMBER)
+    assert st is not None
+    st.lose_next = 2
+    await group.offer(2)  # #3 and #4: delivered, never arrive
+    group.server.change_leader(WQ, MEMBER, "n1")
+    await group.offer(2)
+    await eventually(lambda: len(group.ran) == 6, 5, what="#3 to #6 run")
+    await asyncio.sleep(TTL)
+    assert group.by(holder) == [1, 2, 3, 4, 5, 6] and group.by(standby) == []
+    assert holder.active and getattr(holder, "reasons", []) == []
+    assert standby.state is MemberState.STANDBY
+    assert (st.resets, st.failed_resets) == ((2, 1) if reset_fails else (1, 0))
+
+
+async def test_deliveries_lost_unnoticed_are_found_by_the_gap_they_leave(group: Group) -> None:
+    """Deliveries lost on their way with no leader change and no reconnect of ours (the
+    route between the consumer leader and our server gone while we stayed connected, or
+    a reconnect's check answered before they were counted): the next delivery's number
+    skips. The holder starts nothing more until a renewal finds what is missing and takes
+    it back, so every message runs once, in order, on the holder; without the gap check
+    #5 and #6 ran and #3 and #4 waited for their ack wait."""
+    holder, standby = await group.pinned_pair(offer=2)
+    await eventually(lambda: len(group.ran) == 2, 5, what="#1 and #2 run")
+    st = group.server.state(WQ, MEMBER)
+    assert st is not None
+    st.lose_next = 2
+    await group.offer(2)  # #3 and #4: delivered, never arrive
+    await group.offer(2)
+    await eventually(lambda: len(group.ran) == 6, 5, what="#3 to #6 run")
+    assert group.by(holder) == [1, 2, 3, 4, 5, 6] and group.by(standby) == []
+    assert holder.active and getattr(holder, "reasons", []) == []
+    assert st.resets == 1

@@ -85,3 +85,68 @@ def test_skip_rules_round_trip_and_survive_garbage() -> None:
     assert again.rules == rules.rules
     for junk in (None, "", "not json", "[1, 2]", '{"x": [1, []]}', '{"1": "no"}'):
         assert SkipRules.from_json(junk).rules == {}
+
+
+def test_a_pin_gone_with_its_leader_keeps_the_lease_until_pinned_again() -> None:
+    """nats-server keeps the pin in the consumer leader's memory only: consumer info that
+    shows nobody pinned under a *new* leader extends the lease from when it was asked, and
+    the next pin id we are given continues it; nobody pinned under the same leader (an
+    unpin, or the TTL ran out) ends it."""
+    clock = Clock()
+    lease = PinLease(2.0, clock)
+    lease.renewed("pin-a", 100.0)
+    lease.leader = "n0"
+    clock.now = 101.0
+    assert lease.vanished("n1", checked_at=101.0)
+    assert lease.until == 101.0 + 2.0 - lease.margin and lease.repinning
+    clock.now = 101.5
+    lease.renewed("pin-b", 101.4)
+    assert lease.pin_id == "pin-b" and not lease.repinning and lease.valid
+    lease.renewed("pin-c", 101.6)  # once pinned again, another id is not ours
+    assert lease.pin_id == "pin-b"
+    assert not lease.vanished("n0", checked_at=101.7) and lease.lost
+
+
+def test_a_pin_gone_under_the_same_leader_or_unclustered_ends_the_lease() -> None:
+    for leader, now in (("n0", "n0"), (None, None), ("n0", None)):
+        clock = Clock()
+        lease = PinLease(2.0, clock)
+        lease.renewed("pin-a", 100.0)
+        lease.leader = leader
+        assert not lease.vanished(now, checked_at=100.1)
+        assert lease.lost and not lease.valid
+
+
+def test_pinned_again_only_while_the_lease_runs() -> None:
+    """A new pin id after the lease ran out is not ours to continue."""
+    clock = Clock()
+    lease = PinLease(2.0, clock)
+    lease.renewed("pin-a", 100.0)
+    lease.leader = "n0"
+    assert lease.vanished("n1", checked_at=100.5)
+    clock.now = lease.until + 0.01
+    lease.renewed("pin-b", clock.now)
+    assert lease.pin_id == "pin-a" and not lease.valid
+
+
+def test_pinned_again_while_the_lease_ran_continues_it_however_late_the_proof() -> None:
+    """What counts is when the delivery with the new pin id reached us: a new leader busy
+    after a restart may answer the consumer info proving it only after the lease ran
+    out (the holder stepped down then, and the member stood still 30 s)."""
+    clock = Clock()
+    lease = PinLease(2.0, clock)
+    lease.renewed("pin-a", 100.0)
+    lease.leader = "n0"
+    assert lease.vanished("n1", checked_at=100.5)
+    pinned_at = lease.until - 0.1
+    clock.now = lease.until + 0.5  # the answer comes late
+    lease.renewed("pin-b", pulled_at=pinned_at + 0.01, pinned_at=pinned_at)
+    assert lease.pin_id == "pin-b" and not lease.repinning
+    assert lease.until == pinned_at + 0.01 + 2.0 - lease.margin
+    clock.now = 100.5
+    late = PinLease(2.0, clock)
+    late.renewed("pin-a", 100.0)
+    late.leader = "n0"
+    assert late.vanished("n1", checked_at=100.5)
+    late.renewed("pin-c", pulled_at=late.until + 0.2, pinned_at=late.until + 0.1)
+    assert late.pin_id == "pin-a", "pinned only after the lease ran out: not ours"

@@ -217,3 +217,51 @@ async def test_idle_requests_overlap_only_when_asked(overlap: bool) -> None:
             assert [p["batch"] for p in h.nc.pulls()] == [4, 4]
     finally:
         await h.puller.stop()
+
+
+async def test_423_wrong_pin_id_waits_for_the_member() -> None:
+    """423 "Nats-Wrong-Pin-Id" (the pin moved, or went with a consumer leader change: the
+    member's renewal tells which) does not end the puller; it asks for nothing until
+    :meth:`Puller.repin`, then asks without a pin id. An older request answered so while
+    being pinned again changes nothing."""
+    h = Harness(PullOptions(batch=4, expires=2.0, heartbeat=0.5, group="PCG"))
+    await h.puller.start()
+    await asyncio.sleep(0)
+    try:
+        h.puller.pin_id = "old"
+        await h.send(status("423", "Nats-Wrong-Pin-Id", **{PENDING_MSGS: "4"}))
+        assert not h.puller.ended.done() and h.puller.pin_refused
+        sent = len(h.nc.pulls())
+        await h.puller.pull_one()
+        assert len(h.nc.pulls()) == sent, "no request while refused"
+        h.puller.repin()
+        await h.puller.pull_one()
+        assert len(h.nc.pulls()) == sent + 1 and "id" not in h.nc.pulls()[-1]
+        await h.send(status("423", "Nats-Wrong-Pin-Id", **{PENDING_MSGS: "1"}))
+        assert not h.puller.ended.done() and not h.puller.pin_refused
+    finally:
+        await h.puller.stop()
+
+
+async def test_pin_news_tells_the_member_at_once() -> None:
+    """The member hears of a pin change as the puller sees it, not at its next renewal:
+    a delivery bringing a pin id other than ours (after the message is handed over), and
+    the first 423 "Nats-Wrong-Pin-Id" for ours; not the same pin again, nor a second
+    refusal while the first is being checked."""
+    h = Harness(PullOptions(batch=4, expires=2.0, heartbeat=0.5, group="PCG"))
+    news: list[int] = []
+    h.puller.on_pin_news = lambda: news.append(len(h.got))
+    await h.puller.start()
+    await asyncio.sleep(0)
+    try:
+        await h.send(delivery(1, **{PIN_ID: "pin-1"}))
+        await h.send(delivery(2, **{PIN_ID: "pin-1"}))
+        assert news == [1], "told once, after the delivery reached the callback"
+        await h.send(status("423", "Nats-Wrong-Pin-Id", **{PENDING_MSGS: "4"}))
+        await h.send(status("423", "Nats-Wrong-Pin-Id", **{PENDING_MSGS: "4"}))
+        assert news == [1, 2]
+        h.puller.repin()
+        await h.send(delivery(3, **{PIN_ID: "pin-2"}))
+        assert news == [1, 2, 3] and h.puller.pin_id == "pin-2"
+    finally:
+        await h.puller.stop()
