@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from cgroupd.core import logs
@@ -20,7 +20,6 @@ from cgroupd.core.config import (
     validate_name,
     work_queue_stream,
 )
-from cgroupd.core.consumerinfo import ConsumerInfo
 from cgroupd.core.errors import (
     ApiError,
     CgroupdError,
@@ -196,13 +195,6 @@ class MemberCore:
     @property
     def _probe_timeout(self) -> float:
         return max(0.25, 4 * self.settings.presence_interval)
-
-    def _out_of_touch_answer(self, info: Mapping[str, Any] | None) -> bool:
-        """Whether a consumer info came from a server that last heard a quorum of the
-        consumer's replicas a whole lease ago or more (a node cut off, or just back from a
-        cut). Its answer may name an owner long gone, or this process after another
-        instance took over, so it neither confirms nor ends anything."""
-        return ConsumerInfo.of(info).quorum_age >= self.settings.lease
 
     def _transition(self, to: MemberState, **info: Any) -> None:
         if to not in ALLOWED[self.state]:

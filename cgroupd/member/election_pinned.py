@@ -8,6 +8,7 @@ import contextlib
 import json
 from typing import Any
 
+from cgroupd.core.answers import judge_answer
 from cgroupd.core.consumerinfo import ConsumerInfo
 from cgroupd.core.errors import (
     ApiError,
@@ -174,12 +175,12 @@ class PinnedElection(MemberCore):
         # As in sync mode's self-check: a clustered consumer's leader cut off from its
         # replicas still names us pinned while the majority side pins someone else. Its
         # answer proves the pin only as of when it last heard from a quorum.
-        age = ConsumerInfo.of(info).quorum_age
-        lease.renewed(pin, sent - age)
+        judged = judge_answer([info], sent=sent, lease=lease.ttl)
+        lease.renewed(pin, judged.as_of)
         if not lease.valid:
             self.stats["stale_checks"] += 1
             self._log.warning("pin confirmed by a server out of touch with its cluster; "
-                              "starting nothing", quorum_heard_ago=round(age, 3))
+                              "starting nothing", quorum_heard_ago=round(judged.age, 3))
             return False
         if ConsumerInfo(info).meta(RESET_KEY):
             gen.reconcile = True  # a standby retargeted it before we held the pin

@@ -9,6 +9,7 @@ import math
 import random
 from collections.abc import Awaitable, Callable
 
+from cgroupd.core.answers import judge_answer
 from cgroupd.core.consumerinfo import ConsumerInfo
 from cgroupd.core.errors import (
     ApiError,
@@ -248,7 +249,7 @@ class SyncElection(MemberCore):
         except CgroupdError as exc:
             self._log.info("could not read the sync consumer's holder", error=str(exc))
             return
-        if self._out_of_touch_answer(info):
+        if judge_answer([info], sent=self._clock(), lease=self.settings.lease).stale:
             # A server out of touch with its cluster (a node just back from a cut): its
             # answer may name a holder that is long gone, or this very process (the claim
             # another instance took from us), whose deletion below would be the new
@@ -332,7 +333,7 @@ class SyncElection(MemberCore):
         except CgroupdError as exc:
             self._log.info("could not read the sync consumer's holder", error=str(exc))
             return False
-        if self._out_of_touch_answer(info):
+        if judge_answer([info], sent=self._clock(), lease=self.settings.lease).stale:
             return False  # out of touch: the holder it names may not be the one deleted
         if info is None or ConsumerInfo(info).meta(INSTANCE_KEY) != watch.instance \
                 or info.get("created") != self._watched_created:
