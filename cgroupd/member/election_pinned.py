@@ -27,7 +27,7 @@ from cgroupd.core.pinning import PinLease, SkipRules
 from cgroupd.core.settings import PRIORITY_GROUP, RESET_QUIET_MARGIN
 from cgroupd.member.core import MemberCore
 from cgroupd.member.generation import Generation
-from cgroupd.member.state import MemberState, StepDown
+from cgroupd.member.state import MemberState, Phase, StepDown
 
 #: Pulls between a failed consumer reset and the next try (they keep the pin ours), doubled
 #: after each failure up to the maximum. Each try adds a pull expiry without pulls.
@@ -96,6 +96,7 @@ class PinnedElection(MemberCore):
             self._log.warning("member consumer create failed", error=str(exc))
             return None
         gen = self._gen = self._generation(partitions)
+        self._enter(Phase.CLAIMING)
         if self._stopping or self._deleted:  # stop() came while we were creating it
             gen.end(StepDown.STOPPING)
         gen.pin_lease = PinLease(s.pinned_ttl, self._clock)
@@ -110,6 +111,7 @@ class PinnedElection(MemberCore):
             return gen
         await self._release(gen)
         self._gen = None
+        self._enter(Phase.WAITING)
         return None
 
     def _step_down_requested(self, body: bytes) -> str | None:
@@ -271,6 +273,8 @@ class PinnedElection(MemberCore):
             return False
         self.partitions = gen.partitions
         gen.dispatcher.resume()
+        if self.state is MemberState.ACTIVE and self.phase is Phase.TAKING_OVER:
+            self._enter(Phase.RUNNING)  # (not if the generation ended meanwhile)
         return True
 
     async def _retarget_unpinned(self, info: dict[str, Any],
