@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from cgroupd.core import logs
@@ -20,7 +20,6 @@ from cgroupd.core.config import (
     validate_name,
     work_queue_stream,
 )
-from cgroupd.core.consumerinfo import ConsumerInfo
 from cgroupd.core.errors import (
     ApiError,
     CgroupdError,
@@ -41,14 +40,18 @@ from cgroupd.member.listener import ASSIGNED, LOST, REVOKED, PartitionListener, 
 from cgroupd.member.pinned_acks import PinnedAcks
 from cgroupd.member.state import (
     ALLOWED,
+    FIRST_PHASE,
     ActiveCallback,
     MemberState,
+    Phase,
     RebalanceCallback,
     StandbyCallback,
     StepDown,
     Wake,
+    allowed,
     maybe_await,
     new_instance_id,
+    where_name,
 )
 from cgroupd.nats import jsapi
 from cgroupd.nats.adapter import JetStreamPort
@@ -113,6 +116,8 @@ class MemberCore:
         self._sleep = clock.sleep
         self._clock = clock.now
         self.state = MemberState.JOINING
+        #: What the instance does within ``state`` (see :class:`cgroupd.member.state.Phase`).
+        self.phase: Phase | None = None
         self.config: GroupConfig | None = None
         self.partitions: tuple[int, ...] = ()
         self.stop_reason: str | None = None
@@ -197,19 +202,28 @@ class MemberCore:
     def _probe_timeout(self) -> float:
         return max(0.25, 4 * self.settings.presence_interval)
 
-    def _out_of_touch_answer(self, info: Mapping[str, Any] | None) -> bool:
-        """Whether a consumer info came from a server that last heard a quorum of the
-        consumer's replicas a whole lease ago or more (a node cut off, or just back from a
-        cut). Its answer may name an owner long gone, or this process after another
-        instance took over, so it neither confirms nor ends anything."""
-        return ConsumerInfo.of(info).quorum_age >= self.settings.lease
-
-    def _transition(self, to: MemberState, **info: Any) -> None:
-        if to not in ALLOWED[self.state]:
+    def _transition(self, to: MemberState, *, phase: Phase | None = None,
+                    **info: Any) -> None:
+        """Move to ``to`` (in ``phase``, by default the state's first) as the one
+        transition table (:data:`cgroupd.member.state.TRANSITIONS`) allows."""
+        phase = phase or FIRST_PHASE.get(to)
+        if to not in ALLOWED[self.state] and to is not self.state:
             raise RuntimeError(f"illegal member transition {self.state.value} -> {to.value}")
+        if not allowed((self.state, self.phase), (to, phase)):
+            raise RuntimeError("illegal member transition "
+                               f"{where_name((self.state, self.phase))} -> "
+                               f"{where_name((to, phase))}")
         if to is not self.state:
             self._log.info("state", old=self.state.value, new=to.value, **info)
+        elif phase is not self.phase:
+            self._log.debug("phase", state=to.value, old=self.phase and self.phase.value,
+                            new=phase and phase.value)
         self.state = to
+        self.phase = phase
+
+    def _enter(self, phase: Phase) -> None:
+        """Move to ``phase`` within the current state (see :meth:`_transition`)."""
+        self._transition(self.state, phase=phase)
 
     async def _wait_wake(self, timeout: float, interruptible: bool = True) -> None:
         """Sleep up to ``timeout``; a config change or advisory (since the last attempt

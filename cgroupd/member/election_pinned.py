@@ -8,6 +8,7 @@ import contextlib
 import json
 from typing import Any
 
+from cgroupd.core.answers import judge_answer
 from cgroupd.core.consumerinfo import ConsumerInfo
 from cgroupd.core.errors import (
     ApiError,
@@ -27,7 +28,7 @@ from cgroupd.core.settings import PRIORITY_GROUP, RESET_QUIET_MARGIN
 from cgroupd.core.tasks import cancel_and_wait
 from cgroupd.member.core import MemberCore
 from cgroupd.member.generation import Generation
-from cgroupd.member.state import MemberState, StepDown
+from cgroupd.member.state import MemberState, Phase, StepDown
 from cgroupd.nats.pull import Puller, delivery_number
 
 #: Pulls between a failed consumer reset and the next try (they keep the pin ours), doubled
@@ -100,6 +101,7 @@ class PinnedElection(MemberCore):
             self._log.warning("member consumer create failed", error=str(exc))
             return None
         gen = self._gen = self._generation(partitions)
+        self._enter(Phase.CLAIMING)
         if self._stopping or self._deleted:  # stop() came while we were creating it
             gen.end(StepDown.STOPPING)
         gen.pin_lease = PinLease(s.pinned_ttl, self._clock)
@@ -124,6 +126,7 @@ class PinnedElection(MemberCore):
             return gen
         await self._release(gen)
         self._gen = None
+        self._enter(Phase.WAITING)
         return None
 
     async def _gate_pulls(self, puller: Puller, pinned: asyncio.Future[None]) -> None:
@@ -292,7 +295,8 @@ class PinnedElection(MemberCore):
         # As in sync mode's self-check: a clustered consumer's leader cut off from its
         # replicas still names us pinned while the majority side pins someone else. Its
         # answer proves the pin only as of when it last heard from a quorum.
-        age = view.quorum_age
+        judged = judge_answer([info], sent=sent, lease=lease.ttl)
+        age = judged.age
         if info is None:
             lease.lose()
             return False
@@ -365,7 +369,7 @@ class PinnedElection(MemberCore):
                                    cleared=doubts, ack_pending=view.num_ack_pending)
                 gen.deliveries_checked(doubts)
         self._ask_again_at_a_new_leader(gen, puller, view, lease.leader)
-        lease.renewed(pin, sent - age, pinned_at)
+        lease.renewed(pin, judged.as_of, pinned_at)
         if lease.pin_id != pin:  # pinned again only after our lease ran out
             self._log.info("pinned again only after our lease ran out; not ours to keep",
                            late_by=round(pinned_at - lease.until, 3))
@@ -375,7 +379,7 @@ class PinnedElection(MemberCore):
         if not lease.valid:
             self.stats["stale_checks"] += 1
             self._log.warning("pin confirmed by a server out of touch with its cluster; "
-                              "starting nothing", quorum_heard_ago=round(age, 3))
+                              "starting nothing", quorum_heard_ago=round(judged.age, 3))
             return False
         if ConsumerInfo(info).meta(RESET_KEY):
             gen.reconcile = True  # a standby retargeted it before we held the pin
@@ -554,6 +558,8 @@ class PinnedElection(MemberCore):
             return False
         self.partitions = gen.partitions
         gen.dispatcher.resume()
+        if self.state is MemberState.ACTIVE and self.phase is Phase.TAKING_OVER:
+            self._enter(Phase.RUNNING)  # (not if the generation ended meanwhile)
         return True
 
     async def _retarget_unpinned(self, info: dict[str, Any],

@@ -9,6 +9,7 @@ import math
 import random
 from collections.abc import Awaitable, Callable
 
+from cgroupd.core.answers import judge_answer
 from cgroupd.core.consumerinfo import ConsumerInfo
 from cgroupd.core.errors import (
     ApiError,
@@ -36,7 +37,7 @@ from cgroupd.core.settings import Exclusivity
 from cgroupd.member.core import MemberCore
 from cgroupd.member.generation import Generation
 from cgroupd.member.rebalance import contest_backoff, recheck_claim
-from cgroupd.member.state import MemberState, StepDown
+from cgroupd.member.state import Phase, StepDown
 from cgroupd.nats.lease import (
     TRAVEL_SLACK,
     OwnerWatch,
@@ -71,10 +72,6 @@ class SyncElection(MemberCore):
     #: When the watched claim was created (a claim taken again by the same instance is
     #: another claim: its owner is no longer idle).
     _watched_created: str | None = None
-    #: Our new claim exists and is being checked (see _election_contested): not idle.
-    #: (An instance that answered "standby" then was taken for an idle owner and its
-    #: claim deleted, CI on 728341b: test_cluster_rolling_restart.)
-    _holding_claim: bool = False
 
     def _attempt_pointless(self) -> bool:
         """A standby stood by its whole timeout while the active instance kept answering:
@@ -122,11 +119,17 @@ class SyncElection(MemberCore):
             if isinstance(exc, ApiError) and exc.files_lost:
                 await self._drop_unstored_claim()
             return None
-        self._holding_claim = True  # from here we answer "claiming", not "standby"
+        # From here we answer "claiming", not "standby": our new claim exists and is being
+        # checked (see _election_contested), so we are not idle. (An instance that
+        # answered "standby" then was taken for an idle owner and its claim deleted, CI
+        # on 728341b: test_cluster_rolling_restart.)
+        self._enter(Phase.CLAIMING)
+        contested = True
         try:
             contested = await self._election_contested(partitions, sync_cfg)
         finally:
-            self._holding_claim = False
+            if contested:
+                self._enter(Phase.WAITING)
         if contested:
             return None
         self._watch = None
@@ -146,12 +149,14 @@ class SyncElection(MemberCore):
             self._log.warning("data consumer create failed", error=str(exc))
             await self._release(gen)
             self._gen = None
+            self._enter(Phase.WAITING)
             return None
         if self._stopping or self._deleted:
             # stop() came while we claimed (SIGTERM to every instance: the active one let
             # go and our create won): let go again without becoming active.
             await self._release(gen)
             self._gen = None
+            self._enter(Phase.WAITING)
             return None
         return gen
 
@@ -237,8 +242,9 @@ class SyncElection(MemberCore):
     def _presence_text(self) -> str | None:
         """What this instance answers on its presence subject: its id and state."""
         state = self.state.value
-        if self.state is MemberState.STANDBY and (self._gen is not None or self._holding_claim):
-            state = "claiming"  # holds the claim: checking it, or creating its data consumer
+        if self.phase is Phase.CLAIMING:  # (a phase of STANDBY)
+            state = Phase.CLAIMING.value  # holds the claim: checking it, or creating its
+            #                               data consumer
         return f"{self.instance_id} {state}"
 
     async def _learn_owner(self) -> None:
@@ -248,7 +254,7 @@ class SyncElection(MemberCore):
         except CgroupdError as exc:
             self._log.info("could not read the sync consumer's holder", error=str(exc))
             return
-        if self._out_of_touch_answer(info):
+        if judge_answer([info], sent=self._clock(), lease=self.settings.lease).stale:
             # A server out of touch with its cluster (a node just back from a cut): its
             # answer may name a holder that is long gone, or this very process (the claim
             # another instance took from us), whose deletion below would be the new
@@ -332,7 +338,7 @@ class SyncElection(MemberCore):
         except CgroupdError as exc:
             self._log.info("could not read the sync consumer's holder", error=str(exc))
             return False
-        if self._out_of_touch_answer(info):
+        if judge_answer([info], sent=self._clock(), lease=self.settings.lease).stale:
             return False  # out of touch: the holder it names may not be the one deleted
         if info is None or ConsumerInfo(info).meta(INSTANCE_KEY) != watch.instance \
                 or info.get("created") != self._watched_created:

@@ -26,7 +26,7 @@ from cgroupd.core.partitions import (
 from cgroupd.core.settings import Exclusivity
 from cgroupd.member.core import MemberCore
 from cgroupd.member.generation import Generation
-from cgroupd.member.state import StepDown
+from cgroupd.member.state import MemberState, Phase, StepDown
 from cgroupd.nats import jsapi
 from cgroupd.nats.adapter import JetStreamPort
 from cgroupd.nats.lease import (
@@ -134,11 +134,16 @@ class Rebalance(MemberCore):
             started = self._clock()
             self._move_steps = {}
             move = self._move_pinned if pinned else self._move_partitions
+            if self.state is MemberState.ACTIVE and self.phase is Phase.RUNNING:
+                self._enter(Phase.MOVING)  # (not once the generation ended)
             try:
                 done = await move(gen, target)
             except CgroupdError as exc:
                 self._log.warning("rebalance step failed", error=str(exc))
                 done = False
+            finally:
+                if self.state is MemberState.ACTIVE and self.phase is Phase.MOVING:
+                    self._enter(Phase.RUNNING)
             if not done:
                 # Say so: a move that stopped half-way leaves no other trace in the log.
                 self._log.info("rebalance attempt stopped", target=list(target),

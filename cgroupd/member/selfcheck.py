@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from cgroupd.core.answers import judge_answer
 from cgroupd.core.consumerinfo import ConsumerInfo
 from cgroupd.core.errors import CgroupdError
 from cgroupd.core.naming import (
@@ -37,7 +38,7 @@ class SelfCheck(MemberCore):
             info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
         except CgroupdError:
             return False
-        if self._out_of_touch_answer(info):
+        if judge_answer([info], sent=self._clock(), lease=self.settings.lease).stale:
             return False
         meta = ConsumerInfo.of(info).metadata
         return bool(meta.get(INSTANCE_KEY) == self.instance_id
@@ -147,10 +148,10 @@ class SelfCheck(MemberCore):
         # the node that was cut off still answers for a moment with the consumers it led
         # before the cut (the previous owner's sync consumer, under the same name), and
         # believing it would end the new owner's generation for nothing (issue 13).
-        age = max(ConsumerInfo.of(info).quorum_age for info in (sync, *data))
+        judged = judge_answer((sync, *data), sent=sent, lease=self.settings.lease)
         meta = ConsumerInfo.of(sync).metadata
-        if age >= self.settings.lease:
-            self._stale(age, meta.get(INSTANCE_KEY))
+        if judged.stale:
+            self._stale(judged.age, meta.get(INSTANCE_KEY))
             return None
         if sync is None or meta.get(INSTANCE_KEY) != self.instance_id \
                 or meta.get(TOKEN_KEY) != self._token:
@@ -166,9 +167,9 @@ class SelfCheck(MemberCore):
         gen.data_info = {
             key: sum(int((info or {}).get(key, 0)) for info in data)
             for key in ("num_pending", "num_ack_pending")}
-        gen.lease.renew(sent - age)
+        gen.lease.renew(judged.as_of)
         if not gen.lease.valid:
-            self._stale(age)
+            self._stale(judged.age)
             return None
         self._out_of_touch = False
         return True

@@ -6,13 +6,16 @@ task runs the states below; each time this instance wins the election it starts 
 ``asyncio.wait(FIRST_COMPLETED)``, for whatever ends it: a config change, the loss of a
 consumer, a failed self-check, the group's deletion, or stop().
 
-    JOINING ──► STANDBY ◄──────────────┐
-                  │ won both consumers │
-                  ▼                    │
-                ACTIVE ──► STEPPING_DOWN
-                  │ stop() / group deleted
-                  ▼
-               STOPPED
+The states (their phases in brackets) and where each may go, rendered from the one
+transition table :data:`cgroupd.member.state.TRANSITIONS` (every move, phases included,
+is in docs/architecture.md; ``tests/unit/test_state_table.py`` fails when either drifts;
+an active instance always steps down before it stops):
+
+    JOINING ──► STANDBY, STOPPED
+    STANDBY (waiting, claiming) ──► ACTIVE, STOPPED
+    ACTIVE (taking-over, running, moving) ──► STEPPING-DOWN
+    STEPPING-DOWN (releasing, stopping) ──► STANDBY, STOPPED
+    STOPPED
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from cgroupd.member.rebalance import Rebalance
 from cgroupd.member.rebalance_pinned import PinnedRebalance
 from cgroupd.member.release import Release
 from cgroupd.member.selfcheck import SelfCheck
-from cgroupd.member.state import MemberState, StepDown
+from cgroupd.member.state import MemberState, Phase, StepDown
 from cgroupd.nats.lease import presence_subject
 
 __all__ = ["Member"]
@@ -78,6 +81,8 @@ class Member(ConfigWatch, SyncElection, PinnedElection, Rebalance, PinnedRebalan
         """Stop: finish in-flight handlers (bounded), delete own consumers, return."""
         self._stopping = True
         self.stop_reason = self.stop_reason or "stopped"
+        if self.phase is Phase.RELEASING:
+            self._enter(Phase.STOPPING)
         if self._gen is not None:
             self._gen.end(StepDown.STOPPING)
         self._wake.set()
@@ -173,7 +178,9 @@ class Member(ConfigWatch, SyncElection, PinnedElection, Rebalance, PinnedRebalan
     async def _run_active(self, gen: Generation) -> StepDown:
         self._gen = gen
         self.partitions = gen.partitions
-        self._transition(MemberState.ACTIVE, partitions=list(gen.partitions))
+        # Pinned mode (a lease on the pin): nothing starts until the takeover is done.
+        self._transition(MemberState.ACTIVE, phase=Phase.RUNNING if gen.pin_lease is None
+                         else Phase.TAKING_OVER, partitions=list(gen.partitions))
         self._log.info("became active", partitions=list(gen.partitions))
         await self._assigned(gen, gen.partitions)
         if self.on_active is not None:
@@ -193,7 +200,9 @@ class Member(ConfigWatch, SyncElection, PinnedElection, Rebalance, PinnedRebalan
         if why in (StepDown.DATA_LOST, StepDown.SYNC_LOST, StepDown.PIN_LOST) \
                 and await self._deleted_meanwhile():
             why = gen.reported = StepDown.GROUP_DELETED
-        self._transition(MemberState.STEPPING_DOWN, reason=why.value, detail=detail)
+        self._transition(MemberState.STEPPING_DOWN, phase=Phase.STOPPING if self._stopping
+                         or self._deleted else Phase.RELEASING, reason=why.value,
+                         detail=detail)
         self.stats["step_downs"] += why is not StepDown.STOPPING
         self._stepping_since = self._clock()
         try:
@@ -202,6 +211,8 @@ class Member(ConfigWatch, SyncElection, PinnedElection, Rebalance, PinnedRebalan
             self._stepping_since = None
         self._gen = None
         self.partitions = ()
+        if (self._stopping or self._deleted) and self.phase is Phase.RELEASING:
+            self._enter(Phase.STOPPING)  # the group was deleted during the release
         self._transition(MemberState.STOPPED if self._stopping or self._deleted
                          else MemberState.STANDBY, reason=why.value)
         self._log.info("stepped down", reason=why.value, detail=detail)

@@ -22,6 +22,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from cgroupd.core import logs
+from cgroupd.core.answers import PullStatus, classify_pull_status
 from cgroupd.core.clock import LOOP_CLOCK, Clock
 from cgroupd.core.tasks import cancel_and_wait
 from cgroupd.nats import jsapi
@@ -409,28 +410,25 @@ class Puller:
 
     def _status(self, status: str, description: str, msg: Msg) -> None:
         headers = msg.headers or {}
-        lowered = description.lower()
-        if status == "100":
+        kind = classify_pull_status(status, description)
+        if kind is PullStatus.HEARTBEAT:
             return  # idle heartbeat (or flow control, not used by pulls): just liveness
         log.debug("pull status", consumer=self._consumer, status=status, description=description,
                  pending=headers.get(PENDING_MSGS))
-        if status in ("404", "408"):
+        if kind in (PullStatus.REQUEST_DONE, PullStatus.ASK_AGAIN):
+            # The request ended (or a passing 409: leadership change, max waiting, batch
+            # completed): what it did not bring is asked for again.
             left = headers.get(PENDING_MSGS)
             self._pending = max(0, self._pending - int(left)) if left else 0
             self._wake.set()
-        elif status == "409":
-            if "deleted" in lowered:
-                self._end(PullEnd.CONSUMER_GONE, f"consumer deleted ({description})")
-            elif "exceeded" in lowered and "maxwaiting" not in lowered.replace(" ", ""):
-                self._end(PullEnd.FAILED, f"pull rejected: {description}")
-            else:  # leadership change, max waiting, batch completed: ask again
-                left = headers.get(PENDING_MSGS)
-                self._pending = max(0, self._pending - int(left)) if left else 0
-                self._wake.set()
-        elif status == "423":
+        elif kind is PullStatus.CONSUMER_DELETED:
+            self._end(PullEnd.CONSUMER_GONE, f"consumer deleted ({description})")
+        elif kind is PullStatus.REJECTED:
+            self._end(PullEnd.FAILED, f"pull rejected: {description}")
+        elif kind in (PullStatus.PIN_LOST, PullStatus.WRONG_PIN_ID):
             left = headers.get(PENDING_MSGS)
             self._pending = max(0, self._pending - (int(left) if left else self._opts.batch))
-            if "wrong" in lowered and self._opts.group:
+            if kind is PullStatus.WRONG_PIN_ID and self._opts.group:
                 # A request carrying a pin id that is not (or no longer) the leader's: it
                 # moved to another client, or went with a consumer leader change. The
                 # member's next renewal tells which; no request until then, so we are not
@@ -446,7 +444,7 @@ class Puller:
                 return
             self.pin_id = None
             self._end(PullEnd.PIN_LOST, f"pin lost ({description})")
-        elif status == "503":
+        elif kind is PullStatus.NO_RESPONDERS:
             # No responder for the pull: the consumer is gone, or (in a cluster) it is
             # electing a new leader. Not ours to decide: ask again a little later; the
             # member's self-check asks the server whether the consumer still exists.

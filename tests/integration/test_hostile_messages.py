@@ -35,6 +35,7 @@ from nats.aio.msg import Msg
 from nats.js import api
 
 from cgroupd import admin
+from cgroupd.core.answers import PullStatus, classify_pull_status
 from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter
 from cgroupd.nats import jsapi
 from cgroupd.nats.jetstream import JetStream
@@ -419,9 +420,10 @@ def test_property_any_headers_payloads_and_subjects(hostile: HostileEnv,
 async def test_server_status_tells_server_statuses_from_messages(
         nats_server: NatsServer) -> None:
     """Every status a pull can get from nats-server (100 heartbeat, 404, 408, 409 deleted,
-    423 pin mismatch, 503 no responders) is a status; deliveries carrying the same headers,
-    with and without a payload, are messages; the server's ack confirmation is neither a
-    refusal nor a message."""
+    409 exceeded max request batch, 409 exceeded max waiting, 423 pin mismatch, 503 no
+    responders) is a status, and ``classify_pull_status`` reads each as the puller must;
+    deliveries carrying the same headers, with and without a payload, are messages; the
+    server's ack confirmation is neither a refusal nor a message."""
     nc = await nats.connect(nats_server.url, **client_options())
     got: asyncio.Queue[Msg] = asyncio.Queue()
     try:
@@ -453,6 +455,11 @@ async def test_server_status_tells_server_statuses_from_messages(
                     return msg
                 assert status is None or status.code == "100", (msg.headers, msg.reply)
 
+        async def next_kind(code: str) -> PullStatus:
+            status = jsapi.server_status(await next_status(code))
+            assert status is not None
+            return classify_pull_status(status.code, status.description)
+
         await create("c", filter_subject="s.user")
         await pull("c", batch=8, expires=int(5e9), idle_heartbeat=int(0.1e9))
         deliveries = [await asyncio.wait_for(got.get(), 5) for _ in range(7)]
@@ -461,18 +468,34 @@ async def test_server_status_tells_server_statuses_from_messages(
         for msg in deliveries:
             confirmation = await nc.request(msg.reply, b"+ACK", timeout=2)
             assert jsapi.server_status(confirmation) is None
-        await next_status("100")  # idle heartbeat while the request waits
+        # idle heartbeat while the request waits
+        assert await next_kind("100") is PullStatus.HEARTBEAT
         await jsapi.delete_consumer(nc, "S", "c")
         deleted = jsapi.server_status(await next_status("409"))
         assert deleted is not None and "deleted" in deleted.description.lower()
+        assert classify_pull_status(deleted.code, deleted.description) \
+            is PullStatus.CONSUMER_DELETED
         await pull("c", batch=1, expires=int(1e9))
-        await next_status("503")  # no such consumer
+        assert await next_kind("503") is PullStatus.NO_RESPONDERS  # no such consumer
         await create("d", filter_subject="s.none")
         await pull("d", batch=1, no_wait=True)
-        await next_status("404")
+        assert await next_kind("404") is PullStatus.REQUEST_DONE
         await pull("d", batch=1, expires=int(0.2e9))
         timeout = jsapi.server_status(await next_status("408"))
         assert timeout is not None and timeout.headers.get("Nats-Pending-Messages") == "1"
+        assert classify_pull_status(timeout.code, timeout.description) \
+            is PullStatus.REQUEST_DONE
+        # Two 409s told apart only by their description: a request that can never be
+        # served ("Exceeded MaxRequestBatch of 1") and one that may wait next time
+        # ("Exceeded MaxWaiting": another request holds the only waiting slot).
+        await create("b", filter_subject="s.none", max_batch=1)
+        await pull("b", batch=2, expires=int(1e9))
+        assert await next_kind("409") is PullStatus.REJECTED
+        await create("w", filter_subject="s.none", max_waiting=1)
+        await pull("w", batch=1, expires=int(0.5e9))
+        await pull("w", batch=1, expires=int(0.5e9))
+        assert await next_kind("409") is PullStatus.ASK_AGAIN
+        assert await next_kind("408") is PullStatus.REQUEST_DONE  # the waiting one ends
         await create("p", filter_subject="s.pin", priority_groups=["PCG"],
                      priority_policy="pinned_client", priority_timeout=int(5e9))
         await js.publish("s.pin", b"pin me", headers={"Nats-Pin-Id": "bogus"})
@@ -482,7 +505,7 @@ async def test_server_status_tells_server_statuses_from_messages(
         # The server appends its own Nats-Pin-Id after the publisher's: the last one wins.
         assert pinned.headers and pinned.headers["Nats-Pin-Id"] != "bogus"
         await pull("p", batch=1, expires=int(1e9), group="PCG", id="wrong")
-        await next_status("423")
+        assert await next_kind("423") is PullStatus.PIN_LOST
     finally:
         await nc.close()
 

@@ -24,6 +24,7 @@ from cgroupd.core.errors import ServerUnreachable
 from cgroupd.core.pinning import step_down_subject
 from cgroupd.core.settings import PRIORITY_GROUP, Exclusivity, MemberSettings
 from cgroupd.member import Member, MemberState
+from cgroupd.member.state import Phase
 from cgroupd.nats.lease import Answer, Presence
 from tests.support.fakes_pinned import PinnedJetStream, PinnedServer
 from tests.support.polling import eventually
@@ -57,7 +58,7 @@ class Group:
         #: Stream sequences whose handler waits until the event is set.
         self.gates: dict[int, asyncio.Event] = {}
 
-    async def start(self) -> Member:
+    async def start(self, member_class: type[Member] = Member) -> Member:
         reasons: list[str] = []
         member: Member | None = None
 
@@ -70,8 +71,8 @@ class Group:
             if member.instance_id in self.stuck:
                 await asyncio.Event().wait()
 
-        member = Member(PinnedJetStream(self.server), "ORDERS", "g", "m1",
-                        handler, self.settings, on_standby=reasons.append)
+        member = member_class(PinnedJetStream(self.server), "ORDERS", "g", "m1",
+                              handler, self.settings, on_standby=reasons.append)
         member.reasons = reasons  # type: ignore[attr-defined]
         await member.start()
         self.members.append(member)
@@ -322,3 +323,29 @@ async def test_deliveries_lost_unnoticed_are_found_by_the_gap_they_leave(group: 
     assert group.by(holder) == [1, 2, 3, 4, 5, 6] and group.by(standby) == []
     assert holder.active and getattr(holder, "reasons", []) == []
     assert st.resets == 1
+
+
+class PhaseRecording(Member):
+    """Remembers every (state, phase) it moved to."""
+
+    def _transition(self, to: MemberState, **info: Any) -> None:
+        super()._transition(to, **info)
+        self.__dict__.setdefault("path", []).append((self.state, self.phase))
+
+
+async def test_a_pinned_instance_claims_then_takes_over_before_it_runs(group: Group) -> None:
+    """The phases of issue 26, as a pinned instance lives them: it claims (shares the
+    member consumer) until a message pins it, takes over (nothing starts yet), then
+    runs; stop() steps down in the stopping phase."""
+    a = await group.start(member_class=PhaseRecording)
+    await eventually(lambda: a.phase is Phase.CLAIMING, 5, what="a claiming")
+    assert a.state is MemberState.STANDBY
+    await group.offer(1)
+    await eventually(lambda: group.by(a) == [1], 5, what="the message run")
+    assert a.phase is Phase.RUNNING
+    await a.stop()
+    assert a.__dict__["path"] == [
+        (MemberState.STANDBY, Phase.WAITING), (MemberState.STANDBY, Phase.CLAIMING),
+        (MemberState.ACTIVE, Phase.TAKING_OVER), (MemberState.ACTIVE, Phase.RUNNING),
+        (MemberState.STEPPING_DOWN, Phase.STOPPING), (MemberState.STOPPED, None)], \
+        a.__dict__["path"]

@@ -23,6 +23,7 @@ from cgroupd.core.errors import ApiError, InstanceIdInUse
 from cgroupd.core.naming import data_consumers
 from cgroupd.core.settings import MemberSettings
 from cgroupd.member import INSTANCE_KEY, Member, MemberState
+from cgroupd.member.state import Phase
 from cgroupd.nats.lease import legacy_presence_subject
 from tests.support.fakes import FakeJetStream, FakeServer
 from tests.support.polling import eventually
@@ -549,3 +550,26 @@ async def test_a_standby_claims_at_once_while_the_owner_steps_down(group: Group)
     began = loop.time()
     await eventually(lambda: group.holder() == b.instance_id, 5, what="b's claim")
     assert loop.time() - began < 3 * SETTINGS.retry_interval
+
+
+class PhaseRecording(Member):
+    """Remembers every (state, phase) it moved to."""
+
+    def _transition(self, to: MemberState, **info: Any) -> None:
+        super()._transition(to, **info)
+        self.__dict__.setdefault("path", []).append((self.state, self.phase))
+
+
+async def test_a_sync_instance_claims_before_it_is_active_and_stops_via_stopping(
+        group: Group) -> None:
+    """The phases of issue 26, as a sync instance lives them: it claims (answering
+    "claiming" on its presence subject) before it is active, runs, and a stop() steps
+    down in the stopping phase."""
+    a = await group.start(member_class=PhaseRecording)
+    await eventually(lambda: a.active, 5, what="a active")
+    assert a.phase is Phase.RUNNING
+    await a.stop()
+    assert a.__dict__["path"] == [
+        (MemberState.STANDBY, Phase.WAITING), (MemberState.STANDBY, Phase.CLAIMING),
+        (MemberState.ACTIVE, Phase.RUNNING), (MemberState.STEPPING_DOWN, Phase.STOPPING),
+        (MemberState.STOPPED, None)], a.__dict__["path"]

@@ -26,7 +26,8 @@ from cgroupd.core.config import (
 )
 from cgroupd.core.partitions import member_partitions
 from cgroupd.core.settings import MemberSettings
-from cgroupd.member import Member
+from cgroupd.member import Member, MemberState
+from cgroupd.member.state import Phase
 from tests.support.fakes import FakeJetStream, FakeMsg, FakeServer, data_puller
 from tests.support.fakes_pinned import PinnedJetStream, PinnedServer
 from tests.support.polling import eventually
@@ -162,7 +163,8 @@ async def test_sync_incremental_move(sync: Timeline) -> None:
     """m1 (instance a) owns all 4 partitions and is running a message of a partition that
     m2 (instance b) gets when it joins. a hears ``revoked`` only after that message's ack,
     and only those partitions; b hears ``assigned`` for them after that, and before its
-    first message; a's other partitions stay assigned (no revoke, no reassign)."""
+    first message; a's other partitions stay assigned (no revoke, no reassign). a is in
+    its moving phase while the move waits, and running again once it is done."""
     a = await sync.start("a")
     await eventually(lambda: a.active and data_puller_ready(a), 5, what="a active")
     moving = member_partitions(config("m1", "m2"), "m2")
@@ -176,6 +178,7 @@ async def test_sync_incremental_move(sync: Timeline) -> None:
     await asyncio.sleep(0.3)
     assert "revoked" not in sync.kinds("a"), "revoked while its message still runs"
     assert "assigned" not in sync.kinds("b"), "the next owner before the last settle"
+    assert (a.state, a.phase) == (MemberState.ACTIVE, Phase.MOVING)
     sync.gates[1].set()
     await eventually(lambda: b.active and data_puller_ready(b), 10, what="b active")
     await deliver_to(b, 2, moving[0])
@@ -186,6 +189,7 @@ async def test_sync_incremental_move(sync: Timeline) -> None:
     assert sync.events[sync.at("assigned", "a")][2] == (0, 1, 2, 3)
     assert sync.kinds("a") == ["assigned", "start", "ack", "revoked"]
     assert a.active and a.partitions == staying
+    assert a.phase is Phase.RUNNING
 
 
 async def test_sync_step_down(sync: Timeline) -> None:

@@ -11,6 +11,7 @@ from cgroupd.core.settings import Exclusivity, MemberSettings
 from cgroupd.join.handlers import DEFAULT_WEBHOOK_TIMEOUT
 from cgroupd.member import Member, MemberState
 from cgroupd.member.dispatch import Ordering
+from cgroupd.member.state import Phase
 
 
 @pytest.mark.parametrize(("changes", "message"), [
@@ -77,6 +78,9 @@ async def test_member_rejects_illegal_state_transitions() -> None:
     with pytest.raises(RuntimeError, match="illegal member transition joining -> active"):
         member._transition(MemberState.ACTIVE)
     member._transition(MemberState.STANDBY)
+    with pytest.raises(RuntimeError, match="standby: waiting -> active"):
+        member._transition(MemberState.ACTIVE)  # only from a claim
+    member._enter(Phase.CLAIMING)
     member._transition(MemberState.ACTIVE)
     with pytest.raises(RuntimeError, match="active -> standby"):
         member._transition(MemberState.STANDBY)
