@@ -10,7 +10,8 @@ average before and after, and derives what one instance or member costs
 ``all_active_ms_per_member``): a per-instance figure that stays flat grows linearly. The
 ``growth`` section fits each total on log-log axes over the sizes measured: an exponent
 of 1 grows linearly with the instances, 0 stays constant, above 1 grows faster than the
-fleet.
+fleet. The ``lines`` section fits each as ``fixed + per_instance x instances``: below an
+exponent of 1, how much is the fixed part.
 
 The plot (an SVG written here, no plotting library) and the Markdown table read one or
 more such documents (a later file's size replaces an earlier one's, so a sweep can be
@@ -94,10 +95,29 @@ def growth(rows: Sequence[dict[str, Any]]) -> dict[str, float | None]:
     return {key: exponent((r["instances"], r.get(key)) for r in measured) for key in GROWN}
 
 
+def straight_line(points: Iterable[tuple[float, Any]]) -> dict[str, float] | None:
+    """``value = fixed + per_instance x instances``, least squares: what a size costs
+    whatever its fleet, and what each more instance adds (a line to read a size not
+    measured from). None under two sizes with a value."""
+    xy = [(float(n), float(v)) for n, v in points if isinstance(v, int | float)]
+    if len({x for x, _ in xy}) < 2:
+        return None
+    mx = sum(x for x, _ in xy) / len(xy)
+    my = sum(y for _, y in xy) / len(xy)
+    slope = sum((x - mx) * (y - my) for x, y in xy) / sum((x - mx) ** 2 for x, _ in xy)
+    return {"fixed": round(my - slope * mx, 3), "per_instance": round(slope, 5)}
+
+
+def lines(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float] | None]:
+    measured = [r for r in rows if not r.get("pending")]
+    return {key: straight_line((r["instances"], r.get(key)) for r in measured)
+            for key in GROWN}
+
+
 def size_row(instances: int, copies: int, result: dict[str, Any],
              load: tuple[float, float]) -> dict[str, Any]:
     """What the sweep keeps of one size's fleet run, with its derived figures."""
-    row = {key: result.get(key) for key in KEPT}
+    row: dict[str, Any] = {key: result.get(key) for key in KEPT}
     for key in ("all_active_s", "first_round_served_s"):
         if isinstance(row[key], float):
             row[key] = round(row[key], 3)
@@ -126,14 +146,15 @@ async def measure_size(instances: int, copies: int, processes: int, idle: float,
 
 async def sweep(sizes: Sequence[int], copies: int = 2, processes: int = PROCESSES,
                 idle: float = 20.0, timeout: float = 120.0) -> dict[str, Any]:
+    measured_on = machine()  # the load average before the first size
     rows = []
     for n in sizes:
         print(f"fleet_growth: {n} instances", file=sys.stderr)
         rows.append(await measure_size(n, copies, processes, idle, timeout))
-    return {"benchmark": "fleet_growth", "machine": machine(),
+    return {"benchmark": "fleet_growth", "machine": measured_on,
             "settings": {"sizes": list(sizes), "copies": copies, "processes": processes,
                          "idle_s": idle, "timeout_s": timeout},
-            "sizes": rows, "growth": growth(rows)}
+            "sizes": rows, "growth": growth(rows), "lines": lines(rows)}
 
 
 def merge(docs: Sequence[dict[str, Any]], expected: Sequence[int] = SIZES) -> dict[str, Any]:
@@ -153,7 +174,7 @@ def merge(docs: Sequence[dict[str, Any]], expected: Sequence[int] = SIZES) -> di
     for n in expected:
         by_size.setdefault(n, {"instances": n, "members": n // copies, "pending": True})
     rows = [by_size[n] for n in sorted(by_size)]
-    return {**docs[-1], "sizes": rows, "growth": growth(rows)}
+    return {**docs[-1], "sizes": rows, "growth": growth(rows), "lines": lines(rows)}
 
 
 # -- the plot -------------------------------------------------------------------------------

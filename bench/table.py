@@ -233,6 +233,20 @@ def fleet_growth(result: dict[str, Any]) -> Iterator[str]:
            f"{_n(grown.get('all_active_s'), 2)} | {_n(grown.get('first_round_served_s'), 2)} | "
            f"| {_n(grown.get('idle_server_cpu_pct'), 2)} | {_n(grown.get('idle_api_per_s'), 2)} "
            f"| {_n(grown.get('idle_workers_cpu_pct'), 2)} |")
+    fits = result.get("lines") or {}
+
+    def line(key: str) -> str:
+        fit = fits.get(key)
+        if not isinstance(fit, dict):
+            return "-"
+        fixed, slope = float(fit["fixed"]), float(fit["per_instance"])
+        sign = "-" if slope < 0 else "+"
+        fixed = round(fixed, 2) + 0.0  # -0.0 + 0.0 is 0.0: no "-0.00"
+        return f"{_n(fixed, 2)} {sign} {abs(slope):.5f} n"
+
+    yield (f"| least-squares line (n instances) | | {line('all_active_s')} | "
+           f"{line('first_round_served_s')} | | {line('idle_server_cpu_pct')} | "
+           f"{line('idle_api_per_s')} | {line('idle_workers_cpu_pct')} |")
 
 
 RENDER = {"throughput": throughput, "failover": failover, "scale": scale,
