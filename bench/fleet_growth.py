@@ -262,6 +262,9 @@ def svg(doc: dict[str, Any]) -> str:
     height = TOP + len(PANELS) * (PANEL_H + GAP)
     m = doc.get("machine", {})
     caption = f"cgroupd fleet growth: {m.get('cores')} cores, {m.get('nats_server')}"
+    pending = [str(r["instances"]) for r in rows if r.get("pending")]
+    if pending:
+        caption += f"; not measured yet: {', '.join(pending)} instances"
     legend = ("x: instances (log scale), a point per size measured; "
               "dashed: linear growth from the smallest size")
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '

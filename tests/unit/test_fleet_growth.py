@@ -115,7 +115,9 @@ def _points(svg: str) -> dict[str, list[tuple[int, float]]]:
 
 
 def test_the_plot_is_svg_with_one_point_per_measured_size_in_every_panel() -> None:
-    points = _points(fleet_growth.svg(fleet_growth.merge([_canned()])))
+    svg = fleet_growth.svg(fleet_growth.merge([_canned()]))
+    assert "not measured yet: 250, 500, 1000 instances" in svg
+    points = _points(svg)
     assert sorted(points) == sorted(key for key, _ in fleet_growth.PANELS)
     for key, series in points.items():
         assert [n for n, _ in series] == [32, 64, 128], key  # the pending sizes have none
