@@ -31,6 +31,7 @@ import json
 import math
 import os
 import sys
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ SIZES = (32, 64, 128, 250, 500, 1000)
 PROCESSES = 4
 
 #: What each size keeps of its :func:`bench.fleet.run` result.
-KEPT = ("instances", "members", "processes", "all_active_s", "active_members",
+KEPT = ("instances", "members", "processes", "all_active_s", "active_members", "states",
         "first_round_served_s", "died", "died_examples", "workers_exited", "connect_failed",
         "connect_retries", "idle_server_cpu_pct", "idle_api_per_s",
         "idle_cpu_per_instance_pct")
@@ -76,18 +77,22 @@ def derived(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def exponent(points: Iterable[tuple[float, Any]]) -> float | None:
-    """The slope of log(value) over log(instances), least squares: 1 is linear growth.
-    Sizes without a positive value are left out; None under two sizes."""
-    xy = [(math.log(n), math.log(v)) for n, v in points
-          if n > 0 and isinstance(v, int | float) and v > 0]
+def _fit(xy: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
+    """Least squares ``y = a + b x``: (a, b); None under two distinct x."""
     if len({x for x, _ in xy}) < 2:
         return None
     mx = sum(x for x, _ in xy) / len(xy)
     my = sum(y for _, y in xy) / len(xy)
-    slope = (sum((x - mx) * (y - my) for x, y in xy)
-             / sum((x - mx) ** 2 for x, _ in xy))
-    return round(slope, 2)
+    slope = sum((x - mx) * (y - my) for x, y in xy) / sum((x - mx) ** 2 for x, _ in xy)
+    return my - slope * mx, slope
+
+
+def exponent(points: Iterable[tuple[float, Any]]) -> float | None:
+    """The slope of log(value) over log(instances), least squares: 1 is linear growth.
+    Sizes without a positive value are left out; None under two sizes."""
+    fit = _fit([(math.log(n), math.log(v)) for n, v in points
+                if n > 0 and isinstance(v, int | float) and v > 0])
+    return None if fit is None else round(fit[1], 2)
 
 
 def growth(rows: Sequence[dict[str, Any]]) -> dict[str, float | None]:
@@ -99,13 +104,10 @@ def straight_line(points: Iterable[tuple[float, Any]]) -> dict[str, float] | Non
     """``value = fixed + per_instance x instances``, least squares: what a size costs
     whatever its fleet, and what each more instance adds (a line to read a size not
     measured from). None under two sizes with a value."""
-    xy = [(float(n), float(v)) for n, v in points if isinstance(v, int | float)]
-    if len({x for x, _ in xy}) < 2:
+    fit = _fit([(float(n), float(v)) for n, v in points if isinstance(v, int | float)])
+    if fit is None:
         return None
-    mx = sum(x for x, _ in xy) / len(xy)
-    my = sum(y for _, y in xy) / len(xy)
-    slope = sum((x - mx) * (y - my) for x, y in xy) / sum((x - mx) ** 2 for x, _ in xy)
-    return {"fixed": round(my - slope * mx, 3), "per_instance": round(slope, 5)}
+    return {"fixed": round(fit[0], 3), "per_instance": round(fit[1], 5)}
 
 
 def lines(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float] | None]:
@@ -139,6 +141,7 @@ async def measure_size(instances: int, copies: int, processes: int, idle: float,
     except Exception as exc:  # noqa: BLE001 - one size's failure is a result, not the end
         result = {"error": f"{type(exc).__name__}: {exc}"}
     row = size_row(instances, copies, result, (before, os.getloadavg()[0]))
+    row["at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # sizes merge across runs
     if "error" in result:
         row["error"] = result["error"]
     return row

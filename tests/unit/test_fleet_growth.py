@@ -24,7 +24,8 @@ def _row(instances: int, active_s: float, server: float, api: float, own: float,
               "first_round_served_s": 0.4, "died": 0, "died_examples": [],
               "workers_exited": 0, "connect_failed": 0, "connect_retries": 0,
               "idle_server_cpu_pct": server, "idle_api_per_s": api,
-              "idle_cpu_per_instance_pct": own, "states": {"active": instances // 2}}
+              "idle_cpu_per_instance_pct": own, "states": {"active": instances // 2},
+              "machine": {"cores": 2}}
     return fleet_growth.size_row(instances, 2, result, load)
 
 
@@ -44,7 +45,8 @@ def _canned() -> dict[str, Any]:
 def test_a_size_keeps_the_fleets_measures_and_derives_per_instance_and_per_member() -> None:
     row = _row(128, 2.5, 3.2, 51.2, 0.07, load=(1.234, 2.345))
     assert (row["instances"], row["members"]) == (128, 64)
-    assert "states" not in row  # only what the sweep keeps
+    assert row["states"] == {"active": 64}
+    assert "machine" not in row  # only what the sweep keeps
     assert row["load_average_1min"] == [1.23, 2.35]
     assert row["server_cpu_pct_per_instance"] == 0.025  # 3.2 % over 128 instances
     assert row["api_per_s_per_member"] == 0.8  # 51.2/s over 64 members
