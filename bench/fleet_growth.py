@@ -3,7 +3,8 @@
 One :mod:`bench.fleet` run per size (``--sizes``, instances; ``--copies`` instances per
 member), one after the other, each on a fresh nats-server: a mass start, then an idle
 window of ``--idle`` seconds. Per size it keeps the fleet's start and at-rest measures
-(``all_active_s``, ``first_round_served_s``, ``died``, ``workers_exited``,
+(``all_active_s``, ``all_settled_s``: every standby started too,
+``first_round_served_s``, ``died``, ``workers_exited``,
 ``idle_server_cpu_pct``, ``idle_api_per_s``, ``idle_cpu_per_instance_pct``) and the load
 average before and after, and derives what one instance or member costs
 (``server_cpu_pct_per_instance``, ``api_per_s_per_member``, ``idle_workers_cpu_pct``,
@@ -47,13 +48,13 @@ PROCESSES = 4
 
 #: What each size keeps of its :func:`bench.fleet.run` result.
 KEPT = ("instances", "members", "processes", "all_active_s", "active_members", "states",
-        "first_round_served_s", "died", "died_examples", "workers_exited", "connect_failed",
-        "connect_retries", "idle_server_cpu_pct", "idle_api_per_s",
-        "idle_cpu_per_instance_pct")
+        "all_settled_s", "states_settled", "first_round_served_s", "died", "died_examples",
+        "workers_exited", "connect_failed", "connect_retries", "idle_server_cpu_pct",
+        "idle_api_per_s", "idle_cpu_per_instance_pct")
 
 #: Totals whose growth with the instances is fitted (the ``growth`` section).
-GROWN = ("all_active_s", "first_round_served_s", "idle_server_cpu_pct", "idle_api_per_s",
-         "idle_workers_cpu_pct")
+GROWN = ("all_active_s", "all_settled_s", "first_round_served_s", "idle_server_cpu_pct",
+         "idle_api_per_s", "idle_workers_cpu_pct")
 
 
 def _ratio(value: Any, by: Any, scale: float = 1.0, digits: int = 4) -> float | None:
@@ -120,7 +121,7 @@ def size_row(instances: int, copies: int, result: dict[str, Any],
              load: tuple[float, float]) -> dict[str, Any]:
     """What the sweep keeps of one size's fleet run, with its derived figures."""
     row: dict[str, Any] = {key: result.get(key) for key in KEPT}
-    for key in ("all_active_s", "first_round_served_s"):
+    for key in ("all_active_s", "all_settled_s", "first_round_served_s"):
         if isinstance(row[key], float):
             row[key] = round(row[key], 3)
     row["instances"], row["members"] = instances, instances // copies

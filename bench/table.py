@@ -204,6 +204,7 @@ def fleet_growth(result: dict[str, Any]) -> Iterator[str]:
            f"{m.get('nats_server')}.")
     yield ""
     yield ("| instances (members) | load 1 min before / after | all active s (ms per member) "
+           "/ all settled s "
            "| first round served s | died / workers exited | server CPU % (per instance) "
            "| API requests/s (per member) | instances' CPU % (per instance) |")
     yield "|---|---|---|---|---|---|---|---|"
@@ -216,7 +217,8 @@ def fleet_growth(result: dict[str, Any]) -> Iterator[str]:
         load = row.get("load_average_1min") or [None, None]
         cells = [
             f"{_n(load[0], 2)} / {_n(load[1], 2)}",
-            f"{_n(row.get('all_active_s'), 2)} ({_n(row.get('all_active_ms_per_member'), 1)})",
+            f"{_n(row.get('all_active_s'), 2)} ({_n(row.get('all_active_ms_per_member'), 1)}) "
+            f"/ {_n(row.get('all_settled_s'), 2)}",
             _n(row.get("first_round_served_s"), 2),
             f"{_n(row.get('died'))} / {_n(row.get('workers_exited'))}",
             f"{_n(row.get('idle_server_cpu_pct'), 1)} "
@@ -230,7 +232,8 @@ def fleet_growth(result: dict[str, Any]) -> Iterator[str]:
         yield f"| {size} | " + " | ".join(cells) + " |"
     grown = result.get("growth") or {}
     yield ("| growth exponent (1 = linear, 0 = flat) | | "
-           f"{_n(grown.get('all_active_s'), 2)} | {_n(grown.get('first_round_served_s'), 2)} | "
+           f"{_n(grown.get('all_active_s'), 2)} / {_n(grown.get('all_settled_s'), 2)} | "
+           f"{_n(grown.get('first_round_served_s'), 2)} | "
            f"| {_n(grown.get('idle_server_cpu_pct'), 2)} | {_n(grown.get('idle_api_per_s'), 2)} "
            f"| {_n(grown.get('idle_workers_cpu_pct'), 2)} |")
     fits = result.get("lines") or {}
@@ -244,7 +247,8 @@ def fleet_growth(result: dict[str, Any]) -> Iterator[str]:
         fixed = round(fixed, 2) + 0.0  # -0.0 + 0.0 is 0.0: no "-0.00"
         return f"{_n(fixed, 2)} {sign} {abs(slope):.5f} n"
 
-    yield (f"| least-squares line (n instances) | | {line('all_active_s')} | "
+    yield (f"| least-squares line (n instances) | | {line('all_active_s')} / "
+           f"{line('all_settled_s')} | "
            f"{line('first_round_served_s')} | | {line('idle_server_cpu_pct')} | "
            f"{line('idle_api_per_s')} | {line('idle_workers_cpu_pct')} |")
 

@@ -25,6 +25,9 @@ async def test_a_tiny_sweep_measures_each_size_and_plots_it() -> None:
         assert row["died"] == 0 and row["workers_exited"] == 0, row
         assert row["active_members"] == row["members"], row
         assert row["all_active_s"] is not None and row["first_round_served_s"] is not None
+        # At rest was measured with every standby started, not only the actives.
+        assert row["all_settled_s"] >= row["all_active_s"], row
+        assert row["states_settled"] == {"active": row["members"], "standby": row["members"]}
         # An idle window was measured (the server answers JetStream API calls at rest).
         assert row["idle_api_per_s"] > 0, row
         assert row["api_per_s_per_member"] == round(row["idle_api_per_s"] / row["members"], 4)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bench import fleet_growth, table
+from bench import fleet, fleet_growth, table
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -20,7 +20,8 @@ def _row(instances: int, active_s: float, server: float, api: float, own: float,
          load: tuple[float, float] = (1.5, 1.7)) -> dict[str, Any]:
     """What a size's fleet run reports (bench.fleet's keys), made into a sweep row."""
     result = {"instances": instances, "members": instances // 2, "processes": 4,
-              "all_active_s": active_s, "active_members": instances // 2,
+              "all_active_s": active_s, "all_settled_s": active_s + 0.5,
+              "active_members": instances // 2,
               "first_round_served_s": 0.4, "died": 0, "died_examples": [],
               "workers_exited": 0, "connect_failed": 0, "connect_retries": 0,
               "idle_server_cpu_pct": server, "idle_api_per_s": api,
@@ -52,6 +53,30 @@ def test_a_size_keeps_the_fleets_measures_and_derives_per_instance_and_per_membe
     assert row["api_per_s_per_member"] == 0.8  # 51.2/s over 64 members
     assert row["idle_workers_cpu_pct"] == 8.96  # 0.07 % x 128
     assert row["all_active_ms_per_member"] == 39.06  # 2.5 s over 64 members
+
+
+def test_the_fleet_is_at_rest_only_once_every_instance_reports_active_or_standby(
+        tmp_path: Path) -> None:
+    """The idle window waits for the standbys too: an instance still starting (or one
+    whose worker has not written yet) keeps the fleet from being settled."""
+    workers = fleet.Fleet("nats://unused", tmp_path)
+
+    def report(n: int, **states: str) -> None:
+        path = tmp_path / f"worker-{n}.json"
+        if path not in workers.files:
+            workers.files.append(path)
+        path.write_text(json.dumps({"pid": 1, "processed": [], "instances": {
+            name: {"member": fleet.member_of_instance(name), "state": state, "error": None,
+                   "connect_retries": 0} for name, state in states.items()}}))
+
+    report(0, **{"m0-0": "active", "m0-1": "standby"})
+    assert not workers.settled(4)  # the second worker has not written yet
+    report(1, **{"m1-0": "active", "m1-1": "starting"})
+    assert not workers.settled(4)
+    report(1, **{"m1-0": "active", "m1-1": "standby"})
+    assert workers.settled(4)
+    report(1, **{"m1-0": "active", "m1-1": "died"})
+    assert not workers.settled(4)
 
 
 def test_a_size_that_measured_nothing_derives_nothing() -> None:
@@ -142,6 +167,7 @@ def test_the_table_has_a_row_per_size_and_marks_the_ones_to_measure() -> None:
     lines = text.splitlines()
     row = next(line for line in lines if line.startswith("| 128 (64) |"))
     assert "3.2 (0.0250)" in row and "51.2 (0.80)" in row and "1.50 / 1.70" in row
+    assert "| 1.00 (15.6) / 1.50 |" in row  # all active (ms per member) / all settled
     assert sum("**to be measured**" in line for line in lines) == 3
     assert any(line.startswith("| 1,000 (500) | **to be measured**") for line in lines)
     assert lines[-2].startswith("| growth exponent") and "| 1.00 |" in lines[-2]
