@@ -189,7 +189,7 @@ PANELS = (
     ("idle_api_per_s", "at rest: JetStream API requests per second"),
     ("idle_workers_cpu_pct", "at rest: all instances' CPU, % of one core"),
 )
-WIDTH, PANEL_H, TOP, LEFT, RIGHT, GAP = 640, 150, 62, 64, 28, 58
+WIDTH, PANEL_H, TOP, LEFT, RIGHT, GAP = 640, 150, 76, 64, 28, 58
 
 
 def nice_step(value: float, lines: int = 4) -> float:
@@ -266,11 +266,10 @@ def svg(doc: dict[str, Any]) -> str:
     height = TOP + len(PANELS) * (PANEL_H + GAP)
     m = doc.get("machine", {})
     caption = f"cgroupd fleet growth: {m.get('cores')} cores, {m.get('nats_server')}"
-    pending = [str(r["instances"]) for r in rows if r.get("pending")]
-    if pending:
-        caption += f"; not measured yet: {', '.join(pending)} instances"
     legend = ("x: instances (log scale), a point per size measured; "
               "dashed: linear growth from the smallest size")
+    pending = [str(r["instances"]) for r in rows if r.get("pending")]
+    missing = f"not measured yet: {', '.join(pending)} instances" if pending else ""
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
            f'viewBox="0 0 {WIDTH} {height}" font-family="sans-serif" font-size="11">',
            "<style>.grid{stroke:#ddd;stroke-width:1}"
@@ -279,7 +278,8 @@ def svg(doc: dict[str, Any]) -> str:
            ".point{fill:#1f5fa8}.title{font-weight:bold}</style>",
            f'<rect width="{WIDTH}" height="{height}" fill="white"/>',
            f'<text x="{LEFT}" y="16" class="title">{escape(caption)}</text>',
-           f'<text x="{LEFT}" y="31">{escape(legend)}</text>']
+           f'<text x="{LEFT}" y="31">{escape(legend)}</text>',
+           f'<text x="{LEFT}" y="45">{escape(missing)}</text>']
     for i, (key, title) in enumerate(PANELS):
         out += _panel(key, title, rows, TOP + i * (PANEL_H + GAP), xs)
     out.append("</svg>")
