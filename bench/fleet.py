@@ -13,7 +13,8 @@ instances at once: a mass start). It reports
 - ``died``: instances whose start failed or whose runtime stopped by itself (connect
   failures apart, as ``connect_failed``; timed-out connects are retried as ``cgroupd join``
   retries them: ``connect_retries``), and workers that exited;
-- at rest, over ``--idle`` seconds: the server's CPU (% of one core), its JetStream API
+- at rest, over ``--idle`` seconds, once every instance is active or standby
+  (``all_settled_s`` from the start): the server's CPU (% of one core), its JetStream API
   requests per second (``/jsz``), and the workers' CPU per instance (% of one core);
 - ``first_round_served_s``: one message to each of 8 keys per member (every partition
   gets some), from the first publish until all were processed;
@@ -287,6 +288,13 @@ class Fleet:
             counts[s["state"]] = counts.get(s["state"], 0) + 1
         return dict(sorted(counts.items()))
 
+    def settled(self, instances: int) -> bool:
+        """Whether all ``instances`` report, each active or standby (none still
+        starting)."""
+        now = self.states()
+        return len(now) == instances and all(
+            s["state"] in ("active", "standby") for s in now.values())
+
     def active_members(self) -> set[str]:
         return {s["member"] for s in self.states().values() if s["state"] == "active"}
 
@@ -411,9 +419,14 @@ async def measure(srv: NatsServer, fleet: Fleet, plan: Plan,
     members, instances = plan.members, plan.members * plan.copies
     result: dict[str, Any] = {"members": members, "instances": instances,
                               "processes": len(fleet.procs)}
+    began = time.monotonic()
     result["all_active_s"] = await wait_all_active(fleet, members, plan.timeout)
     result["active_members"] = len(fleet.active_members())
     result["states"] = fleet.state_counts()
+    if plan.idle > 0:  # at rest means every standby started too, not only the actives
+        settled = await _quietly(lambda: fleet.settled(instances), plan.timeout)
+        result["all_settled_s"] = round(time.monotonic() - began, 3) if settled else None
+        result["states_settled"] = fleet.state_counts()
     keys = 8 * members
     result["first_round_served_s"] = await served(srv.url, fleet, "start", keys, plan.timeout)
     if plan.idle > 0:

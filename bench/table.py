@@ -1,9 +1,9 @@
 """Markdown tables from the benchmarks' JSON output, for docs/performance.md and the README.
 
 Each benchmark prints one JSON object; this reads any of them (throughput, failover,
-scale, profile) and prints its figures as a Markdown table next to the peer's, with the
-issue-15 targets as met / missed, so the documented numbers are pasted from one run and
-never retyped. Files are told apart by their ``benchmark`` field.
+scale, profile, fleet_growth) and prints its figures as a Markdown table next to the
+peer's, with the issue-15 targets as met / missed, so the documented numbers are pasted
+from one run and never retyped. Files are told apart by their ``benchmark`` field.
 
 Run: ``python -m bench.throughput > t.json && python -m bench.table t.json [more.json ...]``.
 """
@@ -193,8 +193,68 @@ def footprint(result: dict[str, Any]) -> Iterator[str]:
            f"{_n(result.get('server_wakeups_per_s'), 1)} | |")
 
 
+def fleet_growth(result: dict[str, Any]) -> Iterator[str]:
+    """One row per size of ``bench.fleet_growth`` (a size not measured yet says so), and
+    the fitted growth exponent of each total (1: grows linearly with the instances)."""
+    settings = result.get("settings", {})
+    m = result.get("machine", {})
+    yield (f"Fleet growth: {settings.get('copies')} instances per member, "
+           f"{settings.get('processes')} worker processes, {settings.get('idle_s')} s at rest "
+           f"per size; {m.get('cores')} cores, Python {m.get('python')}, "
+           f"{m.get('nats_server')}.")
+    yield ""
+    yield ("| instances (members) | load 1 min before / after | all active s (ms per member) "
+           "/ all settled s "
+           "| first round served s | died / workers exited | server CPU % (per instance) "
+           "| API requests/s (per member) | instances' CPU % (per instance) |")
+    yield "|---|---|---|---|---|---|---|---|"
+    for row in result.get("sizes", []):
+        size = f"{_n(row.get('instances'))} ({_n(row.get('members'))})"
+        if row.get("pending"):
+            yield (f"| {size} | **to be measured** (quiet machine: `python -m bench.fleet_growth "
+                   f"--sizes {row.get('instances')}`) | | | | | | |")
+            continue
+        load = row.get("load_average_1min") or [None, None]
+        cells = [
+            f"{_n(load[0], 2)} / {_n(load[1], 2)}",
+            f"{_n(row.get('all_active_s'), 2)} ({_n(row.get('all_active_ms_per_member'), 1)}) "
+            f"/ {_n(row.get('all_settled_s'), 2)}",
+            _n(row.get("first_round_served_s"), 2),
+            f"{_n(row.get('died'))} / {_n(row.get('workers_exited'))}",
+            f"{_n(row.get('idle_server_cpu_pct'), 1)} "
+            f"({_n(row.get('server_cpu_pct_per_instance'), 4)})",
+            f"{_n(row.get('idle_api_per_s'), 1)} ({_n(row.get('api_per_s_per_member'), 2)})",
+            f"{_n(row.get('idle_workers_cpu_pct'), 1)} "
+            f"({_n(row.get('idle_cpu_per_instance_pct'), 4)})",
+        ]
+        if row.get("error"):
+            cells[1] = f"failed: {row['error']}"
+        yield f"| {size} | " + " | ".join(cells) + " |"
+    grown = result.get("growth") or {}
+    yield ("| growth exponent (1 = linear, 0 = flat) | | "
+           f"{_n(grown.get('all_active_s'), 2)} / {_n(grown.get('all_settled_s'), 2)} | "
+           f"{_n(grown.get('first_round_served_s'), 2)} | "
+           f"| {_n(grown.get('idle_server_cpu_pct'), 2)} | {_n(grown.get('idle_api_per_s'), 2)} "
+           f"| {_n(grown.get('idle_workers_cpu_pct'), 2)} |")
+    fits = result.get("lines") or {}
+
+    def line(key: str) -> str:
+        fit = fits.get(key)
+        if not isinstance(fit, dict):
+            return "-"
+        fixed, slope = float(fit["fixed"]), float(fit["per_instance"])
+        sign = "-" if slope < 0 else "+"
+        fixed = round(fixed, 2) + 0.0  # -0.0 + 0.0 is 0.0: no "-0.00"
+        return f"{_n(fixed, 2)} {sign} {abs(slope):.5f} n"
+
+    yield (f"| least-squares line (n instances) | | {line('all_active_s')} / "
+           f"{line('all_settled_s')} | "
+           f"{line('first_round_served_s')} | | {line('idle_server_cpu_pct')} | "
+           f"{line('idle_api_per_s')} | {line('idle_workers_cpu_pct')} |")
+
+
 RENDER = {"throughput": throughput, "failover": failover, "scale": scale,
-          "profile": profile, "footprint": footprint}
+          "profile": profile, "footprint": footprint, "fleet_growth": fleet_growth}
 
 
 def render(result: dict[str, Any]) -> str:
