@@ -36,7 +36,7 @@ from cgroupd.core.errors import (
 )
 from cgroupd.core.naming import INSTANCE_KEY, MEMBER_KEY
 from cgroupd.core.records import elastic_from_json, static_from_json
-from cgroupd.core.retrying import retry_delay
+from cgroupd.core.retrying import retried
 from cgroupd.nats.groupstreams import (
     StreamInfo,
     ensure_bucket,
@@ -125,18 +125,10 @@ async def _stored_once_available(write: Callable[[], Awaitable[int]]) -> int:
     """``write`` retried, with jittered backoff, while it fails in passing (a stream
     electing its leader, a server busy), for up to :data:`BUCKET_READY_WAIT`."""
     loop = asyncio.get_running_loop()
-    give_up = loop.time() + BUCKET_READY_WAIT
-    attempt = 0
-    while True:
-        try:
-            return await write()
-        except CgroupdError as exc:
-            pause = retry_delay(attempt, 0.1, 1.0)
-            if isinstance(exc, ConflictError) or not exc.retriable \
-                    or loop.time() + pause > give_up:
-                raise
-        await asyncio.sleep(pause)
-        attempt += 1
+    return await retried(
+        write, within=BUCKET_READY_WAIT, base=0.1, cap=1.0,
+        retry_if=lambda exc: exc.retriable and not isinstance(exc, ConflictError),
+        clock=loop.time, sleep=asyncio.sleep)
 
 
 async def _check_other_kind(js: JetStream, stream: str, group: str, creating: str) -> None:

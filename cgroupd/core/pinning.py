@@ -119,6 +119,13 @@ class PinLease:
         self.until = max(self.until, checked_at + self.ttl - self.margin)
         return self.valid
 
+    def adopt(self, pin_id: str, pulled_at: float) -> None:
+        """Pinned again only after the lease ran out (see :meth:`renewed`): a lease on the
+        new pin, for a holder that takes the member over as a newly pinned one would."""
+        self.pin_id = pin_id
+        self.repinning = False
+        self.until = max(self.until, pulled_at + self.ttl - self.margin)
+
     def lose(self) -> None:
         """The pin moved (or the consumer went): the lease is over for good."""
         self.lost = True

@@ -371,10 +371,7 @@ class PinnedElection(MemberCore):
         self._ask_again_at_a_new_leader(gen, puller, view, lease.leader)
         lease.renewed(pin, judged.as_of, pinned_at)
         if lease.pin_id != pin:  # pinned again only after our lease ran out
-            self._log.info("pinned again only after our lease ran out; not ours to keep",
-                           late_by=round(pinned_at - lease.until, 3))
-            lease.lose()
-            return False
+            return self._pinned_late(gen, pin, judged.as_of, pinned_at, view)
         lease.leader = view.leader or None
         if not lease.valid:
             self.stats["stale_checks"] += 1
@@ -388,6 +385,47 @@ class PinnedElection(MemberCore):
             gen.taking_back = True
             self._spawn(gen, self._take_back(gen, puller, lost), "_take_back")
         return lease.valid
+
+    def _pinned_late(self, gen: Generation, pin: str, as_of: float, pinned_at: float,
+                     view: ConsumerInfo) -> bool:
+        """Pinned again, but only after our lease ran out (our renewals went unanswered
+        for seconds while a node restarted, and the pin came with the next message).
+        Another instance may have been pinned in between, so nothing we hold may start.
+        Stepping down cost the member 6.2 s (a rejoin delay, then a pinned TTL for our
+        own unfinished messages) and could hand it to the standby, which is no better
+        placed: so we take it over in place, as a newly pinned instance would
+        (:meth:`_take_over`): what waits unstarted is dropped, and unless the consumer
+        holds nothing we do not, it is reset once no previous holder can trust an ack."""
+        lease = gen.pin_lease
+        assert lease is not None
+        late_by = round(pinned_at - lease.until, 3)
+        if gen.dispatcher is None or gen.taking_back or self.phase is not Phase.RUNNING:
+            self._log.info("pinned again only after our lease ran out; not ours to keep",
+                           late_by=late_by)
+            lease.lose()
+            return False
+        self._log.info("pinned again only after our lease ran out; taking the member "
+                       "over in place", late_by=late_by)
+        lease.adopt(pin, as_of)
+        lease.leader = view.leader or None
+        gen.pinned_at = pinned_at
+        gen.taking_back = True
+        gen.dispatcher.pause()  # lifted by _take_over
+        gen.dispatcher.discard_unstarted()
+        self._enter(Phase.TAKING_OVER)
+        self._spawn(gen, self._retake(gen), "_retake")
+        return lease.valid
+
+    async def _retake(self, gen: Generation) -> None:
+        """:meth:`_take_over` in place (see :meth:`_pinned_late`). Its check is asked after
+        every doubt raised so far, and it resets the consumer unless nothing is missing:
+        either way those doubts are cleared."""
+        doubts = gen.doubts
+        try:
+            if await self._take_over(gen):
+                gen.deliveries_checked(doubts)
+        finally:
+            gen.taking_back = False
 
     def _ask_again_at_a_new_leader(self, gen: Generation, puller: Puller, view: ConsumerInfo,
                                    confirmed_under: str | None) -> None:

@@ -32,7 +32,7 @@ from cgroupd.core.partitions import (
     partition_filters,
     sync_filters,
 )
-from cgroupd.core.retrying import retry_delay
+from cgroupd.core.retrying import retried
 from cgroupd.core.settings import Exclusivity
 from cgroupd.member.core import MemberCore
 from cgroupd.member.generation import Generation
@@ -60,6 +60,10 @@ IDLE_ATTEMPT_EVERY = 15
 #: not answer in time (see SyncElection._election_contested).
 CHECK_RETRY_BASE = 0.25
 CHECK_RETRY_CAP = 2.0
+
+
+def _files_lost(exc: CgroupdError) -> bool:
+    return isinstance(exc, ApiError) and exc.files_lost
 
 
 class SyncElection(MemberCore):
@@ -116,7 +120,7 @@ class SyncElection(MemberCore):
             # ab8d2b0: after a step-down the standby's create failed with a 500, and with
             # the old owner answering it waited 15 intervals; test_election_unit).
             self._attempted_at = -math.inf
-            if isinstance(exc, ApiError) and exc.files_lost:
+            if _files_lost(exc):
                 await self._drop_unstored_claim()
             return None
         # From here we answer "claiming", not "standby": our new claim exists and is being
@@ -166,15 +170,16 @@ class SyncElection(MemberCore):
         return {MEMBER_KEY: self.member, INSTANCE_KEY: self.instance_id,
                 TOKEN_KEY: self._token, PRESENCE_KEY: PRESENCE_BY_MEMBER}
 
-    async def _drop_unstored_claim(self) -> None:
+    async def _drop_unstored_claim(self, ours: bool = False) -> None:
         """Our create ran while the server removed the files of the claim of that name
         deleted just before (see :attr:`ApiError.files_lost`): the consumer it left
         names us but can store nothing, and every identical create fails the same way,
         so nobody could take the member over until its inactive threshold. Delete it if
         it is ours; the deletion's reply comes after its files are gone, so the next
-        attempt creates a sound claim (CI on 0e2193e: a standby never took over)."""
+        attempt creates a sound claim (CI on 0e2193e: a standby never took over).
+        ``ours``: the caller knows it is (the claim it just made and checked)."""
         with contextlib.suppress(CgroupdError):
-            if await self._sync_is_ours():
+            if ours or await self._sync_is_ours():
                 self._log.info("deleting our claim that the server could not store")
                 await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
 
@@ -193,36 +198,29 @@ class SyncElection(MemberCore):
         again, later each time, while the claim is kept: nothing starts on it before the
         check, and a racing claimant's own check still sees it. It is let go once the
         checks took ``lease``."""
-        give_up = self._clock() + self.settings.lease
-        attempt = 0
-        while True:
-            try:
-                if not await recheck_claim(self.js, self._consume_stream,
-                                           self.sync_consumer, config):
-                    return False
-                self._log.info("claim contested; letting go and trying again",
-                               partitions=list(partitions))
-                break
-            except CgroupdError as exc:
-                if isinstance(exc, ApiError) and exc.files_lost:
-                    # Made while the server removed the files of the claim of that name
-                    # deleted just before: it lives in memory but cannot be written (the
-                    # update says so). Made again at once (see _drop_unstored_claim).
-                    self._log.info("the server lost our new claim's files; making it again")
-                    with contextlib.suppress(CgroupdError):
-                        await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
-                    self._attempted_at = -math.inf
-                    self._wake.set()
-                    return True
-                pause = retry_delay(attempt, CHECK_RETRY_BASE, CHECK_RETRY_CAP)
-                if exc.retriable and self._clock() + pause < give_up \
-                        and not (self._stopping or self._deleted):
-                    attempt += 1
-                    await self._sleep(pause)
-                    continue
-                self._log.warning("could not check the new claim", error=str(exc),
-                                  attempts=attempt + 1)
-                break
+        try:
+            contested = await retried(
+                lambda: recheck_claim(self.js, self._consume_stream, self.sync_consumer,
+                                      config),
+                within=self.settings.lease, base=CHECK_RETRY_BASE, cap=CHECK_RETRY_CAP,
+                retry_if=lambda exc: exc.retriable and not _files_lost(exc)
+                and not (self._stopping or self._deleted),
+                clock=self._clock, sleep=self._sleep)
+        except CgroupdError as exc:
+            if _files_lost(exc):
+                # Made while the server removed the files of the claim of that name
+                # deleted just before: it lives in memory but cannot be written (the
+                # update says so). Made again at once.
+                await self._drop_unstored_claim(ours=True)
+                self._attempted_at = -math.inf
+                self._wake.set()
+                return True
+            self._log.warning("could not check the new claim", error=str(exc))
+        else:
+            if not contested:
+                return False
+            self._log.info("claim contested; letting go and trying again",
+                           partitions=list(partitions))
         with contextlib.suppress(CgroupdError):
             await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
         await self._sleep(contest_backoff())

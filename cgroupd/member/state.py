@@ -79,6 +79,8 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition((_A, Phase.TAKING_OVER), (_A, Phase.RUNNING),
                "a previous holder's messages are back (or the consumer reset) and the "
                "member consumer has this config's filters"),
+    Transition((_A, Phase.RUNNING), (_A, Phase.TAKING_OVER),
+               "pinned: pinned again only after our lease ran out (taken over in place)"),
     Transition((_A, Phase.RUNNING), (_A, Phase.MOVING), "a membership change, applied in place"),
     Transition((_A, Phase.MOVING), (_A, Phase.RUNNING), "the move is done or given up"),
     Transition((_A, None), (_SD, Phase.RELEASING), "the generation ended (a StepDown reason)"),

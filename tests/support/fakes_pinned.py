@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from cgroupd.core.errors import ConsumerNotFound
+from cgroupd.core.errors import ConsumerNotFound, ServerUnreachable
 from cgroupd.nats.jsapi import ERR_CONSUMER_NOT_FOUND
 from tests.support.fakes import FakeConsumer, FakeJetStream, FakeMsg, FakeNats, FakeServer
 
@@ -287,6 +287,13 @@ class PinnedJetStream(FakeJetStream):
     def __init__(self, server: PinnedServer) -> None:
         super().__init__(server)
         self.nc = RoutedNats(server)
+        #: Consumer infos go unanswered (a node restarting under this process's server).
+        self.info_silent = False
+
+    async def consumer_info(self, stream: str, name: str) -> dict[str, Any] | None:
+        if self.info_silent:
+            raise ServerUnreachable(f"no answer to consumer info {stream}.{name}")
+        return await super().consumer_info(stream, name)
 
     async def create_consumer(self, stream: str, name: str, config: dict[str, Any],
                               action: str = "create") -> dict[str, Any]:

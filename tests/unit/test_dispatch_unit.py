@@ -313,9 +313,8 @@ async def test_odd_return_values_are_failures_not_silent_acks(result: str) -> No
     assert stats["retries"] == 1
 
 
-async def test_one_owners_resume_does_not_lift_anothers_hold() -> None:
-    """Pauses are named holds: starts resume only once every hold is lifted (a move's
-    resume must not let starts run while lost deliveries are still being checked)."""
+def recording_dispatcher() -> tuple[FakeConnection, Dispatcher, list[int]]:
+    """A key-ordered dispatcher whose handler records the stream sequences it ran."""
     nc = FakeConnection()
     runs: list[int] = []
 
@@ -323,6 +322,13 @@ async def test_one_owners_resume_does_not_lift_anothers_hold() -> None:
         runs.append(msg.stream_sequence)
 
     d, _ = dispatcher(nc, handler)
+    return nc, d, runs
+
+
+async def test_one_owners_resume_does_not_lift_anothers_hold() -> None:
+    """Pauses are named holds: starts resume only once every hold is lifted (a move's
+    resume must not let starts run while lost deliveries are still being checked)."""
+    nc, d, runs = recording_dispatcher()
     d.pause()
     d.pause("deliveries unchecked")
     d.submit(delivery(nc, 1, "a"))
@@ -369,13 +375,7 @@ async def test_a_paused_dispatcher_starts_nothing_and_discards_what_waits() -> N
 async def test_a_redelivery_waits_in_stream_order_behind_its_key() -> None:
     """Messages of one key arriving out of order (a previous holder handed an earlier one
     back after later ones came) run in stream order, never ahead of a running one."""
-    nc = FakeConnection()
-    runs: list[int] = []
-
-    async def handler(msg: Message) -> None:
-        runs.append(msg.stream_sequence)
-
-    d, _ = dispatcher(nc, handler)
+    nc, d, runs = recording_dispatcher()
     d.pause()
     for seq in (5, 7, 2, 6, 1):
         d.submit(delivery(nc, seq, "a"))
