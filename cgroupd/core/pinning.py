@@ -110,8 +110,14 @@ class PinLease:
         ``quiet``: the consumer delivered nothing since our newest delivery. A lease that
         already ran out (no answer while the leader moved) comes back only then: nobody
         else can have been pinned meanwhile, as the server pins a client only with a
-        delivery."""
-        if self.lost or leader is None or self.leader is None or leader == self.leader \
+        delivery.
+
+        Already waiting to be pinned again, any leader is a new one: leadership can move
+        back to the leader that last confirmed the pin (n1, n2, n1 in a rolling restart)
+        before a message pins anyone, and that leader no longer holds it either (the holder
+        stepped down, and the standby's messages waited 30 s at max_ack_pending)."""
+        same_leader = leader == self.leader and not self.repinning
+        if self.lost or leader is None or self.leader is None or same_leader \
                 or not (quiet or self.valid):
             self.lose()
             return False

@@ -272,6 +272,8 @@ class PinnedElection(MemberCore):
             return False
         pin, pinned_at = puller.pin_id, puller.pinned_at
         if (pin is None and not lease.repinning) or puller.ended.done():
+            self._log.info("pin lease lost: no pin id, or our pulls ended",
+                           pulls_ended=puller.ended.done())
             lease.lose()
             return False
         if pin is not None and not puller.pin_refused:
@@ -298,8 +300,11 @@ class PinnedElection(MemberCore):
         judged = judge_answer([info], sent=sent, lease=lease.ttl)
         age = judged.age
         if info is None:
-            lease.lose()
-            return False
+            # "Consumer not found" also comes from a consumer leader just elected in a
+            # rolling restart: a passing answer. A deleted consumer ends our pulls (409),
+            # and an unanswered lease runs out within UNANSWERED_HOLD anyway.
+            self._log.info("pin lease not renewed: the member consumer was not found")
+            return lease.valid
         if not holder:
             # Nobody pinned: after a consumer leader change (the pin stays with the old
             # leader) we hold on and ask to be pinned again; otherwise it is over.
@@ -512,6 +517,22 @@ class PinnedElection(MemberCore):
         # since waits for a renewal of its own.
         gen.deliveries_checked(doubts)
 
+    async def _prove_pinned(self, gen: Generation) -> bool:
+        """Renew until the server proves the pin it gave us ours, or shows it is not. An
+        unanswered or passing answer (a consumer leader elected a moment ago) is asked
+        again for up to :data:`UNANSWERED_HOLD` pinned TTLs: nothing starts meanwhile.
+        Giving up at the first one left the messages the pin brought unacknowledged and
+        not handed back (no provable pin, no unpin): at max_ack_pending nobody could be
+        pinned until their 30 s ack wait (a rolling restart, 32 s gap)."""
+        s = self.settings
+        give_up = self._clock() + UNANSWERED_HOLD * s.pinned_ttl
+        while not await self._renew(gen):
+            lease = gen.pin_lease
+            if lease is None or lease.lost or gen.ended.done() or self._clock() > give_up:
+                return False
+            await self._sleep(s.pinned_ttl / 8)
+        return True
+
     async def _take_over(self, gen: Generation) -> bool:
         """A newly pinned instance starts nothing while the member consumer holds messages
         delivered to someone else: a previous holder's, unfinished or being handed back.
@@ -521,7 +542,7 @@ class PinnedElection(MemberCore):
         acknowledged is delivered again, in stream order (issue 13 item 1)."""
         s = self.settings
         assert gen.dispatcher is not None
-        if not await self._renew(gen):
+        if not await self._prove_pinned(gen):
             gen.end(StepDown.PIN_LOST, "pinned, but could not prove it")
             return False
         puller = next(p for p in gen.pullers if p.delivers)

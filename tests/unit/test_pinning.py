@@ -107,6 +107,27 @@ def test_a_pin_gone_with_its_leader_keeps_the_lease_until_pinned_again() -> None
     assert not lease.vanished("n0", checked_at=101.7) and lease.lost
 
 
+def test_a_pin_waited_for_through_a_second_leader_change_back_to_the_first() -> None:
+    """Leadership moved n0, n1, n0 before any message pinned us again (a rolling restart
+    with the group stream's sourcing stalled): n0 is a new leader too, the wait goes on
+    (the holder stepped down, CI-like run at 09:10 on 2026-11-27: a 32 s gap)."""
+    clock = Clock()
+    lease = PinLease(2.0, clock)
+    lease.renewed("pin-a", 100.0)
+    lease.leader = "n0"
+    assert lease.vanished("n1", checked_at=100.5)
+    clock.now = 101.0
+    assert lease.vanished("n1", checked_at=101.0)  # still waiting under n1
+    clock.now = 101.5
+    assert lease.vanished("n0", checked_at=101.5), "back to n0 while waiting"
+    assert lease.repinning and not lease.lost and lease.until == 101.5 + 2.0 - lease.margin
+    lease.renewed("pin-b", 101.6)
+    assert lease.pin_id == "pin-b" and not lease.repinning
+    lease.leader = "n0"
+    assert not lease.vanished("n0", checked_at=101.7) and lease.lost, \
+        "pinned again, then nobody under the leader that confirmed it: an unpin"
+
+
 def test_a_pin_gone_under_the_same_leader_or_unclustered_ends_the_lease() -> None:
     for leader, now in (("n0", "n0"), (None, None), ("n0", None)):
         clock = Clock()
