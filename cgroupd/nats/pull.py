@@ -120,7 +120,6 @@ class Puller:
         self._hushed = False
         self._paused = False
         self._quiet_until = 0.0
-        self._last_delivery = 0
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self.pin_id: str | None = None
@@ -355,7 +354,8 @@ class Puller:
                 if number != previous + 1 and previous and self.on_gap is not None \
                         and not self._retiring:
                     self.on_gap(previous + 1, number)
-                if self._opts.check_gaps and not self._retiring and self._lost_delivery(number):
+                if self._opts.check_gaps and not self._retiring \
+                        and self._lost_delivery(previous, number):
                     return
             if self._retiring:
                 with contextlib.suppress(Exception):
@@ -394,14 +394,13 @@ class Puller:
         a slow consumer (a burst of 1 MiB messages to 256 slots did)."""
         return max(PULL_MAX_BYTES, 2 * (self._nc.max_payload or 0))
 
-    def _lost_delivery(self, delivery: int) -> bool:
+    def _lost_delivery(self, previous: int, delivery: int) -> bool:
         """Deliveries are numbered: a gap means one never reached us (a reconnect, a
         server restart). Its message stays unacknowledged on the server, and handling
         later ones first could break per-key order, so this consumer must be replaced.
         (A message that is not a JetStream delivery has no number: the dispatcher says
         so.)"""
-        expected = self._last_delivery + 1
-        self._last_delivery = delivery
+        expected = previous + 1
         if delivery != expected:
             self._end(PullEnd.DELIVERY_LOST,
                       f"delivery {expected} never arrived (got {delivery})")
