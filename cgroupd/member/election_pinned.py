@@ -14,7 +14,6 @@ from cgroupd.core.errors import (
     ApiError,
     CgroupdError,
     ConsumerExists,
-    ConsumerNotFound,
     WorkQueueOverlap,
 )
 from cgroupd.core.naming import (
@@ -28,25 +27,16 @@ from cgroupd.core.settings import PRIORITY_GROUP, RESET_QUIET_MARGIN
 from cgroupd.core.tasks import cancel_and_wait
 from cgroupd.member.core import MemberCore
 from cgroupd.member.generation import Generation
+from cgroupd.member.pinned_reset import Reset, reset_when_quiet
 from cgroupd.member.state import MemberState, Phase, StepDown
 from cgroupd.nats.pull import Puller, delivery_number
 
-#: Pulls between a failed consumer reset and the next try (they keep the pin ours), doubled
-#: after each failure up to the maximum. Each try adds a pull expiry without pulls.
-RESET_RETRY_FIRST = 0.25
-RESET_RETRY_MAX = 4.0
+#: Tries of a take-back's consumer reset before the holder steps down (pauses of 0.25,
+#: 0.5, 1, 2 and 4 s between them: see :mod:`cgroupd.member.pinned_reset`).
+RESET_ATTEMPTS_TAKE_BACK = 6
 #: Pinned TTLs past its lease that a holder nobody answers waits for an answer before it
 #: steps down (issue 29: a node restart costs a reconnect and a leader election).
 UNANSWERED_HOLD = 3.0
-
-
-def reset_unsupported(exc: CgroupdError) -> bool:
-    """Whether a failed consumer reset is a definite refusal (the server has no reset API,
-    or refuses the request as such) rather than a passing failure worth retrying: a 4xx
-    API error. "No responders", no answer in time, 5xx and a missing consumer (its
-    leader being elected; a deleted one is seen by the next check) are passing."""
-    return (isinstance(exc, ApiError) and not exc.retriable
-            and not isinstance(exc, ConsumerNotFound))
 
 
 class PinnedElection(MemberCore):
@@ -469,48 +459,45 @@ class PinnedElection(MemberCore):
         the member stood still 34.8 s and changed owner."""
         s = self.settings
         assert gen.dispatcher is not None
+        dispatcher = gen.dispatcher
         self._log.warning("messages delivered before the leader change did not reach "
                           "us; taking them back", count=lost)
-        retry_in = RESET_RETRY_FIRST
+        cleared: int | None = None
+
+        async def reset() -> None:
+            nonlocal cleared
+            lease = gen.pin_lease
+            if gen.ended.done():
+                return
+            if lease is None or not (lease.valid or await self._renew(gen)):
+                gen.end(StepDown.PIN_LOST, "the pin could not be proven ours any more")
+                return
+            doubts = gen.doubts  # no pull of ours open: the reset covers them all
+            await self._reset_pinned(gen)
+            cleared = doubts
+
         try:
-            while True:
-                puller.hush()
-                deadline = self._clock() + 2 * (s.pull_expires + RESET_QUIET_MARGIN)
-                while puller.outstanding > 0 and not gen.ended.done():
-                    if self._clock() > deadline:
-                        gen.end(StepDown.PIN_LOST, "our pull requests did not end; "
-                                "cannot take back deliveries lost in a leader change")
-                        return
-                    await self._sleep(0.02)
-                lease = gen.pin_lease
-                if gen.ended.done():
-                    return
-                if lease is None or not (lease.valid or await self._renew(gen)):
-                    gen.end(StepDown.PIN_LOST, "the pin could not be proven ours any more")
-                    return
-                doubts = gen.doubts  # no pull of ours open: the reset covers them all
-                try:
-                    await self._reset_pinned(gen)
-                    break
-                except CgroupdError as exc:
-                    if reset_unsupported(exc) or retry_in > RESET_RETRY_MAX:
-                        gen.end(StepDown.PIN_LOST,
-                                f"could not take back lost deliveries: {exc}")
-                        return
-                    # Passing (a server restarting): pull meanwhile, which keeps the pin
-                    # ours; applied or not, nothing we hold may start before a reset.
-                    self._log.warning("consumer reset failed; retrying", error=str(exc),
-                                      retry_in=retry_in)
-                    gen.dispatcher.discard_unstarted()
-                    puller.hush(False)
-                    await self._sleep(retry_in)
-                    retry_in *= 2
+            # Passing failures (a server restarting): pull meanwhile, which keeps the pin
+            # ours; applied or not, nothing we hold may start before a reset.
+            outcome = await reset_when_quiet(
+                puller, reset, gen.ended, clock=self._clock, sleep=self._sleep,
+                log=self._log, hush_at=self._clock(), reset_at=self._clock(),
+                quiet_within=2 * (s.pull_expires + RESET_QUIET_MARGIN),
+                attempts=RESET_ATTEMPTS_TAKE_BACK,
+                on_retry=dispatcher.discard_unstarted)
+            if outcome.how is Reset.NOT_QUIET:
+                gen.end(StepDown.PIN_LOST, "our pull requests did not end; "
+                        "cannot take back deliveries lost in a leader change")
+            elif outcome.error is not None:
+                gen.end(StepDown.PIN_LOST,
+                        f"could not take back lost deliveries: {outcome.error}")
         finally:
             puller.hush(False)
             gen.taking_back = False
         # The reset delivered again whatever went missing before it; a doubt raised
         # since waits for a renewal of its own.
-        gen.deliveries_checked(doubts)
+        if cleared is not None:
+            gen.deliveries_checked(cleared)
 
     async def _take_over(self, gen: Generation) -> bool:
         """A newly pinned instance starts nothing while the member consumer holds messages
@@ -530,57 +517,49 @@ class PinnedElection(MemberCore):
         # arrive after it and run ahead of (and twice with) its redelivery. So requests
         # stop one pull expiry before the reset; the pin stays ours a TTL past the last.
         quiet = s.pull_expires + RESET_QUIET_MARGIN
-        hush_at = max(gen.pinned_at, deadline - quiet)
-        can_reset = True
-        retry_in = RESET_RETRY_FIRST
-        try:
-            while not gen.ended.done():
-                try:
-                    info = await self.js.consumer_info(self._consume_stream,
-                                                       self.sync_consumer)
-                    if info is None:
-                        gen.end(StepDown.PIN_LOST, "member consumer deleted")
-                        return False
-                    if self.static:
-                        self._load_static_state(gen, info)
-                    foreign = int(info.get("num_ack_pending", 0)) - gen.dispatcher.holding
-                    if foreign <= 0:
-                        break
-                    now = self._clock()
-                    if now >= hush_at and can_reset:
-                        puller.hush()
-                    if now >= deadline and puller.outstanding == 0 and can_reset:
-                        self._log.info("taking back messages a previous holder left "
-                                       "unfinished", count=foreign)
-                        try:
-                            await self._reset_pinned(gen)
-                        except CgroupdError as exc:
-                            puller.hush(False)  # pull meanwhile: it keeps the pin ours
-                            if reset_unsupported(exc):
-                                # No consumer reset (nats-server < 2.14): they come back
-                                # once their ack wait runs out; nothing starts before.
-                                self._log.error("consumer reset unavailable; waiting for "
-                                                "the previous holder's messages to time "
-                                                "out", error=str(exc), count=foreign)
-                                can_reset = False
-                                continue
-                            # A passing failure (no responders while a server restarts,
-                            # no answer while the consumer elects a leader): try again.
-                            # Applied or not (a lost reply), nothing we hold may start:
-                            # the next reset delivers it again, in order.
-                            gen.dispatcher.discard_unstarted()
-                            self._log.warning("consumer reset failed; retrying",
-                                              error=str(exc), retry_in=retry_in)
-                            hush_at = self._clock() + retry_in
-                            deadline = hush_at + quiet
-                            retry_in = min(2 * retry_in, RESET_RETRY_MAX)
-                            continue
-                        break
-                except CgroupdError as exc:
-                    self._log.info("takeover check failed; retrying", error=str(exc))
-                await self._sleep(0.02)
-        finally:
-            puller.hush(False)
+        foreign = 0
+
+        async def needed() -> bool | None:
+            """Whether the consumer holds messages delivered to someone else."""
+            nonlocal foreign
+            assert gen.dispatcher is not None
+            try:
+                info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
+                if info is None:
+                    gen.end(StepDown.PIN_LOST, "member consumer deleted")
+                    return False
+                if self.static:
+                    self._load_static_state(gen, info)
+            except CgroupdError as exc:
+                self._log.info("takeover check failed; retrying", error=str(exc))
+                return None
+            foreign = int(info.get("num_ack_pending", 0)) - gen.dispatcher.holding
+            return foreign > 0
+
+        async def reset() -> None:
+            self._log.info("taking back messages a previous holder left unfinished",
+                           count=foreign)
+            await self._reset_pinned(gen)
+
+        def unsupported(exc: CgroupdError) -> None:
+            # No consumer reset (nats-server < 2.14): they come back once their ack
+            # wait runs out; nothing starts before.
+            self._log.error("consumer reset unavailable; waiting for the previous "
+                            "holder's messages to time out", error=str(exc), count=foreign)
+
+        if not gen.ended.done():
+            try:
+                # A passing failure (no responders while a server restarts, no answer
+                # while the consumer elects a leader) is tried again. Applied or not (a
+                # lost reply), nothing we hold may start: the next reset delivers it
+                # again, in order.
+                await reset_when_quiet(
+                    puller, reset, gen.ended, clock=self._clock, sleep=self._sleep,
+                    log=self._log, hush_at=max(gen.pinned_at, deadline - quiet),
+                    reset_at=deadline, settle=quiet, needed=needed,
+                    on_retry=gen.dispatcher.discard_unstarted, on_unsupported=unsupported)
+            finally:
+                puller.hush(False)
         if gen.ended.done():
             return False
         # The consumer may have the filters of another config, or have been retargeted by

@@ -23,12 +23,8 @@ from cgroupd.core.partitions import (
     reference_filters,
 )
 from cgroupd.member.core import MemberCore
-from cgroupd.member.election_pinned import (
-    RESET_RETRY_FIRST,
-    RESET_RETRY_MAX,
-    reset_unsupported,
-)
 from cgroupd.member.generation import Generation
+from cgroupd.member.pinned_reset import Reset, reset_when_quiet
 from cgroupd.member.rebalance import claim_contested, contest_backoff
 from cgroupd.member.state import StepDown
 from cgroupd.nats.pull import Puller
@@ -204,28 +200,19 @@ class PinnedRebalance(MemberCore):
         passing failure is retried, pulling in between so the pin stays ours (what those
         pulls bring is held, not started, and dropped by the reset). False, with the
         generation ended, when it does not go through within the drain timeout."""
-        retry_in = RESET_RETRY_FIRST
-        give_up = self._clock() + self.settings.drain_timeout
-        while True:
-            try:
-                await self._reset_pinned(gen, seq)
-                return True
-            except CgroupdError as exc:
-                if gen.ended.done() or reset_unsupported(exc) \
-                        or self._clock() + retry_in > give_up:
-                    self._log.warning("member consumer not reset after a filter change; "
-                                      "stepping down", error=str(exc))
-                    gen.end(StepDown.CONFIG_CHANGED, "member consumer could not be reset")
-                    return False
-                self._log.warning("consumer reset failed; retrying", error=str(exc),
-                                  retry_in=retry_in)
-            puller.hush(False)
-            await self._sleep(retry_in)
-            puller.hush()
-            retry_in = min(2 * retry_in, RESET_RETRY_MAX)
-            if not await self._no_pull_open(puller):
-                gen.end(StepDown.CONFIG_CHANGED, "member consumer could not be reset")
-                return False
+        s = self.settings
+        outcome = await reset_when_quiet(
+            puller, lambda: self._reset_pinned(gen, seq), gen.ended, clock=self._clock,
+            sleep=self._sleep, log=self._log, hush_at=self._clock(), reset_at=self._clock(),
+            quiet_within=s.pull_expires + 1.0, give_up=self._clock() + s.drain_timeout,
+            heed_end=False)
+        if outcome.how is Reset.DONE:
+            return True
+        if outcome.error is not None:
+            self._log.warning("member consumer not reset after a filter change; "
+                              "stepping down", error=str(outcome.error))
+        gen.end(StepDown.CONFIG_CHANGED, "member consumer could not be reset")
+        return False
 
     async def _claim_partitions(self, gen: Generation, kept: set[int],
                                 gained: set[int]) -> dict[int, int] | None:
