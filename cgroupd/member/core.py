@@ -39,7 +39,6 @@ from cgroupd.member.generation import Generation, GenerationInfo
 from cgroupd.member.listener import ASSIGNED, LOST, REVOKED, PartitionListener, PartitionsCallback
 from cgroupd.member.pinned_acks import PinnedAcks
 from cgroupd.member.state import (
-    ALLOWED,
     FIRST_PHASE,
     ActiveCallback,
     MemberState,
@@ -207,8 +206,6 @@ class MemberCore:
         """Move to ``to`` (in ``phase``, by default the state's first) as the one
         transition table (:data:`cgroupd.member.state.TRANSITIONS`) allows."""
         phase = phase or FIRST_PHASE.get(to)
-        if to not in ALLOWED[self.state] and to is not self.state:
-            raise RuntimeError(f"illegal member transition {self.state.value} -> {to.value}")
         if not allowed((self.state, self.phase), (to, phase)):
             raise RuntimeError("illegal member transition "
                                f"{where_name((self.state, self.phase))} -> "
