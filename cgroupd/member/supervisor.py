@@ -1,10 +1,11 @@
 """The member runtime: one instance of one member of a consumer group.
 
 Implements the ADR's "Implementation design" and "Transitioning" sections. One supervisor
-task runs the states below; each time this instance wins the election it starts a
-:class:`Generation` (its partitions, its pullers, its dispatcher) and waits, with
-``asyncio.wait(FIRST_COMPLETED)``, for whatever ends it: a config change, the loss of a
-consumer, a failed self-check, the group's deletion, or stop().
+task runs the states below; each time this instance wins the election (its mode's
+``acquire``, see :mod:`cgroupd.member.modes`) it starts a :class:`Generation` (its
+partitions, its pullers, its dispatcher), lets the mode ``run`` it and waits for whatever
+ends it: a config change, the loss of a consumer, a failed self-check, the group's
+deletion, or stop().
 
 The states (their phases in brackets) and where each may go, rendered from the one
 transition table :data:`cgroupd.member.state.TRANSITIONS` (every move, phases included,
