@@ -110,8 +110,8 @@ async def test_two_moves_that_keep_nothing_leave_one_claim_and_one_consumer(
     _aim(m1, (FREE,))
     _aim(m2, (FREE,))
     assert m1._gen is not None and m2._gen is not None
-    results = await asyncio.gather(_moves(m1)._move_partitions(m1._gen, (FREE,)),
-                                   _moves(m2)._move_partitions(m2._gen, (FREE,)),
+    results = await asyncio.gather(m1.mode.move(m1._gen, (FREE,)),
+                                   m2.mode.move(m2._gen, (FREE,)),
                                    return_exceptions=True)
     assert len(two.holding(partition_filters([FREE]))) == 1, results
     assert len(two.holding(sync_filters([FREE]))) == 1, results
@@ -129,8 +129,8 @@ async def test_a_claim_superseded_after_a_race_lets_the_partition_go(two: Two) -
     _aim(m1, (0, FREE))
     _aim(m2, (1, FREE))
     assert m1._gen is not None and m2._gen is not None
-    moves = [asyncio.create_task(_moves(m1)._move_partitions(m1._gen, (0, FREE))),
-             asyncio.create_task(_moves(m2)._move_partitions(m2._gen, (1, FREE)))]
+    moves = [asyncio.create_task(m1.mode.move(m1._gen, (0, FREE))),
+             asyncio.create_task(m2.mode.move(m2._gen, (1, FREE)))]
     await asyncio.sleep(0.2)  # both claims made (or one retrying); then m2 learns
     _aim(m2, (1,))
     results = await asyncio.gather(*moves, return_exceptions=True)
