@@ -302,13 +302,7 @@ class MemberCore:
 
         def ended(fut: asyncio.Future[tuple[PullEnd, str]]) -> None:
             why, detail = fut.result()
-            if why is PullEnd.DELIVERY_LOST:
-                gen.end(StepDown.STALLED, f"{consumer}: {detail}")
-            elif why is PullEnd.CONSUMER_GONE and self.mode.consumer_gone(
-                    gen, puller, f"{consumer}: {detail}"):
-                pass  # the mode checks it first (sync mode's claim)
-            elif why is not PullEnd.STOPPED:
-                gen.end(lost, f"{consumer}: {detail}")
+            self.mode.pull_ended(gen, puller, why, f"{consumer}: {detail}", lost)
 
         puller.ended.add_done_callback(ended)
         return puller

@@ -45,7 +45,7 @@ from cgroupd.member.rebalance import Rebalance
 from cgroupd.member.rebalance_pinned import PinnedRebalance
 from cgroupd.member.selfcheck import SelfCheck
 from cgroupd.member.state import MemberState, Phase, StepDown
-from cgroupd.nats.pull import Puller
+from cgroupd.nats.pull import PullEnd, Puller
 
 if TYPE_CHECKING:
     from cgroupd.member.core import MemberCore
@@ -114,10 +114,15 @@ class ExclusivityMode(ABC):
         """Whether pull requests on ``consumer`` overlap (see MemberCore._start_puller)."""
         return True
 
-    def consumer_gone(self, gen: Generation, puller: Puller, detail: str) -> bool:
-        """A pull was told "consumer deleted": True when the mode checks that before the
-        generation ends (sync mode's claim)."""
-        return False
+    def pull_ended(self, gen: Generation, puller: Puller, why: PullEnd, detail: str,
+                   lost: StepDown) -> None:
+        """One of the generation's pullers ended (``lost``: the reason its consumer's loss
+        gives, chosen by whoever started it): a delivery lost on the way is a stall; any
+        other end but our own stop ends the generation."""
+        if why is PullEnd.DELIVERY_LOST:
+            gen.end(StepDown.STALLED, detail)
+        elif why is not PullEnd.STOPPED:
+            gen.end(lost, detail)
 
     def connection_lost(self, gen: Generation) -> None:  # noqa: B027
         """Our connection went away (checks sent before it prove nothing any more)."""
@@ -245,12 +250,16 @@ class SyncMode(ExclusivityMode):
         # we live (issue 29; a standby once read the moment between two and took over).
         return consumer == self.m.sync_consumer
 
-    def consumer_gone(self, gen: Generation, puller: Puller, detail: str) -> bool:
-        if puller.consumer != self.m.sync_consumer or gen.ended.done():
-            return False
-        self.m._spawn(gen, self.election._recheck_claim(gen, puller, detail),
-                      "-claim-recheck")
-        return True
+    def pull_ended(self, gen: Generation, puller: Puller, why: PullEnd, detail: str,
+                   lost: StepDown) -> None:
+        # Our claim's pull told "consumer deleted" is believed only once a server in
+        # touch with its cluster agrees (SyncElection._recheck_claim).
+        if (why is PullEnd.CONSUMER_GONE and puller.consumer == self.m.sync_consumer
+                and not gen.ended.done()):
+            self.m._spawn(gen, self.election._recheck_claim(gen, puller, detail),
+                          "-claim-recheck")
+            return
+        super().pull_ended(gen, puller, why, detail, lost)
 
 
 class PinnedMode(ExclusivityMode):
