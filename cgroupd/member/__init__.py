@@ -1,16 +1,20 @@
 """The member runtime, one module per job; the facade is :class:`Member` (``supervisor``).
+Each job is an object that holds the member; what differs between the exclusivity modes
+is one mode object (``modes``) that owns its mode's jobs.
 
     supervisor       Member: the supervisor loop over the states (start, stop, health)
-    state            MemberState, StepDown, the wake-up event
+    core             MemberCore (Member's one base class): identity, settings, helpers
+    modes            ExclusivityMode, SyncMode, PinnedMode: chosen once per member
+    state            MemberState, StepDown, the wake-up event, the transition table
     generation       Generation: one period of activity, its partitions and consumers
-    core             MemberCore: identity, settings, shared helpers
     config_watch     following the group record; membership changes
-    election_sync    sync exclusivity: election, standby watch, takeover, reclaim
-    election_pinned  pinned exclusivity: pin, pin lease, takeover of a holder's messages
+    election_sync    sync mode: election, standby watch, takeover, reclaim
+    election_pinned  pinned mode: pin, pin lease, takeover of a holder's messages
+    pinned_reset     pinned mode: the one hush/reset/retry loop of the member consumer
     pinned_acks      acks count only while the pin is provably ours
     rebalance        incremental rebalance (sync)
     rebalance_pinned incremental rebalance on the shared member consumer (pinned)
-    selfcheck        self-check, lease and fencing before each handler start
+    selfcheck        sync mode: self-check and the lease before each handler start
     release          stepping down and giving up consumers or the pin
     listener         Kafka's rebalance listener: partitions assigned, revoked, lost
     dispatch         running handlers: in order per key, concurrent across keys

@@ -1,7 +1,7 @@
 """What every part of the member runtime shares: the instance's identity, settings and
 state, and the helpers they all use (consumer config, pullers, generations, config
-updates). The jobs live in their own modules, as mixins of :class:`MemberCore`; the
-stubs at the end name what one job calls in another."""
+updates). The jobs live in their own modules as collaborators that hold the member:
+its exclusivity mode's (:mod:`cgroupd.member.modes`), the config watch and the release."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from cgroupd.core import logs
+from cgroupd.core.answers import judge_answer
 from cgroupd.core.clock import LOOP_CLOCK, Clock
 from cgroupd.core.config import (
     ELASTIC_BUCKET,
@@ -20,6 +21,7 @@ from cgroupd.core.config import (
     validate_name,
     work_queue_stream,
 )
+from cgroupd.core.consumerinfo import ConsumerInfo
 from cgroupd.core.errors import (
     ApiError,
     CgroupdError,
@@ -27,19 +29,23 @@ from cgroupd.core.errors import (
 )
 from cgroupd.core.naming import (
     DATA_SLOTS,
+    INSTANCE_KEY,
     MEMBER_KEY,
+    TOKEN_KEY,
     consumer_config,
     data_consumer,
     sync_consumer,
 )
 from cgroupd.core.partitions import key_function
+from cgroupd.core.records import elastic_from_json, static_from_json
 from cgroupd.core.settings import PRIORITY_GROUP, Exclusivity, MemberSettings
+from cgroupd.member.config_watch import ConfigWatch
 from cgroupd.member.dispatch import Completed, Dispatcher, Handler
 from cgroupd.member.generation import Generation, GenerationInfo
 from cgroupd.member.listener import ASSIGNED, LOST, REVOKED, PartitionListener, PartitionsCallback
-from cgroupd.member.pinned_acks import PinnedAcks
+from cgroupd.member.modes import MODES, ExclusivityMode
+from cgroupd.member.release import Release
 from cgroupd.member.state import (
-    ALLOWED,
     FIRST_PHASE,
     ActiveCallback,
     MemberState,
@@ -124,6 +130,9 @@ class MemberCore:
         #: While joining: the transient failure :meth:`Member.start` keeps retrying.
         self.waiting_for: str | None = None
         self._bucket = STATIC_BUCKET if static else ELASTIC_BUCKET
+        #: How the group record reads (a static group's record differs).
+        self._decode: Callable[[bytes], GroupConfig] = (static_from_json if static
+                                                        else elastic_from_json)
         self._key = group_key(stream, group)
         self._consume_stream = stream if static else work_queue_stream(stream, group)
         self._wake = Wake()  # config change, advisory, stop: re-evaluate now
@@ -158,6 +167,11 @@ class MemberCore:
         self._last_partitions: tuple[int, ...] = ()
         self._not_before = 0.0
         self._changed_at = -1e9
+        #: What differs between the exclusivity modes, chosen once (see
+        #: :mod:`cgroupd.member.modes`), and the jobs every member has.
+        self.mode: ExclusivityMode = MODES[self.settings.exclusivity](self)
+        self._config_watch = ConfigWatch(self)
+        self._releaser = Release(self)
         self.stats = {"delivered": 0, "acked": 0, "naked": 0, "termed": 0, "retries": 0,
                       "duplicates": 0, "step_downs": 0, "rebalances": 0, "resettled": 0,
                       "swallowed": 0, "ack_fences": 0, "lease_checks": 0, "takeovers": 0,
@@ -207,8 +221,6 @@ class MemberCore:
         """Move to ``to`` (in ``phase``, by default the state's first) as the one
         transition table (:data:`cgroupd.member.state.TRANSITIONS`) allows."""
         phase = phase or FIRST_PHASE.get(to)
-        if to not in ALLOWED[self.state] and to is not self.state:
-            raise RuntimeError(f"illegal member transition {self.state.value} -> {to.value}")
         if not allowed((self.state, self.phase), (to, phase)):
             raise RuntimeError("illegal member transition "
                                f"{where_name((self.state, self.phase))} -> "
@@ -244,21 +256,20 @@ class MemberCore:
         self._generations += 1
         gen = Generation(partitions, number=self._generations,
                          lease=Lease(s.lease, self._clock))
-        pinned = s.exclusivity is Exclusivity.PINNED
-        deliveries = Deliveries(self.js.nc, PinnedAcks(self, gen) if pinned else None)
+        mode = self.mode
+        deliveries = Deliveries(self.js.nc, mode.acks(gen))
         gen.dispatcher = Dispatcher(
             deliveries, self.handler, ordering=s.ordering, max_in_flight=s.max_in_flight,
             ack_wait=s.ack_wait, backoff=s.backoff,
-            key_of=key_function(s.key, self.config), before_start=lambda: self._fence(gen),
+            key_of=key_function(s.key, self.config), before_start=lambda: mode.fence(gen),
             on_settled=lambda: self._refill(gen), log=self._log, stats=self.stats,
-            hand_back_on_close=pinned, completed=self._completed, clock=self.clock)
+            hand_back_on_close=mode.hand_back_on_close, completed=self._completed,
+            clock=self.clock)
         gen.dispatcher.accept = set(partitions)
         # Opened once the listener heard of the partitions (Member._run_active; pinned
         # mode: the takeover): nothing starts before on_partitions_assigned returned.
         gen.dispatcher.pause()
-        if pinned and self.static:
-            gen.dispatcher.ack_not_owned = True
-            gen.dispatcher.skip = lambda m: gen.skip.covers(m.partition, m.stream_sequence)
+        mode.prepare(gen)
         gen.dispatcher.start()
         return gen
 
@@ -286,46 +297,15 @@ class MemberCore:
             self._consume_stream, consumer,
             PullOptions(batch=batch, expires=s.pull_expires, heartbeat=s.heartbeat,
                         group=group, check_gaps=deliver and pinned is None,
-                        # The sync consumer's request never ends early (it matches
-                        # nothing): overlapping ones keep one always waiting, which is
-                        # how a standby asks the leader whether we live (issue 29; a
-                        # standby once read the moment between two and took over).
-                        overlap=s.exclusivity is not Exclusivity.SYNC
-                        or consumer == self.sync_consumer),
+                        overlap=self.mode.pulls_overlap(consumer)),
             on_message, capacity)
 
         def ended(fut: asyncio.Future[tuple[PullEnd, str]]) -> None:
             why, detail = fut.result()
-            if why is PullEnd.DELIVERY_LOST:
-                gen.end(StepDown.STALLED, f"{consumer}: {detail}")
-            elif (why is PullEnd.CONSUMER_GONE and consumer == self.sync_consumer
-                  and s.exclusivity is Exclusivity.SYNC and not gen.ended.done()):
-                self._spawn(gen, self._recheck_claim(gen, puller, f"{consumer}: {detail}"),
-                            "-claim-recheck")
-            elif why is not PullEnd.STOPPED:
-                gen.end(lost, f"{consumer}: {detail}")
+            self.mode.pull_ended(gen, puller, why, f"{consumer}: {detail}", lost)
 
         puller.ended.add_done_callback(ended)
         return puller
-
-    async def _recheck_claim(self, gen: Generation, ended: Puller, detail: str) -> None:
-        """Our claim's pull was told "consumer deleted": believe it only if a server in
-        touch with its cluster agrees. After a cluster heal, the node that was cut off
-        still runs the old claim of the same name until it catches up; deleting it, it
-        answers every pull waiting on that name, the new owner's too (seen in the
-        cluster-cut test: the new owner stepped down and the old instance took the
-        member back). Meanwhile the lease still bounds what we start."""
-        if not await self._sync_is_ours():
-            gen.end(StepDown.SYNC_LOST, detail)
-            return
-        if gen.ended.done():
-            return
-        self._log.warning("claim reported deleted by a server out of touch; it is still "
-                          "ours", detail=detail)
-        fresh = await self._start_puller(gen, self.sync_consumer, 1, StepDown.SYNC_LOST)
-        gen.pullers = [fresh if p is ended else p for p in gen.pullers]
-        if gen.ended.done():
-            await fresh.stop()
 
     def _spawn(self, gen: Generation, coro: Awaitable[None], name: str) -> None:
         """A generation's background task; if it dies of a bug, the generation ends."""
@@ -398,89 +378,35 @@ class MemberCore:
             self._log.info("acks not confirmed", error=repr(exc))
             return False
 
-    # -- implemented by the job modules (cgroupd.member.*) ------------------------
-    async def _watch_config(self) -> None:
-        raise NotImplementedError
-
-    def _watch_ended(self, task: asyncio.Task[None]) -> None:
-        raise NotImplementedError
-
-    async def _close_watch(self) -> None:
-        raise NotImplementedError
-
-    async def _on_consumer_deleted(self, name: str) -> None:
-        raise NotImplementedError
-
-    async def _acquire_sync(self, partitions: tuple[int, ...]) -> Generation | None:
-        raise NotImplementedError
-
-    async def _refuse_duplicate_id(self) -> None:
-        raise NotImplementedError
-
-    def _presence_text(self) -> str | None:
-        raise NotImplementedError
-
-    async def _stand_by(self, timeout: float) -> None:
-        raise NotImplementedError
-
-    async def _close_prober(self) -> None:
-        raise NotImplementedError
-
-    async def _add_data_consumer(self, gen: Generation, partitions: tuple[int, ...],
-                                 reclaim: Callable[[], Awaitable[object]] | None = None
-                                 ) -> None:
-        raise NotImplementedError
-
-    async def _acquire_pinned(self, partitions: tuple[int, ...]) -> Generation | None:
-        raise NotImplementedError
-
-    async def _hold_pin(self, gen: Generation) -> None:
-        raise NotImplementedError
-
-    async def _renew(self, gen: Generation) -> bool:
-        raise NotImplementedError
-
-    def _pin_unanswered(self, gen: Generation) -> bool:
-        raise NotImplementedError
-
-    def _renew_now(self, gen: Generation) -> None:
-        raise NotImplementedError
-
-    async def _reset_pinned(self, gen: Generation, seq: int = 0) -> None:
-        raise NotImplementedError
-
-    def _incremental(self, gen: Generation, new: tuple[int, ...]) -> bool:
-        raise NotImplementedError
-
-    async def _rebalance_loop(self, gen: Generation) -> None:
-        raise NotImplementedError
-
-    async def _move_pinned(self, gen: Generation, target: tuple[int, ...]) -> bool:
-        raise NotImplementedError
-
-    def _member_filters(self, real: set[int], held: set[int]) -> list[str]:
-        raise NotImplementedError
-
-    async def _previous_owners(self, gained: set[int]) -> tuple[dict[int, int], set[str]]:
-        raise NotImplementedError
-
     async def _sync_is_ours(self) -> bool:
-        raise NotImplementedError
-
-    async def _verify_loop(self, gen: Generation) -> None:
-        raise NotImplementedError
+        """Whether the sync consumer names this process, as a server in touch with its
+        cluster says (a stale answer may name us after another instance took over: then
+        deleting the consumer by name would delete the new owner's)."""
+        try:
+            info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
+        except CgroupdError:
+            return False
+        if judge_answer([info], sent=self._clock(), lease=self.settings.lease).stale:
+            return False
+        meta = ConsumerInfo.of(info).metadata
+        return bool(meta.get(INSTANCE_KEY) == self.instance_id
+                    and meta.get(TOKEN_KEY) == self._token)
 
     async def _refill(self, gen: Generation) -> None:
-        raise NotImplementedError
+        """A handler slot freed up: let the data pullers ask for more."""
+        for puller in gen.pullers:
+            if puller.delivers and puller.room:
+                await puller.refill()
 
-    async def _fence(self, gen: Generation) -> bool:
-        raise NotImplementedError
+    def _presence_text(self) -> str | None:
+        """What this instance answers on its presence subject: its id and state."""
+        state = self.state.value
+        if self.phase is Phase.CLAIMING:  # (a phase of STANDBY)
+            state = Phase.CLAIMING.value  # holds the claim: checking it, or creating its
+            #                               data consumer
+        return f"{self.instance_id} {state}"
 
-    def _connection_lost(self) -> None:
-        raise NotImplementedError
-
-    def _connection_back(self) -> None:
-        raise NotImplementedError
-
-    async def _release(self, gen: Generation) -> None:
-        raise NotImplementedError
+    async def _close_prober(self) -> None:
+        if self._prober is not None:
+            await self._prober.close()
+            self._prober = None

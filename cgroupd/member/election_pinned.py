@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cgroupd.core.answers import judge_answer
 from cgroupd.core.consumerinfo import ConsumerInfo
@@ -14,7 +14,6 @@ from cgroupd.core.errors import (
     ApiError,
     CgroupdError,
     ConsumerExists,
-    ConsumerNotFound,
     WorkQueueOverlap,
 )
 from cgroupd.core.naming import (
@@ -26,31 +25,30 @@ from cgroupd.core.partitions import member_consumer_filters
 from cgroupd.core.pinning import PinLease, SkipRules
 from cgroupd.core.settings import PRIORITY_GROUP, RESET_QUIET_MARGIN
 from cgroupd.core.tasks import cancel_and_wait
-from cgroupd.member.core import MemberCore
 from cgroupd.member.generation import Generation
+from cgroupd.member.pinned_reset import Reset, reset_when_quiet
 from cgroupd.member.state import MemberState, Phase, StepDown
 from cgroupd.nats.pull import Puller, delivery_number
 
-#: Pulls between a failed consumer reset and the next try (they keep the pin ours), doubled
-#: after each failure up to the maximum. Each try adds a pull expiry without pulls.
-RESET_RETRY_FIRST = 0.25
-RESET_RETRY_MAX = 4.0
+if TYPE_CHECKING:
+    from cgroupd.member.core import MemberCore
+    from cgroupd.member.modes import PinnedMode
+
+#: Tries of a take-back's consumer reset before the holder steps down (pauses of 0.25,
+#: 0.5, 1, 2 and 4 s between them: see :mod:`cgroupd.member.pinned_reset`).
+RESET_ATTEMPTS_TAKE_BACK = 6
 #: Pinned TTLs past its lease that a holder nobody answers waits for an answer before it
 #: steps down (issue 29: a node restart costs a reconnect and a leader election).
 UNANSWERED_HOLD = 3.0
 
 
-def reset_unsupported(exc: CgroupdError) -> bool:
-    """Whether a failed consumer reset is a definite refusal (the server has no reset API,
-    or refuses the request as such) rather than a passing failure worth retrying: a 4xx
-    API error. "No responders", no answer in time, 5xx and a missing consumer (its
-    leader being elected; a deleted one is seen by the next check) are passing."""
-    return (isinstance(exc, ApiError) and not exc.retriable
-            and not isinstance(exc, ConsumerNotFound))
+class PinnedElection:
+    """A job of the member's PinnedMode (see the module docstring); a collaborator
+    holding the member, not a mixin of it."""
 
-
-class PinnedElection(MemberCore):
-    """One job of :class:`cgroupd.member.Member` (see the module docstring)."""
+    def __init__(self, member: MemberCore, mode: PinnedMode) -> None:
+        self.m = member
+        self.mode = mode
 
     async def _acquire_pinned(self, partitions: tuple[int, ...]) -> Generation | None:
         """Pinned mode: ensure the shared member consumer exists, pull until pinned.
@@ -58,57 +56,58 @@ class PinnedElection(MemberCore):
         Only the pinned instance changes the consumer (:meth:`_move_pinned` brings its
         filters to the config); a standby that finds it with other filters leaves it be.
         Nothing starts before :meth:`_take_over` opens the dispatcher."""
-        s = self.settings
-        name = self.sync_consumer
+        s = self.m.settings
+        name = self.m.sync_consumer
         extra: dict[str, Any] = {
             "priority_groups": [PRIORITY_GROUP],
             "priority_policy": "pinned_client",
             "priority_timeout": int(s.pinned_ttl * 1e9),
         }
-        if self.static:
+        if self.m.static:
             extra["durable_name"] = name
         else:
             extra["inactive_threshold"] = int(max(s.ack_wait, s.inactive_threshold) * 1e9)
-        cfg = self._consumer_config(self._member_filters(set(partitions), set()), **extra)
-        if self.static:
+        moves = self.mode.rebalance
+        cfg = self.m._consumer_config(moves._member_filters(set(partitions), set()), **extra)
+        if self.m.static:
             # A new durable starts each partition where its previous owners left it
             # (issue 13 item 4), and not before they let it go (no conflict tells us).
             try:
-                starts, busy = await self._previous_owners(set(partitions))
+                starts, busy = await self.mode.rebalance._previous_owners(set(partitions))
             except CgroupdError as exc:
-                self._log.warning("could not read previous owners", error=str(exc))
+                self.m._log.warning("could not read previous owners", error=str(exc))
                 return None
             if busy:
                 return None
             cfg["metadata"][SKIP_KEY] = SkipRules(
                 {p: (done, frozenset()) for p, done in starts.items() if done}).to_json()
         try:
-            await self.js.create_consumer(self._consume_stream, name, cfg)
+            await self.m.js.create_consumer(self.m._consume_stream, name, cfg)
         except WorkQueueOverlap:
             with contextlib.suppress(CgroupdError):
-                await self._previous_owners(set(partitions))  # reclaims abandoned ones
+                await moves._previous_owners(set(partitions))  # reclaims abandoned ones
             return None
         except ConsumerExists:
             # It exists (made by another instance, maybe the reference's): share it.
-            info = await self.js.consumer_info(self._consume_stream, name)
+            info = await self.m.js.consumer_info(self.m._consume_stream, name)
             if PRIORITY_GROUP not in ConsumerInfo.of(info).priority_groups:
-                self._log.warning("member consumer exists without priority group",
-                                  consumer=name)
+                self.m._log.warning("member consumer exists without priority group",
+                                    consumer=name)
                 return None
             if not await self._retarget_unpinned(info or {}, partitions):
                 return None
         except CgroupdError as exc:
-            self._log.warning("member consumer create failed", error=str(exc))
+            self.m._log.warning("member consumer create failed", error=str(exc))
             return None
-        gen = self._gen = self._generation(partitions)
-        self._enter(Phase.CLAIMING)
-        if self._stopping or self._deleted:  # stop() came while we were creating it
+        gen = self.m._gen = self.m._generation(partitions)
+        self.m._enter(Phase.CLAIMING)
+        if self.m._stopping or self.m._deleted:  # stop() came while we were creating it
             gen.end(StepDown.STOPPING)
-        gen.pin_lease = PinLease(s.pinned_ttl, self._clock)
+        gen.pin_lease = PinLease(s.pinned_ttl, self.m._clock)
         assert gen.dispatcher is not None
         gen.dispatcher.pause()
         pinned = asyncio.get_running_loop().create_future()
-        puller = await self._start_puller(
+        puller = await self.m._start_puller(
             gen, name, s.max_in_flight, StepDown.PIN_LOST, deliver=True, pinned=pinned)
         gen.pullers.append(puller)
         puller.on_pin_news = lambda: self._pin_news(gen)
@@ -124,9 +123,9 @@ class PinnedElection(MemberCore):
         puller.hush(False)
         if pinned in done and not gen.ended.done():
             return gen
-        await self._release(gen)
-        self._gen = None
-        self._enter(Phase.WAITING)
+        await self.m._releaser.release(gen)
+        self.m._gen = None
+        self.m._enter(Phase.WAITING)
         return None
 
     async def _gate_pulls(self, puller: Puller, pinned: asyncio.Future[None]) -> None:
@@ -142,19 +141,19 @@ class PinnedElection(MemberCore):
         then wait one pinned TTL with nobody pinned. A standby that never saw a holder
         while the consumer holds delivered messages waits the same way. Polls every
         eighth of the TTL."""
-        s = self.settings
+        s = self.m.settings
         seen_under: str | None = None  # the leader under which a holder was last seen
         waiting_since: float | None = None
         compete = False  # decided: pull until pinned or a holder shows up
         while not pinned.done():
             try:
-                info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
+                info = await self.m.js.consumer_info(self.m._consume_stream, self.m.sync_consumer)
             except CgroupdError:
                 info = {}  # no answer: keep doing what we did
             else:
                 view = ConsumerInfo.of(info)
                 leader = view.leader or None  # None: not clustered
-                now = self._clock()
+                now = self.m._clock()
                 if info is None:
                     puller.hush(False)  # gone: the puller's answer tells the member
                 elif view.pinned_client(PRIORITY_GROUP):
@@ -176,13 +175,13 @@ class PinnedElection(MemberCore):
                     elif waiting_since is None:
                         waiting_since = now
                     if waiting_since is not None and now - waiting_since >= s.pinned_ttl:
-                        self._log.info("pin not taken back after a consumer leader "
-                                       "change; competing", leader=leader)
+                        self.m._log.info("pin not taken back after a consumer leader "
+                                         "change; competing", leader=leader)
                         seen_under, compete = None, True
                         puller.hush(False)
                     else:
                         puller.hush()
-            await self._sleep(s.pinned_ttl / 8)
+            await self.m._sleep(s.pinned_ttl / 8)
 
     def _step_down_requested(self, body: bytes) -> str | None:
         """An operator asked the holder of our member's pin to step down (the body names
@@ -192,26 +191,26 @@ class PinnedElection(MemberCore):
         have waited longer than its next one (``rejoin_delay`` later), so the server pins
         one of them. One already stepping down says so too: an unpin would cut its drain
         short."""
-        gen = self._gen
+        gen = self.m._gen
         lease = gen.pin_lease if gen is not None else None
         if gen is None or lease is None or lease.pin_id is None \
                 or body.decode(errors="replace") != lease.pin_id \
-                or self.state not in (MemberState.ACTIVE, MemberState.STEPPING_DOWN):
+                or self.m.state not in (MemberState.ACTIVE, MemberState.STEPPING_DOWN):
             return None
         if not gen.ended.done():
-            self._log.info("step-down requested")
+            self.m._log.info("step-down requested")
             gen.end(StepDown.REQUESTED, "asked on the member's step-down subject")
-        return f"{self.instance_id} {MemberState.STEPPING_DOWN.value}"
+        return f"{self.m.instance_id} {MemberState.STEPPING_DOWN.value}"
 
     async def _hold_pin(self, gen: Generation) -> None:
         """Pinned mode, while active: take over, then renew the lease every quarter of
         the pinned TTL (so handlers never wait for it) and apply membership changes."""
         if not await self._take_over(gen):
             return
-        self._spawn(gen, self._rebalance_loop(gen), "_rebalance_loop")
-        period = self.settings.pinned_ttl / 4
+        self.m._spawn(gen, self.mode.rebalance_loop(gen), "_rebalance_loop")
+        period = self.m.settings.pinned_ttl / 4
         while not gen.ended.done():
-            await self._sleep(period)
+            await self.m._sleep(period)
             if not await self._renew(gen) and not self._pin_unanswered(gen):
                 gen.end(StepDown.PIN_LOST, "the pin could not be proven ours any more")
 
@@ -222,9 +221,9 @@ class PinnedElection(MemberCore):
         starting and acknowledging nothing, until an answer proves the pin ours again
         or shows it moved (see :meth:`cgroupd.core.pinning.PinLease.vanished`)."""
         lease = gen.pin_lease
-        s = self.settings
+        s = self.m.settings
         return (lease is not None and not lease.lost and not gen.ended.done()
-                and self._clock() < lease.until + UNANSWERED_HOLD * s.pinned_ttl)
+                and self.m._clock() < lease.until + UNANSWERED_HOLD * s.pinned_ttl)
 
     async def _renew(self, gen: Generation) -> bool:
         """Prove the pin is still ours and extend the lease; one renewal at a time."""
@@ -258,9 +257,7 @@ class PinnedElection(MemberCore):
         not kept, so which event lost them is not known)."""
         lease = gen.pin_lease
         if lease is not None and lease.pin_id is not None and not lease.lost:
-            self._log.info("a delivery number skipped; starting nothing until the "
-                           "consumer shows none missing", expected=expected, got=got)
-            gen.doubt_deliveries()
+            self.mode.doubt(gen, "a delivery number skipped", expected=expected, got=got)
             self._renew_now(gen)
 
     async def _renew_once(self, gen: Generation) -> bool:
@@ -279,13 +276,13 @@ class PinnedElection(MemberCore):
         if pin is not None and not puller.pin_refused:
             await puller.pull_one()
         sent = puller.pin_pulled_at
-        asked = self._clock()
+        asked = self.m._clock()
         doubts = gen.doubts  # what this answer can clear: the doubts raised before it
         try:
-            await self.js.flush(self.settings.pull_expires)
-            info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
+            await self.m.js.flush(self.m.settings.pull_expires)
+            info = await self.m.js.consumer_info(self.m._consume_stream, self.m.sync_consumer)
         except (CgroupdError, TimeoutError) as exc:
-            self._log.info("pin lease not renewed: no answer", error=repr(exc))
+            self.m._log.info("pin lease not renewed: no answer", error=repr(exc))
             return lease.valid
         newer = gen.renewal
         if newer is not None and newer is not asyncio.current_task() and not newer.done():
@@ -310,20 +307,20 @@ class PinnedElection(MemberCore):
             # leader) we hold on and ask to be pinned again; otherwise it is over.
             quiet = view.delivered_consumer_seq <= puller.last_delivery
             if not lease.vanished(view.leader or None, asked - age, quiet):
-                self._log.info("nobody pinned and the pin is not coming back (an unpin, "
-                               "its TTL ran out, or word of a new leader came too late)",
-                               leader=view.leader, quiet=quiet)
+                self.m._log.info("nobody pinned and the pin is not coming back (an unpin, "
+                                 "its TTL ran out, or word of a new leader came too late)",
+                                 leader=view.leader, quiet=quiet)
                 return False
             if puller.pin_id is not None or puller.pin_refused:
-                self._log.info("pin went with the member consumer's old leader; asking "
-                               "to be pinned again", leader=view.leader)
+                self.m._log.info("pin went with the member consumer's old leader; asking "
+                                 "to be pinned again", leader=view.leader)
                 puller.repin()
             if gen.dispatcher is not None and not gen.in_doubt:
                 gen.doubt_deliveries()
-            now = self._clock()
+            now = self.m._clock()
             if gen.repin_since is None:
                 gen.repin_since = now
-            elif now - gen.repin_since > self.settings.pinned_ttl and lease.valid \
+            elif now - gen.repin_since > self.m.settings.pinned_ttl and lease.valid \
                     and gen.dispatcher is not None and gen.dispatcher.unstarted():
                 # Not pinned again (what we hold may fill max_ack_pending, and the server
                 # pins only with a delivery): hand it all back while the lease still
@@ -342,13 +339,13 @@ class PinnedElection(MemberCore):
             # Being pinned again, and someone is: us, if the delivery that carries our
             # new pin id is still on its way. Not proof either way: the lease is not
             # extended, and the next renewal (or its running out) decides.
-            self._log.info("someone is pinned; our new pin id not yet delivered",
-                           holder=holder[:6], waiting=view.num_waiting,
-                           pending=view.num_pending, outstanding=puller.outstanding,
-                           hushed=puller.hushed, refused=puller.pin_refused)
+            self.m._log.info("someone is pinned; our new pin id not yet delivered",
+                             holder=holder[:6], waiting=view.num_waiting,
+                             pending=view.num_pending, outstanding=puller.outstanding,
+                             hushed=puller.hushed, refused=puller.pin_refused)
             return lease.valid
         if holder != pin:
-            self._log.info("the member consumer pins another client", holder=holder[:6])
+            self.m._log.info("the member consumer pins another client", holder=holder[:6])
             lease.lose()
             return False
         puller.pin_refused = False
@@ -366,12 +363,12 @@ class PinnedElection(MemberCore):
             await puller.flush_received()
             if view.delivered_consumer_seq > puller.last_delivery:
                 await puller.received_through(view.delivered_consumer_seq,
-                                              self.settings.pull_expires)
+                                              self.m.settings.pull_expires)
             lost = self._missing(gen, view.num_ack_pending, view.delivered_consumer_seq)
             if lost <= 0:
                 if gen.in_doubt:
-                    self._log.info("no delivery missing", doubts=gen.doubts,
-                                   cleared=doubts, ack_pending=view.num_ack_pending)
+                    self.m._log.info("no delivery missing", doubts=gen.doubts,
+                                     cleared=doubts, ack_pending=view.num_ack_pending)
                 gen.deliveries_checked(doubts)
         self._ask_again_at_a_new_leader(gen, puller, view, lease.leader)
         lease.renewed(pin, judged.as_of, pinned_at)
@@ -379,16 +376,16 @@ class PinnedElection(MemberCore):
             return self._pinned_late(gen, pin, judged.as_of, pinned_at, view)
         lease.leader = view.leader or None
         if not lease.valid:
-            self.stats["stale_checks"] += 1
-            self._log.warning("pin confirmed by a server out of touch with its cluster; "
-                              "starting nothing", quorum_heard_ago=round(judged.age, 3))
+            self.m.stats["stale_checks"] += 1
+            self.m._log.warning("pin confirmed by a server out of touch with its cluster; "
+                                "starting nothing", quorum_heard_ago=round(judged.age, 3))
             return False
         if ConsumerInfo(info).meta(RESET_KEY):
             gen.reconcile = True  # a standby retargeted it before we held the pin
             gen.retarget.set()
         if lost > 0 and not gen.taking_back:
             gen.taking_back = True
-            self._spawn(gen, self._take_back(gen, puller, lost), "_take_back")
+            self.m._spawn(gen, self._take_back(gen, puller, lost), "_take_back")
         return lease.valid
 
     def _pinned_late(self, gen: Generation, pin: str, as_of: float, pinned_at: float,
@@ -404,21 +401,21 @@ class PinnedElection(MemberCore):
         lease = gen.pin_lease
         assert lease is not None
         late_by = round(pinned_at - lease.until, 3)
-        if gen.dispatcher is None or gen.taking_back or self.phase is not Phase.RUNNING:
-            self._log.info("pinned again only after our lease ran out; not ours to keep",
-                           late_by=late_by)
+        if gen.dispatcher is None or gen.taking_back or self.m.phase is not Phase.RUNNING:
+            self.m._log.info("pinned again only after our lease ran out; not ours to keep",
+                             late_by=late_by)
             lease.lose()
             return False
-        self._log.info("pinned again only after our lease ran out; taking the member "
-                       "over in place", late_by=late_by)
+        self.m._log.info("pinned again only after our lease ran out; taking the member "
+                         "over in place", late_by=late_by)
         lease.adopt(pin, as_of)
         lease.leader = view.leader or None
         gen.pinned_at = pinned_at
         gen.taking_back = True
         gen.dispatcher.pause()  # lifted by _take_over
         gen.dispatcher.discard_unstarted()
-        self._enter(Phase.TAKING_OVER)
-        self._spawn(gen, self._retake(gen), "_retake")
+        self.m._enter(Phase.TAKING_OVER)
+        self.m._spawn(gen, self._retake(gen), "_retake")
         return lease.valid
 
     async def _retake(self, gen: Generation) -> None:
@@ -472,50 +469,47 @@ class PinnedElection(MemberCore):
         settled again, not run). Starts stay paused until then. Stepping down instead
         left them to the ack wait: max_ack_pending stayed full, nobody could be pinned,
         the member stood still 34.8 s and changed owner."""
-        s = self.settings
+        s = self.m.settings
         assert gen.dispatcher is not None
-        self._log.warning("messages delivered before the leader change did not reach "
-                          "us; taking them back", count=lost)
-        retry_in = RESET_RETRY_FIRST
+        dispatcher = gen.dispatcher
+        self.m._log.warning("messages delivered before the leader change did not reach "
+                            "us; taking them back", count=lost)
+        cleared: int | None = None
+
+        async def reset() -> None:
+            nonlocal cleared
+            lease = gen.pin_lease
+            if gen.ended.done():
+                return
+            if lease is None or not (lease.valid or await self._renew(gen)):
+                gen.end(StepDown.PIN_LOST, "the pin could not be proven ours any more")
+                return
+            doubts = gen.doubts  # no pull of ours open: the reset covers them all
+            await self._reset_pinned(gen)
+            cleared = doubts
+
         try:
-            while True:
-                puller.hush()
-                deadline = self._clock() + 2 * (s.pull_expires + RESET_QUIET_MARGIN)
-                while puller.outstanding > 0 and not gen.ended.done():
-                    if self._clock() > deadline:
-                        gen.end(StepDown.PIN_LOST, "our pull requests did not end; "
-                                "cannot take back deliveries lost in a leader change")
-                        return
-                    await self._sleep(0.02)
-                lease = gen.pin_lease
-                if gen.ended.done():
-                    return
-                if lease is None or not (lease.valid or await self._renew(gen)):
-                    gen.end(StepDown.PIN_LOST, "the pin could not be proven ours any more")
-                    return
-                doubts = gen.doubts  # no pull of ours open: the reset covers them all
-                try:
-                    await self._reset_pinned(gen)
-                    break
-                except CgroupdError as exc:
-                    if reset_unsupported(exc) or retry_in > RESET_RETRY_MAX:
-                        gen.end(StepDown.PIN_LOST,
-                                f"could not take back lost deliveries: {exc}")
-                        return
-                    # Passing (a server restarting): pull meanwhile, which keeps the pin
-                    # ours; applied or not, nothing we hold may start before a reset.
-                    self._log.warning("consumer reset failed; retrying", error=str(exc),
-                                      retry_in=retry_in)
-                    gen.dispatcher.discard_unstarted()
-                    puller.hush(False)
-                    await self._sleep(retry_in)
-                    retry_in *= 2
+            # Passing failures (a server restarting): pull meanwhile, which keeps the pin
+            # ours; applied or not, nothing we hold may start before a reset.
+            outcome = await reset_when_quiet(
+                puller, reset, gen.ended, clock=self.m._clock, sleep=self.m._sleep,
+                log=self.m._log, hush_at=self.m._clock(), reset_at=self.m._clock(),
+                quiet_within=2 * (s.pull_expires + RESET_QUIET_MARGIN),
+                attempts=RESET_ATTEMPTS_TAKE_BACK,
+                on_retry=dispatcher.discard_unstarted)
+            if outcome.how is Reset.NOT_QUIET:
+                gen.end(StepDown.PIN_LOST, "our pull requests did not end; "
+                        "cannot take back deliveries lost in a leader change")
+            elif outcome.error is not None:
+                gen.end(StepDown.PIN_LOST,
+                        f"could not take back lost deliveries: {outcome.error}")
         finally:
             puller.hush(False)
             gen.taking_back = False
         # The reset delivered again whatever went missing before it; a doubt raised
         # since waits for a renewal of its own.
-        gen.deliveries_checked(doubts)
+        if cleared is not None:
+            gen.deliveries_checked(cleared)
 
     async def _prove_pinned(self, gen: Generation) -> bool:
         """Renew until the server proves the pin it gave us ours, or shows it is not. An
@@ -540,7 +534,7 @@ class PinnedElection(MemberCore):
         not come, then one pinned TTL after we were pinned, when no previous holder can
         trust an ack any more, we reset the consumer to its ack floor: everything not
         acknowledged is delivered again, in stream order (issue 13 item 1)."""
-        s = self.settings
+        s = self.m.settings
         assert gen.dispatcher is not None
         if not await self._prove_pinned(gen):
             gen.end(StepDown.PIN_LOST, "pinned, but could not prove it")
@@ -551,74 +545,66 @@ class PinnedElection(MemberCore):
         # arrive after it and run ahead of (and twice with) its redelivery. So requests
         # stop one pull expiry before the reset; the pin stays ours a TTL past the last.
         quiet = s.pull_expires + RESET_QUIET_MARGIN
-        hush_at = max(gen.pinned_at, deadline - quiet)
-        can_reset = True
-        retry_in = RESET_RETRY_FIRST
-        try:
-            while not gen.ended.done():
-                try:
-                    info = await self.js.consumer_info(self._consume_stream,
-                                                       self.sync_consumer)
-                    if info is None:
-                        gen.end(StepDown.PIN_LOST, "member consumer deleted")
-                        return False
-                    if self.static:
-                        self._load_static_state(gen, info)
-                    foreign = int(info.get("num_ack_pending", 0)) - gen.dispatcher.holding
-                    if foreign <= 0:
-                        break
-                    now = self._clock()
-                    if now >= hush_at and can_reset:
-                        puller.hush()
-                    if now >= deadline and puller.outstanding == 0 and can_reset:
-                        self._log.info("taking back messages a previous holder left "
-                                       "unfinished", count=foreign)
-                        try:
-                            await self._reset_pinned(gen)
-                        except CgroupdError as exc:
-                            puller.hush(False)  # pull meanwhile: it keeps the pin ours
-                            if reset_unsupported(exc):
-                                # No consumer reset (nats-server < 2.14): they come back
-                                # once their ack wait runs out; nothing starts before.
-                                self._log.error("consumer reset unavailable; waiting for "
-                                                "the previous holder's messages to time "
-                                                "out", error=str(exc), count=foreign)
-                                can_reset = False
-                                continue
-                            # A passing failure (no responders while a server restarts,
-                            # no answer while the consumer elects a leader): try again.
-                            # Applied or not (a lost reply), nothing we hold may start:
-                            # the next reset delivers it again, in order.
-                            gen.dispatcher.discard_unstarted()
-                            self._log.warning("consumer reset failed; retrying",
-                                              error=str(exc), retry_in=retry_in)
-                            hush_at = self._clock() + retry_in
-                            deadline = hush_at + quiet
-                            retry_in = min(2 * retry_in, RESET_RETRY_MAX)
-                            continue
-                        break
-                except CgroupdError as exc:
-                    self._log.info("takeover check failed; retrying", error=str(exc))
-                await self._sleep(0.02)
-        finally:
-            puller.hush(False)
+        foreign = 0
+
+        async def needed() -> bool | None:
+            """Whether the consumer holds messages delivered to someone else."""
+            nonlocal foreign
+            assert gen.dispatcher is not None
+            try:
+                info = await self.m.js.consumer_info(self.m._consume_stream, self.m.sync_consumer)
+                if info is None:
+                    gen.end(StepDown.PIN_LOST, "member consumer deleted")
+                    return False
+                if self.m.static:
+                    self._load_static_state(gen, info)
+            except CgroupdError as exc:
+                self.m._log.info("takeover check failed; retrying", error=str(exc))
+                return None
+            foreign = int(info.get("num_ack_pending", 0)) - gen.dispatcher.holding
+            return foreign > 0
+
+        async def reset() -> None:
+            self.m._log.info("taking back messages a previous holder left unfinished",
+                             count=foreign)
+            await self._reset_pinned(gen)
+
+        def unsupported(exc: CgroupdError) -> None:
+            # No consumer reset (nats-server < 2.14): they come back once their ack
+            # wait runs out; nothing starts before.
+            self.m._log.error("consumer reset unavailable; waiting for the previous "
+                              "holder's messages to time out", error=str(exc), count=foreign)
+
+        if not gen.ended.done():
+            try:
+                # A passing failure (no responders while a server restarts, no answer
+                # while the consumer elects a leader) is tried again. Applied or not (a
+                # lost reply), nothing we hold may start: the next reset delivers it
+                # again, in order.
+                await reset_when_quiet(
+                    puller, reset, gen.ended, clock=self.m._clock, sleep=self.m._sleep,
+                    log=self.m._log, hush_at=max(gen.pinned_at, deadline - quiet),
+                    reset_at=deadline, settle=quiet, needed=needed,
+                    on_retry=gen.dispatcher.discard_unstarted, on_unsupported=unsupported)
+            finally:
+                puller.hush(False)
         if gen.ended.done():
             return False
         # The consumer may have the filters of another config, or have been retargeted by
         # a standby (RESET_KEY): bring it to ours before anything starts.
         try:
-            moved = await self._move_pinned(gen, gen.target)
+            moved = await self.mode.rebalance._move_pinned(gen, gen.target)
         except CgroupdError as exc:
-            self._log.warning("could not bring the member consumer to this config",
-                              error=str(exc))
+            self.m._log.warning("could not bring the member consumer to this config",
+                                error=str(exc))
             moved = False
         if not moved:
             gen.end(StepDown.CONFIG_CHANGED, "member consumer not brought to the config")
             return False
-        self.partitions = gen.partitions
+        self.m.partitions = gen.partitions
         gen.dispatcher.resume()
-        if self.state is MemberState.ACTIVE and self.phase is Phase.TAKING_OVER:
-            self._enter(Phase.RUNNING)  # (not if the generation ended meanwhile)
+        if self.m.state is MemberState.ACTIVE and self.m.phase is Phase.TAKING_OVER:
+            self.m._enter(Phase.RUNNING)  # (not if the generation ended meanwhile)
         return True
 
     async def _retarget_unpinned(self, info: dict[str, Any],
@@ -636,8 +622,8 @@ class PinnedElection(MemberCore):
         if holder:
             return True  # the holder applies the config; we wait for the pin
         meta = {RESET_KEY: "1"}
-        if self.static:
-            starts, busy = await self._previous_owners(set(partitions) - real)
+        if self.m.static:
+            starts, busy = await self.mode.rebalance._previous_owners(set(partitions) - real)
             if busy:
                 return False
             skip = SkipRules.from_json(view.meta(SKIP_KEY))
@@ -651,12 +637,14 @@ class PinnedElection(MemberCore):
             meta[SKIP_KEY] = skip.to_json()
             meta[RELEASED_KEY] = json.dumps(released, separators=(",", ":"), sort_keys=True)
         try:
-            await self._update_config(self.sync_consumer,
-                                      self._member_filters(set(partitions), set()), meta)
+            await self.m._update_config(
+                self.m.sync_consumer, self.mode.rebalance._member_filters(set(partitions), set()),
+                meta)
         except ApiError as exc:
             if isinstance(exc, WorkQueueOverlap):
-                await self._previous_owners(set(partitions) - real)  # reclaims abandoned
-            self._log.info("member consumer not retargeted yet", error=str(exc))
+                # Reclaims abandoned ones.
+                await self.mode.rebalance._previous_owners(set(partitions) - real)
+            self.m._log.info("member consumer not retargeted yet", error=str(exc))
             return False
         return True
 
@@ -674,7 +662,7 @@ class PinnedElection(MemberCore):
         hold: all of it is delivered again, in stream order. Call with no pull of ours
         open (nothing delivered before the reset may still be on its way)."""
         assert gen.dispatcher is not None
-        info = await self.js.reset_consumer(self._consume_stream, self.sync_consumer, seq)
+        info = await self.m.js.reset_consumer(self.m._consume_stream, self.m.sync_consumer, seq)
         gen.dispatcher.last_settled = None  # acks before a reset need no proof after it
         # Deliveries are numbered afresh from the reset (from 1 after one to the ack
         # floor): neither a gap to doubt nor a number already received.
@@ -682,6 +670,6 @@ class PinnedElection(MemberCore):
         for puller in gen.pullers:
             puller.last_delivery = numbered
         dropped = gen.dispatcher.discard_unstarted()
-        self._log.info("member consumer reset", seq=info.get("reset_seq"),
-                       dropped=len(dropped))
+        self.m._log.info("member consumer reset", seq=info.get("reset_seq"),
+                         dropped=len(dropped))
 

@@ -8,6 +8,7 @@ import contextlib
 import math
 import random
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from cgroupd.core.answers import judge_answer
 from cgroupd.core.consumerinfo import ConsumerInfo
@@ -33,21 +34,22 @@ from cgroupd.core.partitions import (
     sync_filters,
 )
 from cgroupd.core.retrying import retried
-from cgroupd.core.settings import Exclusivity
-from cgroupd.member.core import MemberCore
 from cgroupd.member.generation import Generation
 from cgroupd.member.rebalance import contest_backoff, recheck_claim
 from cgroupd.member.state import Phase, StepDown
 from cgroupd.nats.lease import (
     TRAVEL_SLACK,
     OwnerWatch,
-    Presence,
     confirm_gone,
     may_reclaim,
     owner_presence_subject,
-    presence_subject,
     pulled_since_silent,
 )
+from cgroupd.nats.pull import Puller
+
+if TYPE_CHECKING:
+    from cgroupd.member.core import MemberCore
+    from cgroupd.member.modes import SyncMode
 
 #: A standby whose active instance answers tries to create the synchronization consumer
 #: only this many retry intervals apart (it would fail: the consumer exists), unless
@@ -66,8 +68,13 @@ def _files_lost(exc: CgroupdError) -> bool:
     return isinstance(exc, ApiError) and exc.files_lost
 
 
-class SyncElection(MemberCore):
-    """One job of :class:`cgroupd.member.Member` (see the module docstring)."""
+class SyncElection:
+    """A job of the member's SyncMode (see the module docstring); a collaborator
+    holding the member, not a mixin of it."""
+
+    def __init__(self, member: MemberCore, mode: SyncMode) -> None:
+        self.m = member
+        self.mode = mode
 
     #: Whether the next attempt must reach the server (see IDLE_ATTEMPT_EVERY), and when
     #: the last one did.
@@ -85,37 +92,37 @@ class SyncElection(MemberCore):
         or is about to be: without the deletion's wake-up, missed, the standby waited 15 s
         while an admin step-down's owner drained and then took the member back, CI on
         06c4b53: test_admin_step_down_lets_a_running_handler_finish[sync])."""
-        s, watch, now = self.settings, self._watch, self._clock()
+        s, watch, now = self.m.settings, self.m._watch, self.m._clock()
         return (watch is not None and not self._attempt_due and not watch.stepping_down
                 and watch.silent_for(now) < s.lease
                 and now - self._attempted_at < IDLE_ATTEMPT_EVERY * s.retry_interval)
 
     async def _acquire_sync(self, partitions: tuple[int, ...]) -> Generation | None:
         """Sync exclusivity: try once to win the election; None means stay standby."""
-        s = self.settings
-        watch = self._watch
-        if (watch is not None and watch.replaceable(self._clock(), s.lease, s.takeover_margin)
-                and not await self._unseat(watch)):
+        s = self.m.settings
+        watch = self.m._watch
+        if (watch is not None and watch.replaceable(self.m._clock(), s.lease, s.takeover_margin)
+            and not await self._unseat(watch)):
             return None
         if self._attempt_pointless():
             return None
         self._attempt_due = False
-        self._attempted_at = self._clock()
+        self._attempted_at = self.m._clock()
         inactive = int(s.inactive_threshold * 1e9)
-        sync_cfg = self._consumer_config(sync_filters(partitions), inactive_threshold=inactive,
-                                         metadata=self._instance_metadata(),
-                                         max_ack_pending=1)
-        sent = self._clock()
+        sync_cfg = self.m._consumer_config(sync_filters(partitions), inactive_threshold=inactive,
+                                           metadata=self._instance_metadata(),
+                                           max_ack_pending=1)
+        sent = self.m._clock()
         try:
-            await self.js.create_consumer(self._consume_stream, self.sync_consumer, sync_cfg)
+            await self.m.js.create_consumer(self.m._consume_stream, self.m.sync_consumer, sync_cfg)
         except ConsumerExists:
-            if self._watch is None:
+            if self.m._watch is None:
                 await self._learn_owner()
             return None
         except WorkQueueOverlap:
             return None
         except CgroupdError as exc:
-            self._log.warning("sync consumer create failed", error=str(exc))
+            self.m._log.warning("sync consumer create failed", error=str(exc))
             # Not an answer about the claim: the next attempt is never pointless (CI on
             # ab8d2b0: after a step-down the standby's create failed with a 500, and with
             # the old owner answering it waited 15 intervals; test_election_unit).
@@ -127,48 +134,49 @@ class SyncElection(MemberCore):
         # checked (see _election_contested), so we are not idle. (An instance that
         # answered "standby" then was taken for an idle owner and its claim deleted, CI
         # on 728341b: test_cluster_rolling_restart.)
-        self._enter(Phase.CLAIMING)
+        self.m._enter(Phase.CLAIMING)
         contested = True
         try:
             contested = await self._election_contested(partitions, sync_cfg)
         finally:
             if contested:
-                self._enter(Phase.WAITING)
+                self.m._enter(Phase.WAITING)
         if contested:
             return None
-        self._watch = None
-        await self._close_prober()
-        gen = self._gen = self._generation(partitions)
+        self.m._watch = None
+        await self.m._close_prober()
+        gen = self.m._gen = self.m._generation(partitions)
         # Any ownership check the previous holder sent after this point fails: its lease
         # has run out a lease from now (see _reclaim_abandoned).
-        gen.claimed_at = self._clock()
+        gen.claimed_at = self.m._clock()
         gen.lease.renew(sent)
         # We hold the election from here on: keep the sync consumer alive while waiting
         # for the previous owner's data consumer to go (10100). A live previous owner
         # (draining after a step-down) is never robbed; an abandoned one is reclaimed.
-        gen.pullers.append(await self._start_puller(gen, self.sync_consumer, 1, StepDown.SYNC_LOST))
+        gen.pullers.append(await self.m._start_puller(gen, self.m.sync_consumer, 1,
+                                                      StepDown.SYNC_LOST))
         try:
             await self._add_data_consumer(gen, partitions)
         except CgroupdError as exc:
-            self._log.warning("data consumer create failed", error=str(exc))
-            await self._release(gen)
-            self._gen = None
-            self._enter(Phase.WAITING)
+            self.m._log.warning("data consumer create failed", error=str(exc))
+            await self.m._releaser.release(gen)
+            self.m._gen = None
+            self.m._enter(Phase.WAITING)
             return None
-        if self._stopping or self._deleted:
+        if self.m._stopping or self.m._deleted:
             # stop() came while we claimed (SIGTERM to every instance: the active one let
             # go and our create won): let go again without becoming active.
-            await self._release(gen)
-            self._gen = None
-            self._enter(Phase.WAITING)
+            await self.m._releaser.release(gen)
+            self.m._gen = None
+            self.m._enter(Phase.WAITING)
             return None
         return gen
 
     def _instance_metadata(self) -> dict[str, str]:
         """What every consumer this instance creates says about it: its member, id and
         process token, and that it answers presence on :func:`presence_subject`."""
-        return {MEMBER_KEY: self.member, INSTANCE_KEY: self.instance_id,
-                TOKEN_KEY: self._token, PRESENCE_KEY: PRESENCE_BY_MEMBER}
+        return {MEMBER_KEY: self.m.member, INSTANCE_KEY: self.m.instance_id,
+                TOKEN_KEY: self.m._token, PRESENCE_KEY: PRESENCE_BY_MEMBER}
 
     async def _drop_unstored_claim(self, ours: bool = False) -> None:
         """Our create ran while the server removed the files of the claim of that name
@@ -179,9 +187,9 @@ class SyncElection(MemberCore):
         attempt creates a sound claim (CI on 0e2193e: a standby never took over).
         ``ours``: the caller knows it is (the claim it just made and checked)."""
         with contextlib.suppress(CgroupdError):
-            if ours or await self._sync_is_ours():
-                self._log.info("deleting our claim that the server could not store")
-                await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
+            if ours or await self.m._sync_is_ours():
+                self.m._log.info("deleting our claim that the server could not store")
+                await self.m.js.delete_consumer(self.m._consume_stream, self.m.sync_consumer)
 
     async def _election_contested(self, partitions: tuple[int, ...],
                                   config: dict[str, object]) -> bool:
@@ -200,12 +208,12 @@ class SyncElection(MemberCore):
         checks took ``lease``."""
         try:
             contested = await retried(
-                lambda: recheck_claim(self.js, self._consume_stream, self.sync_consumer,
+                lambda: recheck_claim(self.m.js, self.m._consume_stream, self.m.sync_consumer,
                                       config),
-                within=self.settings.lease, base=CHECK_RETRY_BASE, cap=CHECK_RETRY_CAP,
+                within=self.m.settings.lease, base=CHECK_RETRY_BASE, cap=CHECK_RETRY_CAP,
                 retry_if=lambda exc: exc.retriable and not _files_lost(exc)
-                and not (self._stopping or self._deleted),
-                clock=self._clock, sleep=self._sleep)
+                and not (self.m._stopping or self.m._deleted),
+                clock=self.m._clock, sleep=self.m._sleep)
         except CgroupdError as exc:
             if _files_lost(exc):
                 # Made while the server removed the files of the claim of that name
@@ -213,137 +221,114 @@ class SyncElection(MemberCore):
                 # update says so). Made again at once.
                 await self._drop_unstored_claim(ours=True)
                 self._attempted_at = -math.inf
-                self._wake.set()
+                self.m._wake.set()
                 return True
-            self._log.warning("could not check the new claim", error=str(exc))
+            self.m._log.warning("could not check the new claim", error=str(exc))
         else:
             if not contested:
                 return False
-            self._log.info("claim contested; letting go and trying again",
-                           partitions=list(partitions))
+            self.m._log.info("claim contested; letting go and trying again",
+                             partitions=list(partitions))
         with contextlib.suppress(CgroupdError):
-            await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
-        await self._sleep(contest_backoff())
+            await self.m.js.delete_consumer(self.m._consume_stream, self.m.sync_consumer)
+        await self.m._sleep(contest_backoff())
         return True
-
-    async def _refuse_duplicate_id(self) -> None:
-        """Two processes with one instance id would both pass for the active instance (their
-        consumers' configs would be identical): ask whether someone answers for it."""
-        answer = await self.js.probe(
-            presence_subject(self._key, self.member, self.instance_id), self._probe_timeout)
-        if answer.presence is Presence.ALIVE:
-            raise InstanceIdInUse(
-                f"instance id {self.instance_id!r} is already used by a running instance of "
-                f"group {self.stream}/{self.group} (state {answer.state or 'unknown'}); give "
-                "each process its own id, or none (a random one is chosen)")
-
-    def _presence_text(self) -> str | None:
-        """What this instance answers on its presence subject: its id and state."""
-        state = self.state.value
-        if self.phase is Phase.CLAIMING:  # (a phase of STANDBY)
-            state = Phase.CLAIMING.value  # holds the claim: checking it, or creating its
-            #                               data consumer
-        return f"{self.instance_id} {state}"
 
     async def _learn_owner(self) -> None:
         """Read who holds the member's synchronization consumer, to watch it."""
         try:
-            info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
+            info = await self.m.js.consumer_info(self.m._consume_stream, self.m.sync_consumer)
         except CgroupdError as exc:
-            self._log.info("could not read the sync consumer's holder", error=str(exc))
+            self.m._log.info("could not read the sync consumer's holder", error=str(exc))
             return
-        if judge_answer([info], sent=self._clock(), lease=self.settings.lease).stale:
+        if judge_answer([info], sent=self.m._clock(), lease=self.m.settings.lease).stale:
             # A server out of touch with its cluster (a node just back from a cut): its
             # answer may name a holder that is long gone, or this very process (the claim
             # another instance took from us), whose deletion below would be the new
             # holder's. Read again at the next attempt.
-            self._log.info("sync consumer's holder read from a server out of touch with "
-                           "its cluster; ignored", holder=ConsumerInfo.of(info).meta(INSTANCE_KEY))
+            self.m._log.info("sync consumer's holder read from a server out of touch with "
+                             "its cluster; ignored",
+                             holder=ConsumerInfo.of(info).meta(INSTANCE_KEY))
             return
         meta = ConsumerInfo.of(info).metadata
         owner = meta.get(INSTANCE_KEY)
-        subject = owner_presence_subject(self._key, meta)
+        subject = owner_presence_subject(self.m._key, meta)
         if info is None or not owner or not subject or meta.get(HOLDER_KEY):
             # Gone already, or not a member instance (a Spark query's lease, which answers
             # no probe): nothing to watch; it ends by itself.
-            self._watch = None
+            self.m._watch = None
             return
-        if owner == self.instance_id:
-            if meta.get(TOKEN_KEY) != self._token:
+        if owner == self.m.instance_id:
+            if meta.get(TOKEN_KEY) != self.m._token:
                 raise InstanceIdInUse(
-                    f"another process holds member {self.member} of {self.stream}/"
-                    f"{self.group} under this instance id ({self.instance_id!r}); give each "
+                    f"another process holds member {self.m.member} of {self.m.stream}/"
+                    f"{self.m.group} under this instance id ({self.m.instance_id!r}); give each "
                     "process its own id")
             # Ours, from an earlier period that could not delete it: drop it and compete.
             with contextlib.suppress(CgroupdError):
-                await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
-            self._watch = None
+                await self.m.js.delete_consumer(self.m._consume_stream, self.m.sync_consumer)
+            self.m._watch = None
             return
-        if self._watch is None or self._watch.instance != owner \
+        if self.m._watch is None or self.m._watch.instance != owner \
                 or self._watched_created != info.get("created"):
-            self._watch = OwnerWatch(owner, heard=self._clock(), subject=subject)
+            self.m._watch = OwnerWatch(owner, heard=self.m._clock(), subject=subject)
             self._watched_created = info.get("created")
 
     async def _stand_by(self, timeout: float) -> None:
         """Wait up to ``timeout`` (a wake ends it early) while watching the active
         instance: return at once when it is gone, idle, or silent for ``lease +
         takeover_margin``, so that the next attempt replaces it."""
-        watch, s = self._watch, self.settings
+        watch, s = self.m._watch, self.m.settings
         self._attempt_due = True  # unless the whole timeout passes with the owner answering
-        if watch is None or s.exclusivity is not Exclusivity.SYNC:
-            await self._close_prober()
-            await self._wait_wake(timeout)
+        if watch is None:
+            await self.m._close_prober()
+            await self.m._wait_wake(timeout)
             return
-        prober = self._prober
+        prober = self.m._prober
         if prober is None or prober.watch is not watch:
-            await self._close_prober()
-            prober = self._prober = self.js.prober(watch.subject, watch, self._clock,
-                                                   self._wake.set)
+            await self.m._close_prober()
+            prober = self.m._prober = self.m.js.prober(watch.subject, watch, self.m._clock,
+                                                       self.m._wake.set)
             prober.answer_every = s.presence_answer_every
-        deadline = self._clock() + timeout
-        while not self._wake.is_set():
+        deadline = self.m._clock() + timeout
+        while not self.m._wake.is_set():
             await prober.send()
             # A "no responders" answer, an advisory or a config change wakes us at once.
-            await self._wait_wake(s.presence_interval)
-            now = self._clock()
-            if self._watch is not watch or watch.replaceable(now, s.lease, s.takeover_margin):
+            await self.m._wait_wake(s.presence_interval)
+            now = self.m._clock()
+            if self.m._watch is not watch or watch.replaceable(now, s.lease, s.takeover_margin):
                 return
             if now >= deadline:
-                self._attempt_due = self._wake.is_set()
+                self._attempt_due = self.m._wake.is_set()
                 return
-
-    async def _close_prober(self) -> None:
-        if self._prober is not None:
-            await self._prober.close()
-            self._prober = None
 
     async def _unseat(self, watch: OwnerWatch) -> bool:
         """Delete the synchronization consumer of an active instance that is gone, idle, or
         silent for too long (if it still holds it); True: competing may go on."""
-        s = self.settings
+        s = self.m.settings
         if not watch.gone:
             # One last question before taking over from a silent or idle instance.
-            answer = await self.js.probe(watch.subject, self._probe_timeout)
-            watch.update(answer, self._clock())
-            if not watch.replaceable(self._clock(), s.lease, s.takeover_margin):
+            answer = await self.m.js.probe(watch.subject, self.m._probe_timeout)
+            watch.update(answer, self.m._clock())
+            if not watch.replaceable(self.m._clock(), s.lease, s.takeover_margin):
                 return False
             # Other standbys decided at about the same time: spread them out, so that one
             # is first and the others see it below (no such wait after a crash: speed).
-            await self._sleep(random.uniform(0, 2 * s.presence_interval))
+            await self.m._sleep(random.uniform(0, 2 * s.presence_interval))
         # Read the holder right before deleting (another standby may have been quicker).
         try:
-            info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
+            info = await self.m.js.consumer_info(self.m._consume_stream, self.m.sync_consumer)
         except CgroupdError as exc:
-            self._log.info("could not read the sync consumer's holder", error=str(exc))
+            self.m._log.info("could not read the sync consumer's holder", error=str(exc))
             return False
-        if judge_answer([info], sent=self._clock(), lease=self.settings.lease).stale:
+        if judge_answer([info], sent=self.m._clock(), lease=self.m.settings.lease).stale:
             return False  # out of touch: the holder it names may not be the one deleted
         if info is None or ConsumerInfo(info).meta(INSTANCE_KEY) != watch.instance \
                 or info.get("created") != self._watched_created:
             # Released meanwhile, or someone else holds it now: or the watched instance
             # itself took it again (a step-down for a membership change, then a new
             # claim: it was idle in between), which is not the claim we saw left over.
-            self._watch = None
+            self.m._watch = None
             return True
         view = ConsumerInfo(info)
         if not watch.idle and view.num_waiting:
@@ -355,31 +340,31 @@ class SyncElection(MemberCore):
             # consumer first): "no responders" from our server and none at the leader
             # prove nothing until it is a lease old (issue 29: across a cut, the old owner
             # took a fresh claim back that way).
-            watch.vouch(self._clock(), s.lease - age)
-            self.stats["takeovers_declined"] += 1
-            self._log.info("not taking over a claim made a moment ago", active=watch.instance,
-                           claim_age=round(age, 3))
+            watch.vouch(self.m._clock(), s.lease - age)
+            self.m.stats["takeovers_declined"] += 1
+            self.m._log.info("not taking over a claim made a moment ago", active=watch.instance,
+                             claim_age=round(age, 3))
             return False
         why = "gone" if watch.gone else "idle" if watch.idle else "silent"
-        silent = self._clock() - watch.heard
-        self._log.warning("taking over from the active instance", active=watch.instance,
-                          why=why, silent_for=round(silent, 3))
-        self.stats["takeovers"] += 1
+        silent = self.m._clock() - watch.heard
+        self.m._log.warning("taking over from the active instance", active=watch.instance,
+                            why=why, silent_for=round(silent, 3))
+        self.m.stats["takeovers"] += 1
         try:
-            await self.js.delete_consumer(self._consume_stream, self.sync_consumer)
+            await self.m.js.delete_consumer(self.m._consume_stream, self.m.sync_consumer)
             if watch.gone:
                 # Dead: its data consumers can go now too (saves the successor a round
                 # of "overlapping consumer" and presence checks; extra ones are reclaimed).
                 for left in map(ConsumerInfo,
-                                await self.js.list_consumers(self._consume_stream)):
+                                await self.m.js.list_consumers(self.m._consume_stream)):
                     if left.meta(INSTANCE_KEY) == watch.instance \
-                            and left.meta(MEMBER_KEY) == self.member:
-                        self._just_deleted.add(left.name)
-                        await self.js.delete_consumer(self._consume_stream, left.name)
+                            and left.meta(MEMBER_KEY) == self.m.member:
+                        self.m._just_deleted.add(left.name)
+                        await self.m.js.delete_consumer(self.m._consume_stream, left.name)
         except CgroupdError as exc:
-            self._log.warning("could not delete the old owner's consumers", error=str(exc))
+            self.m._log.warning("could not delete the old owner's consumers", error=str(exc))
             return False
-        self._watch = None
+        self.m._watch = None
         return True
 
     def _decline_while_it_pulls(self, watch: OwnerWatch, leader: str) -> None:
@@ -392,15 +377,15 @@ class SyncElection(MemberCore):
         probes are lost; before that it may be a stalled instance's last request, so it
         is judged again when that one has expired.
         """
-        s, now = self.settings, self._clock()
+        s, now = self.m.settings, self.m._clock()
         silent_for = watch.silent_for(now)
         if not watch.unseen and not pulled_since_silent(silent_for, s.pull_expires,
                                                         s.presence_interval):
             watch.defer(watch.heard + s.pull_expires + s.presence_interval + TRAVEL_SLACK)
             return
         watch.vouch(now, min(s.pull_expires, s.lease / 3))
-        self.stats["takeovers_declined"] += 1
-        say = self._log.warning if self.stats["takeovers_declined"] == 1 else self._log.info
+        self.m.stats["takeovers_declined"] += 1
+        say = self.m._log.warning if self.m.stats["takeovers_declined"] == 1 else self.m._log.info
         say("not taking over: the consumer's leader holds the active instance's pull request",
             active=watch.instance, leader=leader or None,
             our_server="no responders" if watch.unseen else "no answer",
@@ -420,50 +405,50 @@ class SyncElection(MemberCore):
         ``reclaim`` replaces the reclaim of this member's abandoned consumers (an
         in-place move takes partitions from other members).
         """
-        s = self.settings
-        config = self._consumer_config(
+        s = self.m.settings
+        config = self.m._consumer_config(
             partition_filters(partitions), inactive_threshold=int(s.inactive_threshold * 1e9),
             metadata=self._instance_metadata())
         # Long enough for the previous owner to drain, or its lease to run out.
-        deadline = self._clock() + max(s.drain_timeout, s.lease) + 2 * s.retry_interval
+        deadline = self.m._clock() + max(s.drain_timeout, s.lease) + 2 * s.retry_interval
         taken = 0  # slots found held by other consumers in a row
         while True:
-            name = data_consumer(self.member, self._data_slot)
-            if name in self._just_deleted and taken < DATA_SLOTS - 1:
+            name = data_consumer(self.m.member, self.m._data_slot)
+            if name in self.m._just_deleted and taken < DATA_SLOTS - 1:
                 # We deleted it a moment ago (a predecessor's): the server may still be
                 # removing its files, and a consumer created under that name meanwhile
                 # can store nothing (see _drop_unstored_claim).
-                self._data_slot = (self._data_slot + 1) % DATA_SLOTS
+                self.m._data_slot = (self.m._data_slot + 1) % DATA_SLOTS
                 taken += 1
                 continue
             try:
-                await self.js.create_consumer(self._consume_stream, name, config)
+                await self.m.js.create_consumer(self.m._consume_stream, name, config)
                 break
             except ConsumerExists:
                 # Another consumer has this name: try the next one; every one held
                 # means left-over consumers of this member (reclaimed when abandoned).
-                self._data_slot = (self._data_slot + 1) % DATA_SLOTS
+                self.m._data_slot = (self.m._data_slot + 1) % DATA_SLOTS
                 taken += 1
                 if taken < DATA_SLOTS:
                     continue
                 taken = 0
                 if s.reclaim_abandoned:
                     await self._reclaim_abandoned(gen)
-                if self._clock() > deadline or gen.ended.done() or self._stopping:
+                if self.m._clock() > deadline or gen.ended.done() or self.m._stopping:
                     raise
             except WorkQueueOverlap:
                 if reclaim is not None:
                     await reclaim()
                 elif s.reclaim_abandoned and await self._reclaim_abandoned(gen):
                     continue
-                if self._clock() > deadline or gen.ended.done() or self._stopping:
+                if self.m._clock() > deadline or gen.ended.done() or self.m._stopping:
                     raise
-            await self._sleep(min(0.05, s.retry_interval))
-        self._data_slot = (self._data_slot + 1) % DATA_SLOTS
-        self._just_deleted.clear()
+            await self.m._sleep(min(0.05, s.retry_interval))
+        self.m._data_slot = (self.m._data_slot + 1) % DATA_SLOTS
+        self.m._just_deleted.clear()
         gen.data[name] = partitions
-        gen.pullers.append(await self._start_puller(gen, name, s.max_in_flight,
-                                                    StepDown.DATA_LOST, deliver=True))
+        gen.pullers.append(await self.m._start_puller(gen, name, s.max_in_flight,
+                                                      StepDown.DATA_LOST, deliver=True))
 
     async def _reclaim_abandoned(self, gen: Generation) -> bool:
         """Delete data consumers of this member whose instance cannot be using them.
@@ -477,27 +462,46 @@ class SyncElection(MemberCore):
         by then); one that answers it is no longer active. A live owner still draining
         answers, and is left alone: it deletes its consumer itself.
         """
-        mine = set(gen.data) | {self.sync_consumer}
+        mine = set(gen.data) | {self.m.sync_consumer}
         reclaimed = False
         try:
-            for info in map(ConsumerInfo, await self.js.list_consumers(self._consume_stream)):
+            for info in map(ConsumerInfo, await self.m.js.list_consumers(self.m._consume_stream)):
                 meta = info.metadata
                 name, owner = info.name, meta.get(INSTANCE_KEY)
-                if name in mine or meta.get(MEMBER_KEY) != self.member or not owner \
-                        or name == self.sync_consumer:
+                if name in mine or meta.get(MEMBER_KEY) != self.m.member or not owner \
+                        or name == self.m.sync_consumer:
                     continue
-                subject = owner_presence_subject(self._key, meta)
+                subject = owner_presence_subject(self.m._key, meta)
                 if subject is None:
                     continue
-                answer = confirm_gone(await self.js.probe(subject, self._probe_timeout),
+                answer = confirm_gone(await self.m.js.probe(subject, self.m._probe_timeout),
                                       info.num_waiting)
-                held = self._clock() - gen.claimed_at
-                if may_reclaim(answer, held, self.settings.lease) and not gen.ended.done():
-                    self._log.warning("reclaiming abandoned data consumer", consumer=name,
-                                      instance=owner, presence=answer.presence.value,
-                                      state=answer.state or None)
-                    self._just_deleted.add(name)
-                    reclaimed |= await self.js.delete_consumer(self._consume_stream, name)
+                held = self.m._clock() - gen.claimed_at
+                if may_reclaim(answer, held, self.m.settings.lease) and not gen.ended.done():
+                    self.m._log.warning("reclaiming abandoned data consumer", consumer=name,
+                                        instance=owner, presence=answer.presence.value,
+                                        state=answer.state or None)
+                    self.m._just_deleted.add(name)
+                    reclaimed |= await self.m.js.delete_consumer(self.m._consume_stream, name)
         except CgroupdError as exc:
-            self._log.warning("could not inspect previous owner's consumer", error=str(exc))
+            self.m._log.warning("could not inspect previous owner's consumer", error=str(exc))
         return reclaimed
+
+    async def _recheck_claim(self, gen: Generation, ended: Puller, detail: str) -> None:
+        """Our claim's pull was told "consumer deleted": believe it only if a server in
+        touch with its cluster agrees. After a cluster heal, the node that was cut off
+        still runs the old claim of the same name until it catches up; deleting it, it
+        answers every pull waiting on that name, the new owner's too (seen in the
+        cluster-cut test: the new owner stepped down and the old instance took the
+        member back). Meanwhile the lease still bounds what we start."""
+        if not await self.m._sync_is_ours():
+            gen.end(StepDown.SYNC_LOST, detail)
+            return
+        if gen.ended.done():
+            return
+        self.m._log.warning("claim reported deleted by a server out of touch; it is still "
+                            "ours", detail=detail)
+        fresh = await self.m._start_puller(gen, self.m.sync_consumer, 1, StepDown.SYNC_LOST)
+        gen.pullers = [fresh if p is ended else p for p in gen.pullers]
+        if gen.ended.done():
+            await fresh.stop()

@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
 from cgroupd.core.errors import AckNotConfirmed, AckOutcomeUnknown
 from cgroupd.member.generation import Generation
-
-if TYPE_CHECKING:
-    from cgroupd.member.core import MemberCore
 
 
 class PinnedAcks:
     """Acks on a consumer shared by several instances count only while this instance
     provably holds the pin: the server applies and confirms them from anyone."""
 
-    def __init__(self, member: MemberCore, gen: Generation) -> None:
-        self._member = member
+    def __init__(self, renew: Callable[[Generation], Awaitable[bool]],
+                 gen: Generation) -> None:
+        self._renew = renew
         self._gen = gen
 
     async def _ours(self) -> bool:
         lease = self._gen.pin_lease
-        return lease is not None and (lease.valid or await self._member._renew(self._gen))
+        return lease is not None and (lease.valid or await self._renew(self._gen))
 
     async def before_ack(self) -> None:
         if not await self._ours():

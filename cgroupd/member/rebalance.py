@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from cgroupd.core.consumerinfo import ConsumerInfo
 from cgroupd.core.errors import (
@@ -23,10 +24,7 @@ from cgroupd.core.partitions import (
     sync_claimed,
     sync_filters,
 )
-from cgroupd.core.settings import Exclusivity
-from cgroupd.member.core import MemberCore
 from cgroupd.member.generation import Generation
-from cgroupd.member.state import MemberState, Phase, StepDown
 from cgroupd.nats import jsapi
 from cgroupd.nats.adapter import JetStreamPort
 from cgroupd.nats.lease import (
@@ -34,6 +32,10 @@ from cgroupd.nats.lease import (
     confirm_gone,
     owner_presence_subject,
 )
+
+if TYPE_CHECKING:
+    from cgroupd.member.core import MemberCore
+    from cgroupd.member.modes import SyncMode
 
 #: Seconds between two attempts to claim partitions another member is releasing.
 CLAIM_POLL = 0.05
@@ -98,90 +100,17 @@ def claims_or_delivers(info: ConsumerInfo) -> set[int]:
     return sync_claimed(info.filters) | member_consumer_filters(info.filters)[0]
 
 
-class Rebalance(MemberCore):
-    """One job of :class:`cgroupd.member.Member` (see the module docstring)."""
+class Rebalance:
+    """A job of the member's SyncMode (see the module docstring); a collaborator
+    holding the member, not a mixin of it."""
 
-    #: When the current move finished each of its steps (logged with "rebalanced").
-    _move_steps: dict[str, float] = {}  # noqa: RUF012 - replaced per move, never mutated shared
+    def __init__(self, member: MemberCore, mode: SyncMode) -> None:
+        self.m = member
+        self.mode = mode
+
     #: The consumer list made right after our last accepted claim showed no other
     #: consumer with any of the gained partitions (no previous owner's to wait for).
     _claimed_free: bool = False
-
-    def _incremental(self, gen: Generation, new: tuple[int, ...]) -> bool:
-        """Can this change be applied by moving only the partitions that change?"""
-        if self.settings.exclusivity is Exclusivity.PINNED:
-            # The member consumer is shared and never deleted (issue 13 item 3): the
-            # pinned instance moves partitions in place, even to none.
-            return True
-        # Also when no partition is kept (adding as many members as there are moves every
-        # partition to another block): releasing and claiming in place skips the step-down,
-        # the transition hold and the new election (issue 15: 16 -> 32 members).
-        return self.settings.incremental_rebalance and bool(new)
-
-    async def _rebalance_loop(self, gen: Generation) -> None:
-        """Apply membership changes in place: release lost partitions once their messages
-        are settled, then claim gained ones as soon as their previous owner let go."""
-        pinned = self.settings.exclusivity is Exclusivity.PINNED
-        retry_until: float | None = None
-        while not gen.ended.done():
-            await gen.retarget.wait()
-            gen.retarget.clear()
-            target = gen.target
-            if target == gen.partitions and not gen.reconcile:
-                retry_until = None
-                continue
-            gen.reconcile = False
-            started = self._clock()
-            self._move_steps = {}
-            move = self._move_pinned if pinned else self._move_partitions
-            if self.state is MemberState.ACTIVE and self.phase is Phase.RUNNING:
-                self._enter(Phase.MOVING)  # (not once the generation ended)
-            try:
-                done = await move(gen, target)
-            except CgroupdError as exc:
-                self._log.warning("rebalance step failed", error=str(exc))
-                done = False
-            finally:
-                if self.state is MemberState.ACTIVE and self.phase is Phase.MOVING:
-                    self._enter(Phase.RUNNING)
-            if not done:
-                # Say so: a move that stopped half-way leaves no other trace in the log.
-                self._log.info("rebalance attempt stopped", target=list(target),
-                               superseded=gen.target != target)
-                if gen.target != target:
-                    # Superseded: the loop goes again. A pinned move may have stopped
-                    # half-way (lost partitions held, gained ones claimed): the next one
-                    # starts from the member consumer as it is, even if the new target is
-                    # what this generation had before (else it would stay half-way).
-                    if pinned:
-                        gen.reconcile = True
-                        gen.retarget.set()
-                    continue
-                if pinned:
-                    # Every attempt starts from the member consumer as it is: one that
-                    # met a passing conflict (another member mid-move) is tried again.
-                    if retry_until is None:
-                        retry_until = started + self.settings.drain_timeout
-                    if self._clock() < retry_until:
-                        gen.reconcile = True
-                        gen.retarget.set()
-                        await self._sleep(0.1)
-                        continue
-                gen.end(StepDown.CONFIG_CHANGED, "incremental rebalance not possible")
-                continue
-            retry_until = None
-            self.partitions = gen.partitions
-            self.stats["rebalances"] += 1
-            if not gen.partitions:
-                gen.end(StepDown.CONFIG_CHANGED, "this member owns no partition any more")
-                continue
-            elapsed = self._clock() - started
-            # When each step ended, from the start: where a slow move spent its time.
-            steps = {k: round(t - started, 3) for k, t in self._move_steps.items()}
-            self._log.info("rebalanced", partitions=list(gen.partitions),
-                           seconds=round(elapsed, 3), steps=steps)
-            if self.on_rebalance is not None:
-                await self._callback(self.on_rebalance, (gen.partitions, elapsed))
 
     async def _move_partitions(self, gen: Generation, target: tuple[int, ...]) -> bool:
         """One incremental rebalance; False means fall back to a full rejoin.
@@ -194,7 +123,7 @@ class Rebalance(MemberCore):
         the member's data consumer is replaced, at a quiet point, by one fresh consumer
         for all its partitions, so the member keeps one consumer and its in-flight limit
         (max in flight 1 keeps the member in stream order)."""
-        s = self.settings
+        s = self.m.settings
         assert gen.dispatcher is not None
         kept = tuple(p for p in gen.partitions if p in target)
         lost = set(gen.partitions) - set(target)
@@ -208,7 +137,7 @@ class Rebalance(MemberCore):
                     continue
                 if not left:
                     return False  # a consumer of lost partitions only: rejoin instead
-                reply = await self._update_filters(name, partition_filters(left))
+                reply = await self.m._update_filters(name, partition_filters(left))
                 delivered = ConsumerInfo(reply).delivered_consumer_seq
                 puller = next((p for p in gen.pullers if p.consumer == name), None)
                 if puller is None or not await puller.received_through(
@@ -217,23 +146,23 @@ class Rebalance(MemberCore):
                 gen.data[name] = left
             if not await gen.dispatcher.settle(lost, s.drain_timeout):
                 return False
-            if not await self._acks_confirmed(gen):
+            if not await self.m._acks_confirmed(gen):
                 return False
             gen.dispatcher.accept = set(kept)
-            await self._gone(gen, lost)  # settled, confirmed; still claimed by us
-            await self._update_filters(self.sync_consumer, sync_filters(kept))
+            await self.m._gone(gen, lost)  # settled, confirmed; still claimed by us
+            await self.m._update_filters(self.m.sync_consumer, sync_filters(kept))
             gen.partitions = kept
-            self._move_steps["released"] = self._clock()
+            self.mode.move_steps["released"] = self.m._clock()
         gained = tuple(p for p in target if p not in gen.partitions)
         if gained:
             claimed = await self._claim(gen, target, gained)
             if claimed is not True:
                 return claimed is None  # None: superseded, the loop goes again
-            self._move_steps["claimed"] = self._clock()
+            self.mode.move_steps["claimed"] = self.m._clock()
             # Claimed: the previous owners are done with them, but an abandoned data
             # consumer may still hold them; only then pause for the swap (a move that
             # kept nothing has no consumer to swap: its create finds out).
-            deadline = self._clock() + s.drain_timeout + 2 * s.retry_interval
+            deadline = self.m._clock() + s.drain_timeout + 2 * s.retry_interval
             free = self._claimed_free  # the claim's own consumer list: nothing to wait for
             while gen.data and not free and not await self._reclaim_released(gen, set(gained)):
                 if gen.ended.done():
@@ -243,16 +172,16 @@ class Rebalance(MemberCore):
                     # ``gained`` (the next move starts from ``gen.partitions``).
                     await self._let_claim_go(gen)
                     return True
-                if self._clock() > deadline:
+                if self.m._clock() > deadline:
                     return False
-                await self._sleep(0.05)
-            await self._assigned(gen, gained)  # before their consumer delivers any
+                await self.m._sleep(0.05)
+            await self.m._assigned(gen, gained)  # before their consumer delivers any
             if not gen.data:
                 await self._claim_data_consumer(gen, target)
             elif not await self._replace_data_consumer(gen, target):
                 return False
             gen.partitions = target
-            self._move_steps["consuming"] = self._clock()
+            self.mode.move_steps["consuming"] = self.m._clock()
         return True
 
     async def _claim(self, gen: Generation, target: tuple[int, ...],
@@ -266,50 +195,50 @@ class Rebalance(MemberCore):
         partition soon after it is released. A claim whose holder is gone (a killed
         member) is reclaimed, checked every ``RECLAIM_EVERY``: listing the stream's
         consumers is dear with many members."""
-        s = self.settings
-        deadline = self._clock() + s.drain_timeout + 2 * s.retry_interval
-        info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
+        s = self.m.settings
+        deadline = self.m._clock() + s.drain_timeout + 2 * s.retry_interval
+        info = await self.m.js.consumer_info(self.m._consume_stream, self.m.sync_consumer)
         if info is None:
             raise ConsumerNotFound(404, jsapi.ERR_CONSUMER_NOT_FOUND,
-                                   f"consumer {self.sync_consumer} disappeared")
+                                   f"consumer {self.m.sync_consumer} disappeared")
         config = dict(info["config"])
         config.pop("filter_subject", None)
         config["filter_subjects"] = sync_filters(target)
-        next_reclaim = self._clock() + RECLAIM_EVERY
+        next_reclaim = self.m._clock() + RECLAIM_EVERY
         while True:
             if gen.ended.done() or gen.target != target:
                 return None if gen.target != target else False
             try:
-                await self.js.create_consumer(self._consume_stream, self.sync_consumer,
-                                              config, action="update")
+                await self.m.js.create_consumer(self.m._consume_stream, self.m.sync_consumer,
+                                                config, action="update")
             except WorkQueueOverlap:
-                if self._clock() > deadline:
+                if self.m._clock() > deadline:
                     raise
             else:
-                others = await other_holders(self.js, self._consume_stream,
-                                             self.sync_consumer, gained, claims_or_delivers)
+                others = await other_holders(self.m.js, self.m._consume_stream,
+                                             self.m.sync_consumer, gained, claims_or_delivers)
                 if not any(sync_claim(info) & set(gained) for info in others):
                     self._claimed_free = not others
                     return True
                 # Accepted together with another member's claim (see claim_contested).
-                self._log.info("claim contested; letting go and trying again",
-                               partitions=list(gained))
+                self.m._log.info("claim contested; letting go and trying again",
+                                 partitions=list(gained))
                 await self._let_claim_go(gen)
-                await self._sleep(contest_backoff())
-                if self._clock() > deadline:
+                await self.m._sleep(contest_backoff())
+                if self.m._clock() > deadline:
                     return False
                 continue
-            if self._clock() >= next_reclaim:
+            if self.m._clock() >= next_reclaim:
                 # Still claimed: by a previous owner finishing (wait), or by a dead one
                 # whose claim nobody will release (reclaimed).
                 await self._reclaim_released(gen, set(gained))
-                next_reclaim = self._clock() + RECLAIM_EVERY
-            await self._sleep(CLAIM_POLL)
+                next_reclaim = self.m._clock() + RECLAIM_EVERY
+            await self.m._sleep(CLAIM_POLL)
 
     async def _let_claim_go(self, gen: Generation) -> None:
         """Narrow our claim (the sync consumer) back to the partitions we consume."""
-        await self._update_filters(self.sync_consumer, sync_filters(gen.partitions)
-                                   if gen.partitions else [idle_filter(self.member)])
+        await self.m._update_filters(self.m.sync_consumer, sync_filters(gen.partitions)
+                                     if gen.partitions else [idle_filter(self.m.member)])
 
     async def _release_all(self, gen: Generation) -> bool:
         """Let every partition go while staying the member's active instance (none is
@@ -324,11 +253,11 @@ class Rebalance(MemberCore):
             if not await self._drop_data_consumers(gen):
                 return False
             dispatcher.accept = set()
-            self._move_steps["deleted"] = self._clock()
-            await self._gone(gen, gen.partitions)  # settled, confirmed; still claimed
-            await self._update_filters(self.sync_consumer, [idle_filter(self.member)])
+            self.mode.move_steps["deleted"] = self.m._clock()
+            await self.m._gone(gen, gen.partitions)  # settled, confirmed; still claimed
+            await self.m._update_filters(self.m.sync_consumer, [idle_filter(self.m.member)])
             gen.partitions = ()
-            self._move_steps["released"] = self._clock()
+            self.mode.move_steps["released"] = self.m._clock()
             return True
         finally:
             dispatcher.resume()
@@ -344,16 +273,16 @@ class Rebalance(MemberCore):
         for puller in [p for p in gen.pullers if p.consumer in old]:
             await puller.stop()  # nothing of the old consumer arrives any more
         gen.pullers = [p for p in gen.pullers if p.consumer not in old]
-        if not await dispatcher.idle(self.settings.drain_timeout):
+        if not await dispatcher.idle(self.m.settings.drain_timeout):
             return False
         dispatcher.discard_unstarted()
-        self._move_steps["idle"] = self._clock()
-        if not await self._acks_confirmed(gen):
+        self.mode.move_steps["idle"] = self.m._clock()
+        if not await self.m._acks_confirmed(gen):
             return False
-        self._move_steps["acks_confirmed"] = self._clock()
+        self.mode.move_steps["acks_confirmed"] = self.m._clock()
         for name in old:
             del gen.data[name]  # first: a self-check must not miss it as "lost"
-            await self.js.delete_consumer(self._consume_stream, name)
+            await self.m.js.delete_consumer(self.m._consume_stream, name)
         dispatcher.last_settled = None
         return True
 
@@ -363,7 +292,7 @@ class Rebalance(MemberCore):
         to let go (its claim went after its data consumer): create ours, retrying."""
         gen.rebalances += 1
         gen.dispatcher.accept = set(target)  # type: ignore[union-attr]
-        await self._add_data_consumer(
+        await self.mode.election._add_data_consumer(
             gen, target, reclaim=lambda: self._reclaim_released(gen, set(target)))
 
     async def _replace_data_consumer(self, gen: Generation, target: tuple[int, ...]) -> bool:
@@ -378,7 +307,7 @@ class Rebalance(MemberCore):
                 return False
             dispatcher.accept = set(target)
             gen.rebalances += 1
-            await self._add_data_consumer(gen, target)
+            await self.mode.election._add_data_consumer(gen, target)
             return True
         finally:
             dispatcher.resume()
@@ -394,28 +323,28 @@ class Rebalance(MemberCore):
             sync_filters(sorted(partitions)))
         free = True
         try:
-            for info in map(ConsumerInfo, await self.js.list_consumers(self._consume_stream)):
+            for info in map(ConsumerInfo, await self.m.js.list_consumers(self.m._consume_stream)):
                 meta = info.metadata
                 name = info.name
-                subject = owner_presence_subject(self._key, meta)
+                subject = owner_presence_subject(self.m._key, meta)
                 filters = set(info.filters)
-                if name in gen.data or name == self.sync_consumer or not filters & wanted:
+                if name in gen.data or name == self.m.sync_consumer or not filters & wanted:
                     continue
                 if meta.get(HOLDER_KEY):
                     free = False  # a lease held by something other than a member: it ends
                     continue
                 # Only an instance the server says is gone (no responders): one slow to
                 # answer under load may be alive and finishing.
-                answer = confirm_gone(await self.js.probe(subject, self._probe_timeout),
+                answer = confirm_gone(await self.m.js.probe(subject, self.m._probe_timeout),
                                       info.num_waiting) if subject else None
                 gone = answer is not None and answer.presence is Presence.GONE
                 if gone and not gen.ended.done():
-                    self._log.warning("reclaiming a released member's abandoned data "
-                                      "consumer", consumer=name, instance=meta.get(INSTANCE_KEY))
-                    await self.js.delete_consumer(self._consume_stream, name)
+                    self.m._log.warning("reclaiming a released member's abandoned data "
+                                        "consumer", consumer=name, instance=meta.get(INSTANCE_KEY))
+                    await self.m.js.delete_consumer(self.m._consume_stream, name)
                 else:
                     free = False
         except CgroupdError as exc:
-            self._log.warning("could not inspect a previous owner's consumer", error=str(exc))
+            self.m._log.warning("could not inspect a previous owner's consumer", error=str(exc))
             return False
         return free

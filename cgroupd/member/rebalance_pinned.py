@@ -4,6 +4,7 @@ consumer to the config in place (issue 13 items 3 and 4)."""
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from cgroupd.core.consumerinfo import ConsumerInfo
 from cgroupd.core.errors import ApiError, CgroupdError, WorkQueueOverlap
@@ -22,20 +23,24 @@ from cgroupd.core.partitions import (
     member_partitions,
     reference_filters,
 )
-from cgroupd.member.core import MemberCore
-from cgroupd.member.election_pinned import (
-    RESET_RETRY_FIRST,
-    RESET_RETRY_MAX,
-    reset_unsupported,
-)
 from cgroupd.member.generation import Generation
+from cgroupd.member.pinned_reset import Reset, reset_when_quiet
 from cgroupd.member.rebalance import claim_contested, contest_backoff
 from cgroupd.member.state import StepDown
 from cgroupd.nats.pull import Puller
 
+if TYPE_CHECKING:
+    from cgroupd.member.core import MemberCore
+    from cgroupd.member.modes import PinnedMode
 
-class PinnedRebalance(MemberCore):
-    """One job of :class:`cgroupd.member.Member` (see the module docstring)."""
+
+class PinnedRebalance:
+    """A job of the member's PinnedMode (see the module docstring); a collaborator
+    holding the member, not a mixin of it."""
+
+    def __init__(self, member: MemberCore, mode: PinnedMode) -> None:
+        self.m = member
+        self.mode = mode
 
     async def _move_pinned(self, gen: Generation, target: tuple[int, ...]) -> bool:
         """Bring the member consumer to ``target`` in place (issue 13 items 3 and 4); False
@@ -49,7 +54,7 @@ class PinnedRebalance(MemberCore):
         delivers their messages from where the previous owner left off (a work queue holds
         exactly what is left; a static group skips what was processed, see SkipRules).
         """
-        info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
+        info = await self.m.js.consumer_info(self.m._consume_stream, self.m.sync_consumer)
         if info is None or gen.dispatcher is None:
             return False
         view = ConsumerInfo(info)
@@ -78,22 +83,22 @@ class PinnedRebalance(MemberCore):
         """The member consumer's filters: the reference's for the partitions it delivers
         (it shares this consumer and rewrites one whose filters differ from its own), and
         hold filters for those it claims without delivering."""
-        assert self.config is not None
-        if real == set(member_partitions(self.config, self.member)):
-            delivered = member_filters(self.config, self.member)
+        assert self.m.config is not None
+        if real == set(member_partitions(self.m.config, self.m.member)):
+            delivered = member_filters(self.m.config, self.m.member)
         else:
-            delivered = reference_filters(self.config, sorted(real))
-        subjects = group_subjects(self.config)
+            delivered = reference_filters(self.m.config, sorted(real))
+        subjects = group_subjects(self.m.config)
         filters = delivered + hold_filters(sorted(held - real), subjects)
-        return filters or [idle_filter(self.member)]
+        return filters or [idle_filter(self.m.member)]
 
     async def _release_partitions(self, gen: Generation, kept: set[int], lost: set[int],
                                   claiming: set[int]) -> bool:
         """Stop delivering ``lost``, finish what we hold of them, then let them go."""
-        s = self.settings
+        s = self.m.settings
         assert gen.dispatcher is not None
         puller = next(p for p in gen.pullers if p.delivers)
-        reply = await self._update_config(self.sync_consumer, self._member_filters(
+        reply = await self.m._update_config(self.m.sync_consumer, self._member_filters(
             kept, lost | claiming))
         delivered = ConsumerInfo(reply).delivered_consumer_seq
         # Every delivery of a lost partition is numbered at most `delivered`: take them all
@@ -102,19 +107,19 @@ class PinnedRebalance(MemberCore):
             return False
         if not await gen.dispatcher.settle(lost, s.drain_timeout):
             return False
-        if not await self._acks_confirmed(gen):
+        if not await self.m._acks_confirmed(gen):
             return False
         meta: dict[str, str] = {}
-        if self.static:
+        if self.m.static:
             released = ConsumerInfo(reply).json_map(RELEASED_KEY)
             for p in lost:
                 done = max(gen.processed.get(p, 0), gen.dispatcher.highest.get(p, 0))
                 released[str(p)] = max(done, int(released.get(str(p), 0)))
             meta[RELEASED_KEY] = json.dumps(released, separators=(",", ":"), sort_keys=True)
         gen.dispatcher.accept = set(kept)
-        await self._gone(gen, lost)  # settled, confirmed; still held by our filters
-        await self._update_config(self.sync_consumer, self._member_filters(kept, claiming),
-                                  meta)
+        await self.m._gone(gen, lost)  # settled, confirmed; still held by our filters
+        await self.m._update_config(self.m.sync_consumer, self._member_filters(kept, claiming),
+                                    meta)
         return True
 
     async def _take_partitions(self, gen: Generation, kept: set[int], gained: set[int]) -> bool:
@@ -122,7 +127,7 @@ class PinnedRebalance(MemberCore):
         starts = await self._claim_partitions(gen, kept, gained)
         if starts is None:
             return False
-        await self._assigned(gen, gained)  # the reset below makes them deliver
+        await self.m._assigned(gen, gained)  # the reset below makes them deliver
         return await self._quiet_reset(gen, kept, starts)
 
     async def _quiet_reset(self, gen: Generation, kept: set[int],
@@ -139,7 +144,7 @@ class PinnedRebalance(MemberCore):
         filters changed, nothing may start before a reset either (a gained partition's
         older messages lie behind the consumer's position): a failed reset is retried
         and, if it never goes through, the generation ends, paused."""
-        s = self.settings
+        s = self.m.settings
         assert gen.dispatcher is not None
         dispatcher = gen.dispatcher
         starts = starts or {}
@@ -151,15 +156,15 @@ class PinnedRebalance(MemberCore):
         try:
             if not await dispatcher.idle(s.drain_timeout):
                 return False
-            if not await self._acks_confirmed(gen):
+            if not await self.m._acks_confirmed(gen):
                 return False
             if not await self._no_pull_open(puller):
                 return False
             meta: dict[str, str] = {RESET_KEY: ""}
             seq = 1  # a work queue holds exactly what is left to do
-            if self.static:
+            if self.m.static:
                 pending = dispatcher.unstarted()
-                info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
+                info = await self.m.js.consumer_info(self.m._consume_stream, self.m.sync_consumer)
                 upto = ConsumerInfo.of(info).delivered_stream_seq
                 for p in kept:
                     gen.skip.processed_through(
@@ -171,15 +176,15 @@ class PinnedRebalance(MemberCore):
                 seq = gen.skip.lowest_needed(partitions)
             applied = True
             try:
-                await self._update_config(self.sync_consumer,
-                                          self._member_filters(partitions, set()), meta)
+                await self.m._update_config(self.m.sync_consumer,
+                                            self._member_filters(partitions, set()), meta)
             except ApiError:
                 raise  # refused: nothing changed, and what we hold runs on where it is
             except CgroupdError as exc:
                 # No answer: applied or not. Either way a reset makes the consumer deliver
                 # what is left under its filters, in order; then start over from them.
-                self._log.info("member consumer update unanswered; resetting anyway",
-                               error=str(exc))
+                self.m._log.info("member consumer update unanswered; resetting anyway",
+                                 error=str(exc))
                 applied = False
             dispatcher.accept = partitions
             if not await self._reset_until_done(gen, puller, seq):
@@ -194,9 +199,9 @@ class PinnedRebalance(MemberCore):
     async def _no_pull_open(self, puller: Puller) -> bool:
         """Wait (hushed) until no pull of ours can bring anything more; False if one is
         still open after its expiry and a margin."""
-        deadline = self._clock() + self.settings.pull_expires + 1.0
-        while puller.outstanding > 0 and self._clock() < deadline:
-            await self._sleep(0.01)
+        deadline = self.m._clock() + self.m.settings.pull_expires + 1.0
+        while puller.outstanding > 0 and self.m._clock() < deadline:
+            await self.m._sleep(0.01)
         return puller.outstanding == 0
 
     async def _reset_until_done(self, gen: Generation, puller: Puller, seq: int) -> bool:
@@ -204,42 +209,35 @@ class PinnedRebalance(MemberCore):
         passing failure is retried, pulling in between so the pin stays ours (what those
         pulls bring is held, not started, and dropped by the reset). False, with the
         generation ended, when it does not go through within the drain timeout."""
-        retry_in = RESET_RETRY_FIRST
-        give_up = self._clock() + self.settings.drain_timeout
-        while True:
-            try:
-                await self._reset_pinned(gen, seq)
-                return True
-            except CgroupdError as exc:
-                if gen.ended.done() or reset_unsupported(exc) \
-                        or self._clock() + retry_in > give_up:
-                    self._log.warning("member consumer not reset after a filter change; "
-                                      "stepping down", error=str(exc))
-                    gen.end(StepDown.CONFIG_CHANGED, "member consumer could not be reset")
-                    return False
-                self._log.warning("consumer reset failed; retrying", error=str(exc),
-                                  retry_in=retry_in)
-            puller.hush(False)
-            await self._sleep(retry_in)
-            puller.hush()
-            retry_in = min(2 * retry_in, RESET_RETRY_MAX)
-            if not await self._no_pull_open(puller):
-                gen.end(StepDown.CONFIG_CHANGED, "member consumer could not be reset")
-                return False
+        m = self.m
+        s = m.settings
+        outcome = await reset_when_quiet(
+            puller, lambda: self.mode.election._reset_pinned(gen, seq), gen.ended,
+            clock=m._clock, sleep=m._sleep, log=m._log, hush_at=m._clock(),
+            reset_at=m._clock(), quiet_within=s.pull_expires + 1.0,
+            give_up=m._clock() + s.drain_timeout,
+            heed_end=False)
+        if outcome.how is Reset.DONE:
+            return True
+        if outcome.error is not None:
+            self.m._log.warning("member consumer not reset after a filter change; "
+                                "stepping down", error=str(outcome.error))
+        gen.end(StepDown.CONFIG_CHANGED, "member consumer could not be reset")
+        return False
 
     async def _claim_partitions(self, gen: Generation, kept: set[int],
                                 gained: set[int]) -> dict[int, int] | None:
         """Hold ``gained`` as soon as no other consumer has them; for a static group, also
         how far each was processed (the previous owners' release records). None if they
         are not free in time."""
-        s = self.settings
-        deadline = self._clock() + s.drain_timeout + 2 * s.retry_interval
+        s = self.m.settings
+        deadline = self.m._clock() + s.drain_timeout + 2 * s.retry_interval
         while not gen.ended.done() and gained <= set(gen.target):
             starts, busy = await self._previous_owners(gained)
             if not busy:
                 try:
-                    await self._update_config(self.sync_consumer,
-                                              self._member_filters(kept, gained))
+                    await self.m._update_config(self.m.sync_consumer,
+                                                self._member_filters(kept, gained))
                     if not await self._claim_contested(gained):
                         return starts
                     # nats-server checks a work queue's filter overlap without excluding
@@ -247,32 +245,32 @@ class PinnedRebalance(MemberCore):
                     # accepted (probe: tests/integration/test_workqueue_claim_race.py).
                     # Whoever sees the other lets go and tries again a moment later; at
                     # least one of two racing claims sees the other.
-                    self._log.info("claim contested; letting go and trying again",
-                                   partitions=sorted(gained))
-                    await self._update_config(self.sync_consumer,
-                                              self._member_filters(kept, set()))
-                    await self._sleep(contest_backoff())
+                    self.m._log.info("claim contested; letting go and trying again",
+                                     partitions=sorted(gained))
+                    await self.m._update_config(self.m.sync_consumer,
+                                                self._member_filters(kept, set()))
+                    await self.m._sleep(contest_backoff())
                     continue
                 except WorkQueueOverlap:
                     pass
-            if self._clock() > deadline:
-                self._log.info("partitions not released in time", partitions=sorted(gained),
-                               held_by=sorted(busy))
+            if self.m._clock() > deadline:
+                self.m._log.info("partitions not released in time", partitions=sorted(gained),
+                                 held_by=sorted(busy))
                 return None
-            await self._sleep(0.05)
+            await self.m._sleep(0.05)
         return None
 
     async def _claim_contested(self, gained: set[int]) -> bool:
         """After our claim on ``gained`` was accepted: does another consumer deliver or
         hold any of them too? (A static stream's partitions never conflict.)"""
-        if self.static:
+        if self.m.static:
             return False
 
         def held(info: ConsumerInfo) -> set[int]:
             real, hold = member_consumer_filters(info.filters)
             return real | hold
 
-        return await claim_contested(self.js, self._consume_stream, self.sync_consumer,
+        return await claim_contested(self.m.js, self.m._consume_stream, self.m.sync_consumer,
                                      gained, held)
 
     async def _previous_owners(self, gained: set[int]) -> tuple[dict[int, int], set[str]]:
@@ -281,17 +279,17 @@ class PinnedRebalance(MemberCore):
         pulled on them for a while: their member is gone)."""
         starts = {p: 0 for p in gained}
         busy: set[str] = set()
-        for raw in await self.js.list_consumers(self._consume_stream):
+        for raw in await self.m.js.list_consumers(self.m._consume_stream):
             info = ConsumerInfo(raw)
             name = info.name
             owner = info.meta(MEMBER_KEY)
             # A static stream may carry other groups' consumers: ours are named after
             # their member (as admin reads them; the Go reference's carry no metadata).
-            ours = name == f"{self.group}-{owner}" or (
-                owner is None and name.startswith(f"{self.group}-"))
-            if name == self.sync_consumer or (self.static and not ours):
+            ours = name == f"{self.m.group}-{owner}" or (
+                owner is None and name.startswith(f"{self.m.group}-"))
+            if name == self.m.sync_consumer or (self.m.static and not ours):
                 continue
-            if self.static:
+            if self.m.static:
                 for key, done in info.json_map(RELEASED_KEY).items():
                     if key.isdigit() and int(key) in starts:
                         starts[int(key)] = max(starts[int(key)], int(done))
@@ -319,14 +317,14 @@ class PinnedRebalance(MemberCore):
 
         if not abandoned(info):
             return False
-        await self._sleep(self.settings.pull_expires)  # a live instance pulls by then
-        again = await self.js.consumer_info(self._consume_stream, name)
+        await self.m._sleep(self.m.settings.pull_expires)  # a live instance pulls by then
+        again = await self.m.js.consumer_info(self.m._consume_stream, name)
         if again is None:
             return True
         if not abandoned(ConsumerInfo(again)):
             return False
-        self._log.warning("taking partitions from a member consumer nobody pulls on",
-                          consumer=name)
-        if not self.static:
-            await self.js.delete_consumer(self._consume_stream, name)
+        self.m._log.warning("taking partitions from a member consumer nobody pulls on",
+                            consumer=name)
+        if not self.m.static:
+            await self.m.js.delete_consumer(self.m._consume_stream, name)
         return True

@@ -4,7 +4,7 @@ fence every handler start passes: sync mode's lease, pinned mode's lease on the 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cgroupd.core.answers import judge_answer
 from cgroupd.core.consumerinfo import ConsumerInfo
@@ -13,36 +13,29 @@ from cgroupd.core.naming import (
     INSTANCE_KEY,
     TOKEN_KEY,
 )
-from cgroupd.core.settings import Exclusivity
-from cgroupd.member.core import MemberCore
 from cgroupd.member.generation import Generation
 from cgroupd.member.state import StepDown
+
+if TYPE_CHECKING:
+    from cgroupd.member.core import MemberCore
+    from cgroupd.member.modes import SyncMode
 
 #: The longest pause between two self-checks of an idle active instance (seconds).
 IDLE_CHECK_MAX = 16.0
 
 
-class SelfCheck(MemberCore):
-    """One job of :class:`cgroupd.member.Member` (see the module docstring)."""
+class SelfCheck:
+    """A job of the member's SyncMode (see the module docstring); a collaborator
+    holding the member, not a mixin of it."""
+
+    def __init__(self, member: MemberCore, mode: SyncMode) -> None:
+        self.m = member
+        self.mode = mode
 
     #: The last self-check was answered by a server out of touch with its cluster.
     _out_of_touch = False
     #: Self-checks in a row that got no answer: one warning per outage, not one per try.
     _unanswered = 0
-
-    async def _sync_is_ours(self) -> bool:
-        """Whether the sync consumer names this process, as a server in touch with its
-        cluster says (a stale answer may name us after another instance took over: then
-        deleting the consumer by name would delete the new owner's)."""
-        try:
-            info = await self.js.consumer_info(self._consume_stream, self.sync_consumer)
-        except CgroupdError:
-            return False
-        if judge_answer([info], sent=self._clock(), lease=self.settings.lease).stale:
-            return False
-        meta = ConsumerInfo.of(info).metadata
-        return bool(meta.get(INSTANCE_KEY) == self.instance_id
-                    and meta.get(TOKEN_KEY) == self._token)
 
     async def _verify_loop(self, gen: Generation) -> None:
         """ADR: the active instance checks its consumers still exist and name it; each
@@ -58,7 +51,7 @@ class SelfCheck(MemberCore):
         starved = received = 0
         idle = 0  # checks in a row that found nothing arriving, held or waiting
         while not gen.ended.done():
-            await self._sleep(self._check_pause(idle))
+            await self.m._sleep(self._check_pause(idle))
             gen.data_info = None
             if await self._check(gen) is not True or gen.data_info is None:
                 continue
@@ -98,7 +91,7 @@ class SelfCheck(MemberCore):
         (:meth:`_hold_lease`); a lost claim is still heard at once (its deletion ends our
         pull on it), and a data consumer that starves us within ``IDLE_CHECK_MAX``.
         """
-        s = self.settings
+        s = self.m.settings
         if idle == 0:
             return s.retry_interval
         first = max(s.retry_interval, s.lease - s.retry_interval)
@@ -115,15 +108,15 @@ class SelfCheck(MemberCore):
     async def _verify(self, gen: Generation) -> bool | None:
         """Do we still own the member? True (and the lease renewed from when the check was
         sent), False (the generation ends), None (no answer: the lease runs out meanwhile)."""
-        sent = self._clock()
+        sent = self.m._clock()
         names = list(gen.data)
         try:
             # At once, not one after the other: the answers come back together (one
             # wakeup of an idle member, not one per consumer).
             # Every answer is awaited, so a second failure is not left unretrieved.
             answers = await asyncio.gather(
-                self.js.consumer_info(self._consume_stream, self.sync_consumer),
-                *(self.js.consumer_info(self._consume_stream, name) for name in names),
+                self.m.js.consumer_info(self.m._consume_stream, self.m.sync_consumer),
+                *(self.m.js.consumer_info(self.m._consume_stream, name) for name in names),
                 return_exceptions=True)
             infos: list[dict[str, Any] | None] = []
             for answer in answers:
@@ -133,12 +126,12 @@ class SelfCheck(MemberCore):
             sync, *data = infos
         except CgroupdError as exc:
             if not self._unanswered:
-                self._log.warning("self-check could not reach the server", error=str(exc))
+                self.m._log.warning("self-check could not reach the server", error=str(exc))
             self._unanswered += 1
             return None
         if self._unanswered:
-            self._log.info("self-check reached the server again",
-                           unanswered_checks=self._unanswered)
+            self.m._log.info("self-check reached the server again",
+                             unanswered_checks=self._unanswered)
             self._unanswered = 0
         # A clustered consumer's leader answers even when cut off from its replicas (and
         # from the meta leader that records a takeover): the answer proves the state it
@@ -148,13 +141,13 @@ class SelfCheck(MemberCore):
         # the node that was cut off still answers for a moment with the consumers it led
         # before the cut (the previous owner's sync consumer, under the same name), and
         # believing it would end the new owner's generation for nothing (issue 13).
-        judged = judge_answer((sync, *data), sent=sent, lease=self.settings.lease)
+        judged = judge_answer((sync, *data), sent=sent, lease=self.m.settings.lease)
         meta = ConsumerInfo.of(sync).metadata
         if judged.stale:
             self._stale(judged.age, meta.get(INSTANCE_KEY))
             return None
-        if sync is None or meta.get(INSTANCE_KEY) != self.instance_id \
-                or meta.get(TOKEN_KEY) != self._token:
+        if sync is None or meta.get(INSTANCE_KEY) != self.m.instance_id \
+                or meta.get(TOKEN_KEY) != self.m._token:
             gen.end(StepDown.SYNC_LOST, "sync consumer missing or owned by another instance"
                     f" ({meta.get(INSTANCE_KEY) if sync is not None else 'missing'})")
             return False
@@ -176,72 +169,25 @@ class SelfCheck(MemberCore):
 
     def _stale(self, age: float, owner: object = None) -> None:
         """A self-check answered by a server that last heard a quorum ``age`` s ago."""
-        self.stats["stale_checks"] += 1
+        self.m.stats["stale_checks"] += 1
         if not self._out_of_touch:
-            self._log.warning("self-check answered by a server out of touch with its "
-                              "cluster; starting nothing", quorum_heard_ago=round(age, 3),
-                              owner=owner)
+            self.m._log.warning("self-check answered by a server out of touch with its "
+                                "cluster; starting nothing", quorum_heard_ago=round(age, 3),
+                                owner=owner)
         self._out_of_touch = True
-
-    async def _refill(self, gen: Generation) -> None:
-        """A handler slot freed up: let the data pullers ask for more."""
-        for puller in gen.pullers:
-            if puller.delivers and puller.room:
-                await puller.refill()
-
-    async def _fence(self, gen: Generation) -> bool:
-        """Before a handler starts (or a failed one is retried): may this instance still
-        touch its messages? Sync mode: only under a running lease. Pinned mode: only
-        within the lease on the pin (renewed here if it ran out)."""
-        if self.settings.exclusivity is Exclusivity.PINNED:
-            lease = gen.pin_lease
-            while lease is not None and not lease.valid and not await self._renew(gen):
-                if not self._pin_unanswered(gen):
-                    break
-                await self._sleep(self.settings.pinned_ttl / 8)  # no answer: ask again
-            if lease is None or not lease.valid:
-                gen.end(StepDown.PIN_LOST, "cannot prove the pin is still ours")
-                return False
-            return not gen.ended.done()
-        if self.settings.exclusivity is Exclusivity.SYNC:
-            return await self._hold_lease(gen)
-        return not gen.ended.done()
 
     async def _hold_lease(self, gen: Generation) -> bool:
         """Sync exclusivity: start only under a running lease. Once it has run out (cut
         off, stalled, disconnected), wait until a self-check confirms we still own the
         member (True) or shows we do not (False: the generation has ended)."""
-        pause = min(0.1, self.settings.retry_interval)
+        pause = min(0.1, self.m.settings.retry_interval)
         while not gen.ended.done():
-            if gen.lease.valid and self.js.connected:
+            if gen.lease.valid and self.m.js.connected:
                 return True
-            self.stats["lease_checks"] += 1
+            self.m.stats["lease_checks"] += 1
             if await self._check(gen) is None:
                 # A server that fails fast (503 while its cluster heals) is asked again
                 # with a growing pause, up to half a second: not twenty times a second.
-                await self._sleep(pause)
-                pause = min(pause * 2, 0.5, self.settings.retry_interval)
+                await self.m._sleep(pause)
+                pause = min(pause * 2, 0.5, self.m.settings.retry_interval)
         return False
-
-    def _connection_lost(self) -> None:
-        """Checks sent before a disconnection prove nothing: start nothing until a new one
-        (sync exclusivity; a standby may take over meanwhile)."""
-        gen = self._gen
-        if gen is not None:
-            gen.lease.revoke()
-        if gen is not None and self.settings.exclusivity is Exclusivity.PINNED \
-                and gen.pin_lease is not None and gen.dispatcher is not None:
-            # A delivery on its way when our server went away is lost, yet the consumer
-            # leader (elsewhere in the cluster) counts it delivered to us: later messages
-            # of its key would run before it comes back at its ack wait (a rolling
-            # restart, static group: #2367 of orders.k31 ran 15 s after #4191). Start
-            # nothing until a renewal on the new connection finds nothing missing, or
-            # takes it back (see PinnedElection._renew_once).
-            gen.doubt_deliveries()
-
-    def _connection_back(self) -> None:
-        gen = self._gen
-        if gen is not None and gen.dispatcher is not None:
-            gen.dispatcher.connection_back()
-        if gen is not None and self.settings.exclusivity is Exclusivity.PINNED:
-            self._renew_now(gen)

@@ -1,10 +1,11 @@
 """The member runtime: one instance of one member of a consumer group.
 
 Implements the ADR's "Implementation design" and "Transitioning" sections. One supervisor
-task runs the states below; each time this instance wins the election it starts a
-:class:`Generation` (its partitions, its pullers, its dispatcher) and waits, with
-``asyncio.wait(FIRST_COMPLETED)``, for whatever ends it: a config change, the loss of a
-consumer, a failed self-check, the group's deletion, or stop().
+task runs the states below; each time this instance wins the election (its mode's
+``acquire``, see :mod:`cgroupd.member.modes`) it starts a :class:`Generation` (its
+partitions, its pullers, its dispatcher), lets the mode ``run`` it and waits for whatever
+ends it: a config change, the loss of a consumer, a failed self-check, the group's
+deletion, or stop().
 
 The states (their phases in brackets) and where each may go, rendered from the one
 transition table :data:`cgroupd.member.state.TRANSITIONS` (every move, phases included,
@@ -23,27 +24,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from cgroupd.core.errors import GroupNotFound
+from cgroupd.core.errors import GroupNotFound, InstanceIdInUse
 from cgroupd.core.partitions import member_partitions
-from cgroupd.core.pinning import step_down_subject
-from cgroupd.core.settings import Exclusivity
-from cgroupd.member.config_watch import ConfigWatch
 from cgroupd.member.core import MemberCore
-from cgroupd.member.election_pinned import PinnedElection
-from cgroupd.member.election_sync import SyncElection
 from cgroupd.member.generation import Generation
-from cgroupd.member.rebalance import Rebalance
-from cgroupd.member.rebalance_pinned import PinnedRebalance
-from cgroupd.member.release import Release
-from cgroupd.member.selfcheck import SelfCheck
 from cgroupd.member.state import MemberState, Phase, StepDown
-from cgroupd.nats.lease import presence_subject
+from cgroupd.nats.lease import Presence, presence_subject
 
 __all__ = ["Member"]
 
 
-class Member(ConfigWatch, SyncElection, PinnedElection, Rebalance, PinnedRebalance,
-             SelfCheck, Release, MemberCore):
+class Member(MemberCore):
     """One running instance of ``member`` in ``group`` on ``stream``.
 
     ``handler`` gets each :class:`Message`; returning acks it (unless it settled it
@@ -56,24 +47,22 @@ class Member(ConfigWatch, SyncElection, PinnedElection, Rebalance, PinnedRebalan
         """Read the group config and begin competing; raises if the group is unusable, and
         :class:`InstanceIdInUse` if a running process already answers for this instance id."""
         await self._refuse_duplicate_id()
-        self._watcher = asyncio.create_task(self._watch_config(), name="cgroupd-watch")
+        self._watcher = asyncio.create_task(self._config_watch.watch(), name="cgroupd-watch")
         done, _ = await asyncio.wait({self._first_config, self._watcher},
                                      return_when=asyncio.FIRST_COMPLETED)
         if self._first_config not in done:
             self._watcher.result()  # re-raises why the watch failed
             raise GroupNotFound(f"group {self.stream}/{self.group} could not be read")
         self._first_config.result()
-        self._watcher.add_done_callback(self._watch_ended)
+        self._watcher.add_done_callback(self._config_watch.watch_ended)
         self._connection_off = self.js.on_connection(self._connection_lost,
                                                      self._connection_back)
         with contextlib.suppress(Exception):
-            self._advisories = await self.js.watch_deletions(self._consume_stream,
-                                                             self._on_consumer_deleted)
+            self._advisories = await self.js.watch_deletions(
+                self._consume_stream, self._config_watch.on_consumer_deleted)
         self._presence_sub = await self.js.answer(
             presence_subject(self._key, self.member, self.instance_id), self._presence_text)
-        if self.settings.exclusivity is Exclusivity.PINNED:
-            self._step_down_sub = await self.js.serve(
-                step_down_subject(self._key, self.member), self._step_down_requested)
+        await self.mode.open()
         self._transition(MemberState.STANDBY)
         self._supervisor = asyncio.create_task(self._supervise(), name="cgroupd-member")
 
@@ -90,7 +79,7 @@ class Member(ConfigWatch, SyncElection, PinnedElection, Rebalance, PinnedRebalan
             # Waiting, not awaiting: a cancelled caller must not cancel the supervisor
             # half-way through releasing our consumers.
             await asyncio.wait({self._supervisor})
-        await self._close_watch()
+        await self._config_watch.close()
         await self._close_prober()
         if self._connection_off is not None:
             self._connection_off()
@@ -151,7 +140,7 @@ class Member(ConfigWatch, SyncElection, PinnedElection, Rebalance, PinnedRebalan
                     # Right after a membership change the partitions we want are being
                     # released by their previous owners: look again soon.
                     soon = self._clock() < self._changed_at + 5.0
-                    await self._stand_by(0.1 if soon else self.settings.retry_interval)
+                    await self.mode.stand_by(0.1 if soon else self.settings.retry_interval)
                     delay = 0.0
                     continue
                 why = await self._run_active(gen)
@@ -171,34 +160,24 @@ class Member(ConfigWatch, SyncElection, PinnedElection, Rebalance, PinnedRebalan
 
     async def _acquire(self, partitions: tuple[int, ...]) -> Generation | None:
         """Try once to become the active instance; None means stay standby."""
-        if self.settings.exclusivity is Exclusivity.PINNED:
-            return await self._acquire_pinned(partitions)
-        return await self._acquire_sync(partitions)
+        return await self.mode.acquire(partitions)
 
     async def _run_active(self, gen: Generation) -> StepDown:
         self._gen = gen
         self.partitions = gen.partitions
         # Pinned mode (a lease on the pin): nothing starts until the takeover is done.
-        self._transition(MemberState.ACTIVE, phase=Phase.RUNNING if gen.pin_lease is None
-                         else Phase.TAKING_OVER, partitions=list(gen.partitions))
+        self._transition(MemberState.ACTIVE, phase=self.mode.first_phase,
+                         partitions=list(gen.partitions))
         self._log.info("became active", partitions=list(gen.partitions))
         await self._assigned(gen, gen.partitions)
         if self.on_active is not None:
             await self._callback(self.on_active, gen.partitions)
-        if self.settings.exclusivity is Exclusivity.SYNC:
-            # Paused since the generation began (pinned mode: until the takeover).
-            assert gen.dispatcher is not None
-            if not gen.ended.done():
-                gen.dispatcher.resume()
-            for work in (self._rebalance_loop, self._verify_loop):
-                self._spawn(gen, work(gen), work.__name__)
-        else:
-            self._spawn(gen, self._hold_pin(gen), "_hold_pin")
+        self.mode.run(gen)
         if self._stopping or self._deleted:
             gen.end(StepDown.STOPPING if self._stopping else StepDown.GROUP_DELETED)
         why, detail = await gen.ended
         if why in (StepDown.DATA_LOST, StepDown.SYNC_LOST, StepDown.PIN_LOST) \
-                and await self._deleted_meanwhile():
+                and await self._config_watch.deleted_meanwhile():
             why = gen.reported = StepDown.GROUP_DELETED
         self._transition(MemberState.STEPPING_DOWN, phase=Phase.STOPPING if self._stopping
                          or self._deleted else Phase.RELEASING, reason=why.value,
@@ -206,7 +185,7 @@ class Member(ConfigWatch, SyncElection, PinnedElection, Rebalance, PinnedRebalan
         self.stats["step_downs"] += why is not StepDown.STOPPING
         self._stepping_since = self._clock()
         try:
-            await self._release(gen)
+            await self._releaser.release(gen)
         finally:
             self._stepping_since = None
         self._gen = None
@@ -219,3 +198,30 @@ class Member(ConfigWatch, SyncElection, PinnedElection, Rebalance, PinnedRebalan
         if self.on_standby is not None:
             await self._callback(self.on_standby, why.value)
         return why
+
+    async def _refuse_duplicate_id(self) -> None:
+        """Two processes with one instance id would both pass for the active instance (their
+        consumers' configs would be identical): ask whether someone answers for it."""
+        answer = await self.js.probe(
+            presence_subject(self._key, self.member, self.instance_id), self._probe_timeout)
+        if answer.presence is Presence.ALIVE:
+            raise InstanceIdInUse(
+                f"instance id {self.instance_id!r} is already used by a running instance of "
+                f"group {self.stream}/{self.group} (state {answer.state or 'unknown'}); give "
+                "each process its own id, or none (a random one is chosen)")
+
+    def _connection_lost(self) -> None:
+        """Checks sent before a disconnection prove nothing: start nothing until a new one
+        (sync exclusivity; a standby may take over meanwhile). The mode says what else
+        (pinned: a delivery on its way may be lost)."""
+        gen = self._gen
+        if gen is not None:
+            gen.lease.revoke()
+            self.mode.connection_lost(gen)
+
+    def _connection_back(self) -> None:
+        gen = self._gen
+        if gen is not None and gen.dispatcher is not None:
+            gen.dispatcher.connection_back()
+        if gen is not None:
+            self.mode.connection_back(gen)

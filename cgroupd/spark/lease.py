@@ -412,8 +412,8 @@ class Lease:
         Holding the election consumers means every previous holder stopped pulling on
         them; its data consumer may linger (the server keeps a consumer with unacked
         messages until their ack wait, and a draining instance keeps it until its handlers
-        finish). The liveness check is the daemon's own
-        (:meth:`cgroupd.member.Member._reclaim_abandoned`): an instance that answers on its
+        finish). The liveness check is the daemon's own (``_reclaim_abandoned`` in
+        :mod:`cgroupd.member.election_sync`): an instance that answers on its
         presence subject is alive and left alone, however idle its consumer looks; one
         the server says is gone (no responders), or that neither answers nor pulls in two
         looks, is abandoned and its consumer deleted.

@@ -1,5 +1,5 @@
 """What a real nats-server answers to a consumer reset it cannot serve, and how the pinned
-takeover reads it (:func:`cgroupd.member.election_pinned.reset_unsupported`): a refusal
+takeover reads it (:func:`cgroupd.member.pinned_reset.reset_unsupported`): a refusal
 to give up on, or a passing failure to retry (tests/unit/test_election_pinned_reset_unit.py).
 
 Checked against nats-server 2.15.1: a reset that no consumer leader serves (the consumer
@@ -16,7 +16,7 @@ import pytest
 from nats.aio.client import Client
 
 from cgroupd.core.errors import ApiError, ConsumerNotFound, JetStreamNotEnabled, ServerUnreachable
-from cgroupd.member.election_pinned import reset_unsupported
+from cgroupd.member.pinned_reset import reset_unsupported
 from cgroupd.nats.jetstream import JetStream
 
 

@@ -50,7 +50,7 @@ async def test_two_members_moving_onto_one_partition_at_once_leave_one_claim(
     for m in members:
         assert m._gen is not None
         m._gen.target = (FREE,)  # a config view that gives it partition 2 (no wake-up)
-    results = await asyncio.gather(*(m._move_partitions(m._gen, (FREE,))  # type: ignore[arg-type]
+    results = await asyncio.gather(*(m.mode.move(m._gen, (FREE,))  # type: ignore[arg-type]
                                      for m in members), return_exceptions=True)
     infos = [ConsumerInfo(c) for c in await jetstream.list_consumers(m1._consume_stream)]
     claims = [i.name for i in infos if set(i.filters) & set(sync_filters([FREE]))]

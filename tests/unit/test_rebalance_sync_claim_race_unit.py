@@ -21,6 +21,8 @@ from cgroupd.core.config import (
 from cgroupd.core.partitions import partition_filters, sync_filters
 from cgroupd.member import Member
 from cgroupd.member.generation import Generation
+from cgroupd.member.modes import SyncMode
+from cgroupd.member.rebalance import Rebalance
 from tests.support.fakes import FakeJetStream, FakeServer
 from tests.support.polling import eventually
 from tests.unit.test_election_unit import SETTINGS, handler
@@ -67,6 +69,12 @@ async def two() -> AsyncIterator[Two]:
         await asyncio.wait_for(m.stop(), 10)
 
 
+def _moves(m: Member) -> Rebalance:
+    """The sync mode's moves (:class:`cgroupd.member.rebalance.Rebalance`), driven directly."""
+    assert isinstance(m.mode, SyncMode)
+    return m.mode.rebalance
+
+
 def _aim(m: Member, target: tuple[int, ...]) -> None:
     """What a config change does to the generation, without waking the rebalance loop:
     the test runs the move itself."""
@@ -82,8 +90,8 @@ async def test_two_claims_at_the_same_moment_leave_one_holder(two: Two) -> None:
     _aim(m1, (0, FREE))
     _aim(m2, (1, FREE))
     assert m1._gen is not None and m2._gen is not None
-    results = await asyncio.gather(m1._claim(m1._gen, (0, FREE), (FREE,)),
-                                   m2._claim(m2._gen, (1, FREE), (FREE,)),
+    results = await asyncio.gather(_moves(m1)._claim(m1._gen, (0, FREE), (FREE,)),
+                                   _moves(m2)._claim(m2._gen, (1, FREE), (FREE,)),
                                    return_exceptions=True)
     assert two.holding(sync_filters([FREE])) in (["m1"], ["m2"]), results
     assert sorted(r is True for r in results) == [False, True], results
@@ -102,8 +110,8 @@ async def test_two_moves_that_keep_nothing_leave_one_claim_and_one_consumer(
     _aim(m1, (FREE,))
     _aim(m2, (FREE,))
     assert m1._gen is not None and m2._gen is not None
-    results = await asyncio.gather(m1._move_partitions(m1._gen, (FREE,)),
-                                   m2._move_partitions(m2._gen, (FREE,)),
+    results = await asyncio.gather(m1.mode.move(m1._gen, (FREE,)),
+                                   m2.mode.move(m2._gen, (FREE,)),
                                    return_exceptions=True)
     assert len(two.holding(partition_filters([FREE]))) == 1, results
     assert len(two.holding(sync_filters([FREE]))) == 1, results
@@ -121,8 +129,8 @@ async def test_a_claim_superseded_after_a_race_lets_the_partition_go(two: Two) -
     _aim(m1, (0, FREE))
     _aim(m2, (1, FREE))
     assert m1._gen is not None and m2._gen is not None
-    moves = [asyncio.create_task(m1._move_partitions(m1._gen, (0, FREE))),
-             asyncio.create_task(m2._move_partitions(m2._gen, (1, FREE)))]
+    moves = [asyncio.create_task(m1.mode.move(m1._gen, (0, FREE))),
+             asyncio.create_task(m2.mode.move(m2._gen, (1, FREE)))]
     await asyncio.sleep(0.2)  # both claims made (or one retrying); then m2 learns
     _aim(m2, (1,))
     results = await asyncio.gather(*moves, return_exceptions=True)
@@ -149,12 +157,12 @@ async def test_an_election_and_a_claim_at_the_same_moment_leave_one_claim(
     two.members.append(x1)
     _aim(m1, (0, FREE))
     assert m1._gen is not None
-    claimed, gen = await asyncio.gather(m1._claim(m1._gen, (0, FREE), (FREE,)),
-                                        x1._acquire_sync((FREE,)), return_exceptions=True)
+    claimed, gen = await asyncio.gather(_moves(m1)._claim(m1._gen, (0, FREE), (FREE,)),
+                                        x1.mode.acquire((FREE,)), return_exceptions=True)
     try:
         assert len(two.holding(sync_filters([FREE]))) == 1, (claimed, gen)
         assert len(two.holding(partition_filters([FREE]))) <= 1, (claimed, gen)
         assert (claimed is True) != isinstance(gen, Generation), (claimed, gen)
     finally:
         if isinstance(gen, Generation):
-            await x1._release(gen)
+            await x1._releaser.release(gen)

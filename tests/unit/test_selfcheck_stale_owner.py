@@ -21,6 +21,7 @@ from structlog.testing import capture_logs
 
 from cgroupd.core.naming import INSTANCE_KEY
 from cgroupd.member import Member, MemberState
+from cgroupd.member.modes import SyncMode
 from cgroupd.member.state import StepDown
 from tests.support.fakes import FakeJetStream, FakeMsg, FakeServer, data_puller, status
 from tests.support.polling import eventually
@@ -123,7 +124,8 @@ async def test_a_stale_answer_naming_us_deletes_no_sync_consumer(group: Group) -
     key = (WQ, m.sync_consumer)
     js.answer_as = (m.instance_id, 15.0)
     assert await m._sync_is_ours() is False
-    await m._learn_owner()
+    assert isinstance(m.mode, SyncMode)
+    await m.mode.election._learn_owner()
     assert key in group.server.consumers, "deleted on a stale answer"
     js.answer_as = (m.instance_id, 0.05)
     assert await m._sync_is_ours() is True

@@ -82,7 +82,7 @@ async def test_member_rejects_illegal_state_transitions() -> None:
         member._transition(MemberState.ACTIVE)  # only from a claim
     member._enter(Phase.CLAIMING)
     member._transition(MemberState.ACTIVE)
-    with pytest.raises(RuntimeError, match="active -> standby"):
+    with pytest.raises(RuntimeError, match="active: running -> standby: waiting"):
         member._transition(MemberState.STANDBY)
     member._transition(MemberState.STEPPING_DOWN)
     member._transition(MemberState.STOPPED)
