@@ -269,7 +269,7 @@ class PinnedElection:
             return False
         pin, pinned_at = puller.pin_id, puller.pinned_at
         if (pin is None and not lease.repinning) or puller.ended.done():
-            self._log.info("pin lease lost: no pin id, or our pulls ended",
+            self.m._log.info("pin lease lost: no pin id, or our pulls ended",
                            pulls_ended=puller.ended.done())
             lease.lose()
             return False
@@ -300,7 +300,7 @@ class PinnedElection:
             # "Consumer not found" also comes from a consumer leader just elected in a
             # rolling restart: a passing answer. A deleted consumer ends our pulls (409),
             # and an unanswered lease runs out within UNANSWERED_HOLD anyway.
-            self._log.info("pin lease not renewed: the member consumer was not found")
+            self.m._log.info("pin lease not renewed: the member consumer was not found")
             return lease.valid
         if not holder:
             # Nobody pinned: after a consumer leader change (the pin stays with the old
@@ -518,13 +518,13 @@ class PinnedElection:
         Giving up at the first one left the messages the pin brought unacknowledged and
         not handed back (no provable pin, no unpin): at max_ack_pending nobody could be
         pinned until their 30 s ack wait (a rolling restart, 32 s gap)."""
-        s = self.settings
-        give_up = self._clock() + UNANSWERED_HOLD * s.pinned_ttl
+        s = self.m.settings
+        give_up = self.m._clock() + UNANSWERED_HOLD * s.pinned_ttl
         while not await self._renew(gen):
             lease = gen.pin_lease
-            if lease is None or lease.lost or gen.ended.done() or self._clock() > give_up:
+            if lease is None or lease.lost or gen.ended.done() or self.m._clock() > give_up:
                 return False
-            await self._sleep(s.pinned_ttl / 8)
+            await self.m._sleep(s.pinned_ttl / 8)
         return True
 
     async def _take_over(self, gen: Generation) -> bool:
