@@ -234,8 +234,13 @@ class PinnedElection:
     def _renew_now(self, gen: Generation) -> None:
         """Reconnected: a renewal asked on the old connection waits out its timeout for
         an answer that will not come; ask again at once on the new one (the holder's
-        server restarted: its chance to be pinned again before a standby competes)."""
-        if gen.pin_lease is not None and not gen.pin_lease.lost and not gen.ended.done():
+        server restarted: its chance to be pinned again before a standby competes). Only a
+        lease that held a pin: a standby's has none to renew, and asking lost it for good
+        (pinned later, the standby could not prove it and stepped down holding the pin's
+        messages: 32 s and 66 s gaps in rolling restarts)."""
+        lease = gen.pin_lease
+        if lease is not None and lease.pin_id is not None and not lease.lost \
+                and not gen.ended.done():
             gen.renewal = asyncio.ensure_future(self._renew_once(gen))
 
     def _pin_news(self, gen: Generation) -> None:

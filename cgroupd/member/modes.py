@@ -325,8 +325,9 @@ class PinnedMode(ExclusivityMode):
         """A delivery may have been lost on its way to us while the consumer leader counts
         it delivered (``why``): later messages of its key must not run before it. Start
         nothing until a renewal asked from now on finds nothing missing, or takes it back
-        (see PinnedElection._renew_once)."""
-        if gen.pin_lease is None or gen.dispatcher is None:
+        (see PinnedElection._renew_once). A standby has nothing delivered to doubt: once
+        pinned, its takeover checks what the consumer holds."""
+        if gen.pin_lease is None or gen.pin_lease.pin_id is None or gen.dispatcher is None:
             return
         self.m._log.info(f"{why}; starting nothing until the consumer shows none missing",
                          **info)

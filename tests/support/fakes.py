@@ -184,6 +184,8 @@ class FakeJetStream:
         self.server = server
         self.nc = FakeNats()
         self.connected = True
+        #: (lost, back) callbacks given to :meth:`on_connection`.
+        self.connection_listeners: list[tuple[Callable[[], None], Callable[[], None]]] = []
         #: False: this process's pull requests no longer reach the consumers' leaders (it
         #: is stalled, or cut off from the cluster), so they expire there.
         self.pulls_reach_leader = True
@@ -264,7 +266,17 @@ class FakeJetStream:
     # -- connection, presence ------------------------------------------------------------
     def on_connection(self, lost: Callable[[], None],
                       back: Callable[[], None]) -> Callable[[], None]:
-        return lambda: None
+        entry = (lost, back)
+        self.connection_listeners.append(entry)
+        return lambda: self.connection_listeners.remove(entry)
+
+    def bounce(self) -> None:
+        """The connection drops and comes back at once (its server restarted), as the
+        adapter reports it to whoever listens."""
+        for lost, _ in list(self.connection_listeners):
+            lost()
+        for _, back in list(self.connection_listeners):
+            back()
 
     async def notify(self, subject: str, callback: Callable[[], Awaitable[None] | None]) -> Any:
         return _Unsubscribe(lambda: None)

@@ -162,6 +162,22 @@ async def test_a_standby_takes_over_and_takes_back_what_a_dead_holder_left(
     assert state is not None and state.resets == 1, "taken back by one consumer reset"
 
 
+async def test_a_standby_whose_connection_bounced_can_still_take_over(group: Group) -> None:
+    """A reconnect asks the holder's renewal again at once; a standby has no pin to renew,
+    and doing so lost its lease for good: pinned later, it could not prove the pin, stepped
+    down with the pin's messages unacknowledged, and the member stood still for their 30 s
+    ack wait (local rolling-restart runs, 2026-11-27: gaps of 32 s and 66 s)."""
+    a, b = await group.pinned_pair()
+    assert isinstance(b.js, PinnedJetStream) and isinstance(a.js, PinnedJetStream)
+    await eventually(lambda: group.by(a) == [1], 5, what="a ran #1")
+    b.js.bounce()
+    await asyncio.sleep(TTL)  # the standby's renewal, if any, has come back
+    a.js.crash()
+    await group.offer(2)
+    await eventually(lambda: group.by(b) == [2, 3], 5, what="b to take over and run #2, #3")
+    assert b.reasons == []  # type: ignore[attr-defined]
+
+
 async def test_an_instance_unpinned_by_someone_else_steps_down(group: Group) -> None:
     """An admin unpins the holder (UNPIN API): its next renewal sees the pin moved (or
     gone), it steps down with pin-lost and runs nothing more; the next message pins an
