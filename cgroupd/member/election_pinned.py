@@ -144,6 +144,7 @@ class PinnedElection:
         s = self.m.settings
         seen_under: str | None = None  # the leader under which a holder was last seen
         waiting_since: float | None = None
+        missing_since: float | None = None
         compete = False  # decided: pull until pinned or a holder shows up
         while not pinned.done():
             try:
@@ -154,17 +155,31 @@ class PinnedElection:
                 view = ConsumerInfo.of(info)
                 leader = view.leader or None  # None: not clustered
                 now = self.m._clock()
+                if info is not None:
+                    missing_since = None
                 if info is None:
-                    puller.hush(False)  # gone: the puller's answer tells the member
+                    # "Not found" also comes from a consumer leader elected a moment ago
+                    # (a rolling restart): one pull of ours sent then took the pin from a
+                    # holder being pinned again. Gone for a pinned TTL, it is gone: pull,
+                    # and the puller's answer tells the member.
+                    missing_since = now if missing_since is None else missing_since
+                    if now - missing_since >= s.pinned_ttl and puller.hushed:
+                        self.m._log.info("member consumer not found; pulling to learn more")
+                        puller.hush(False)
                 elif view.pinned_client(PRIORITY_GROUP):
                     seen_under, waiting_since, compete = leader, None, False
                     puller.hush()
+                elif seen_under is not None and leader is None:
+                    pass  # clustered, answered with no leader (an election): as we did
                 elif compete or not (
                         (seen_under is not None and leader not in (None, seen_under))
                         # Never saw a holder, but someone holds messages: one may have
                         # been pinned just before a leader change we did not see.
                         or (seen_under is None and leader is not None
                             and int(view.raw.get("num_ack_pending", 0)) > 0)):
+                    if not compete and seen_under is not None:
+                        self.m._log.info("nobody pinned under the leader that pinned the "
+                                         "holder; competing", leader=leader)
                     seen_under, compete = None, True
                     puller.hush(False)
                 else:

@@ -292,6 +292,31 @@ async def test_a_leader_change_with_nothing_to_deliver_moves_nothing(group: Grou
     assert standby.state is MemberState.STANDBY and getattr(holder, "reasons", []) == []
 
 
+async def test_a_standby_told_not_found_by_a_new_leader_does_not_compete(
+        group: Group) -> None:
+    """A consumer leader elected a moment ago may answer "not found": a standby that
+    took it for a deleted consumer pulled at once, and its request took the pin from the
+    holder waiting to be pinned again (local rolling restart: the member changed owner)."""
+    holder, standby = await group.pinned_pair(offer=2)
+    await eventually(lambda: len(group.ran) == 2, 5, what="#1 and #2 run")
+    await asyncio.sleep(TTL)  # the standby has seen the holder pinned
+    js = standby.js
+    assert isinstance(js, PinnedJetStream)
+    answer = js.consumer_info
+
+    async def not_found(stream: str, name: str) -> dict[str, Any] | None:
+        return None
+
+    js.consumer_info = not_found  # type: ignore[method-assign]
+    group.server.change_leader(WQ, MEMBER, "n1")
+    await asyncio.sleep(TTL / 2)  # the standby polls four times meanwhile
+    js.consumer_info = answer  # type: ignore[method-assign]
+    await group.offer(3)
+    await eventually(lambda: len(group.ran) == 5, 5, what="#3 to #5 run")
+    assert group.by(holder) == [1, 2, 3, 4, 5] and group.by(standby) == []
+    assert holder.active and getattr(holder, "reasons", []) == []
+
+
 @pytest.mark.parametrize("reset_fails", [False, True])
 async def test_deliveries_lost_in_a_leader_change_are_taken_back_in_place(
         group: Group, reset_fails: bool) -> None:
