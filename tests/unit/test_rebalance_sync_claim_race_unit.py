@@ -27,13 +27,14 @@ from cgroupd.core.config import (
     PartitioningFilter,
     group_key,
 )
+from cgroupd.core.naming import HOLDER_KEY
 from cgroupd.core.partitions import partition_filters, sync_filters
 from cgroupd.member import Member
 from cgroupd.member.generation import Generation
 from cgroupd.member.state import StepDown
-from tests.support.fakes import FakeJetStream, FakeServer
+from tests.support.fakes import FakeConsumer, FakeJetStream, FakeServer
 from tests.support.polling import eventually
-from tests.unit.test_election_unit import SETTINGS, handler
+from tests.unit.test_election_unit import SETTINGS, WQ, handler
 
 pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
 
@@ -203,6 +204,35 @@ async def test_a_claim_superseded_after_a_race_lets_the_partition_go(two: Two) -
     now = m2.generation
     assert now is not None and now.partitions == now.target == (1,), now
     assert not two.down, two.down
+
+
+async def test_a_move_superseded_while_waiting_for_a_previous_holder_lets_its_claim_go(
+        two: Two) -> None:
+    """The superseded move's own rule, without a race: m1's claim on partition 2 is
+    accepted, but a consumer that is not a member's (a Spark query's lease) still
+    delivers it, so m1 waits for it to go; meanwhile m1's view catches up (2 is not m1's).
+    On main a080bcb the move ended as superseded with m1's sync consumer still claiming
+    2 (nothing else lets a claim go: the next move starts from the partitions m1
+    consumes), and the member given partition 2 would wait for it in vain. Now the
+    claim goes with the move."""
+    m1, _ = await two.start()
+    two.server.racy_overlap_check = False
+    two.server.consumers[(WQ, "query")] = FakeConsumer(WQ, "query", {
+        "filter_subjects": partition_filters([FREE]), "metadata": {HOLDER_KEY: "q1"}})
+    with capture_logs() as logged:
+        _at_once((m1, (0, FREE)))
+        await eventually(lambda: two.holding(sync_filters([FREE])) == ["m1"], 5,
+                         what="m1's claim on partition 2")
+        await asyncio.sleep(0.3)  # m1 waits for the query's consumer to go
+        gen = m1.generation
+        assert gen is not None and gen.partitions == (0,) and gen.target == (0, FREE), gen
+        assert m1.mode.move_to((0,))
+        await eventually(lambda: two.moved, 5, what="the move to end")
+    assert two.holding(sync_filters([FREE])) == [], "a superseded move kept its claim"
+    assert two.moved == [("m1", (0,))] and not two.down, (two.moved, two.down)
+    gen = m1.generation
+    assert m1.active and gen is not None and gen.partitions == gen.target == (0,), gen
+    assert not [e for e in logged if e["event"] == "rebalance attempt stopped"], logged
 
 
 async def test_an_election_and_a_claim_at_the_same_moment_leave_one_claim(
