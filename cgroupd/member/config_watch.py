@@ -144,8 +144,7 @@ class ConfigWatch:
         if not first and new != current and gen is not None and self.m.active \
                 and self.m.mode.incremental(new):
             # Move only what changes; the partitions we keep never stop (issue 9).
-            gen.target = new
-            gen.retarget.set()
+            self.m.mode.move_to(new)
         elif not first and new != current:
             # ADR Transitioning: everyone drops its consumers, then waits before competing
             # again; the active instance a fixed delay, standbys a little longer (so the

@@ -130,6 +130,20 @@ class ExclusivityMode(ABC):
     def connection_back(self, gen: Generation) -> None:  # noqa: B027
         """Reconnected."""
 
+    def move_to(self, target: tuple[int, ...]) -> bool:
+        """Apply a membership change in place: the active generation moves its partitions
+        to ``target``, run by its rebalance loop (:meth:`rebalance_loop`, one move at a
+        time; a newer target supersedes a move under way). The config watch calls it when
+        :meth:`incremental` allows; ``Member.generation.target`` shows it at once, and
+        ``partitions`` (and ``on_rebalance``) once the move is done. False, changing
+        nothing, while this instance is not active."""
+        gen = self.m._gen
+        if gen is None or not self.m.active:
+            return False
+        gen.target = target
+        gen.retarget.set()
+        return True
+
     async def rebalance_loop(self, gen: Generation) -> None:
         """Apply membership changes in place: release lost partitions once their messages
         are settled, then claim gained ones as soon as their previous owner let go."""

@@ -3,14 +3,23 @@ in-memory server here checks a work queue's filter overlap the way nats-server d
 without excluding a concurrent update, so both claims can be accepted (the server does
 so in 297 of 300 tries: tests/integration/test_workqueue_claim_race.py). A claim must not
 trust the refusal alone. Members m1 and m2 run; m3's partition 2 is free, and both take it
-(their views of the config differ for a moment while it changes)."""
+(their views of the config differ for a moment while it changes).
+
+Driven through the public surface: a membership change is applied in place by the mode's
+``move_to`` (what the config watch calls), the rebalance loop runs the move, and the test
+watches the outcome (``on_rebalance``, ``on_standby``, ``generation``) and the consumers
+on the in-memory server, with the virtual time during which two claims held partition 2.
+A race both claims won shows there as two holders; let go at once (the fix), it lasts no
+virtual time at all; on main a080bcb it lasted until a deadline."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from cgroupd.core.config import (
     ELASTIC_BUCKET,
@@ -18,18 +27,39 @@ from cgroupd.core.config import (
     PartitioningFilter,
     group_key,
 )
+from cgroupd.core.naming import HOLDER_KEY
 from cgroupd.core.partitions import partition_filters, sync_filters
 from cgroupd.member import Member
 from cgroupd.member.generation import Generation
-from cgroupd.member.modes import SyncMode
-from cgroupd.member.rebalance import Rebalance
-from tests.support.fakes import FakeJetStream, FakeServer
+from cgroupd.member.state import StepDown
+from tests.support.fakes import FakeConsumer, FakeJetStream, FakeServer
 from tests.support.polling import eventually
-from tests.unit.test_election_unit import SETTINGS, handler
+from tests.unit.test_election_unit import SETTINGS, WQ, handler
 
 pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
 
 FREE = 2  # m3's partition: m3 never starts
+
+
+class Watched(FakeJetStream):
+    """One member's adapter that tells ``two`` after every consumer change it makes."""
+
+    def __init__(self, two: Two) -> None:
+        super().__init__(two.server)
+        self.two = two
+
+    async def create_consumer(self, stream: str, name: str, config: dict[str, Any],
+                              action: str = "create") -> dict[str, Any]:
+        try:
+            return await super().create_consumer(stream, name, config, action)
+        finally:
+            self.two.note()
+
+    async def delete_consumer(self, stream: str, name: str) -> bool:
+        try:
+            return await super().delete_consumer(stream, name)
+        finally:
+            self.two.note()
 
 
 class Two:
@@ -42,13 +72,28 @@ class Two:
             members=("m1", "m2", "m3"))
         self.server.records[(ELASTIC_BUCKET, group_key("ORDERS", "g"))] = config.to_json()
         self.members: list[Member] = []
+        #: After each consumer change: (virtual time, sync consumers claiming FREE).
+        self.claims: list[tuple[float, list[str]]] = []
+        #: Moves done in place (on_rebalance): (member, its partitions now).
+        self.moved: list[tuple[str, tuple[int, ...]]] = []
+        #: Step-downs (on_standby): (member, reason).
+        self.down: list[tuple[str, str]] = []
+
+    def member(self, name: str) -> Member:
+        def moved(arg: tuple[tuple[int, ...], float]) -> None:
+            self.moved.append((name, arg[0]))
+
+        def down(reason: str) -> None:
+            self.down.append((name, reason))
+
+        m = Member(Watched(self), "ORDERS", "g", name, handler,  # type: ignore[arg-type]
+                   SETTINGS, on_rebalance=moved, on_standby=down)
+        self.members.append(m)
+        return m
 
     async def start(self) -> tuple[Member, Member]:
         for name in ("m1", "m2"):
-            m = Member(FakeJetStream(self.server), "ORDERS", "g", name, handler,  # type: ignore[arg-type]
-                       SETTINGS)
-            await m.start()
-            self.members.append(m)
+            await self.member(name).start()
         m1, m2 = self.members
         await eventually(lambda: m1.active and m2.active, 5, what="m1 and m2 active")
         self.server.racy_overlap_check = True
@@ -58,6 +103,20 @@ class Two:
         """Consumers whose filters include any of ``filters``."""
         return sorted(name for (_, name), c in self.server.consumers.items()
                       if set(c.config.get("filter_subjects") or []) & set(filters))
+
+    def note(self) -> None:
+        self.claims.append((asyncio.get_running_loop().time(),
+                            self.holding(sync_filters([FREE]))))
+
+    def claimed_twice(self) -> bool:
+        """Two sync consumers claimed FREE at once (both claims were accepted)."""
+        return any(len(names) > 1 for _, names in self.claims)
+
+    def claimed_twice_for(self) -> float:
+        """Virtual seconds during which two sync consumers claimed FREE at once."""
+        ends = [t for t, _ in self.claims[1:]] + [asyncio.get_running_loop().time()]
+        return sum(end - t for (t, names), end in zip(self.claims, ends, strict=True)
+                   if len(names) > 1)
 
 
 @pytest.fixture
@@ -69,32 +128,34 @@ async def two() -> AsyncIterator[Two]:
         await asyncio.wait_for(m.stop(), 10)
 
 
-def _moves(m: Member) -> Rebalance:
-    """The sync mode's moves (:class:`cgroupd.member.rebalance.Rebalance`), driven directly."""
-    assert isinstance(m.mode, SyncMode)
-    return m.mode.rebalance
-
-
-def _aim(m: Member, target: tuple[int, ...]) -> None:
-    """What a config change does to the generation, without waking the rebalance loop:
-    the test runs the move itself."""
-    assert m._gen is not None
-    m._gen.target = target
+def _at_once(*moves: tuple[Member, tuple[int, ...]]) -> None:
+    """Membership changes that reach each member in the same instant (their views of the
+    config differ): every rebalance loop wakes in the same step of the event loop, so
+    their claims reach the server together."""
+    for m, target in moves:
+        assert m.mode.move_to(target), f"{m.member} not active"
 
 
 async def test_two_claims_at_the_same_moment_leave_one_holder(two: Two) -> None:
     """Both claims pass the overlap check before either is applied. On main a080bcb both
-    are accepted and both members' sync consumers claim partition 2; now the claim is
-    checked after it is accepted, and whoever sees the other lets go: one holder."""
+    are accepted and both members' sync consumers claim partition 2 (each move then waits
+    for the other's claim to go, until its deadline); now the claim is checked after it is
+    accepted, and whoever sees the other lets go at once: one holder, which moves."""
     m1, m2 = await two.start()
-    _aim(m1, (0, FREE))
-    _aim(m2, (1, FREE))
-    assert m1._gen is not None and m2._gen is not None
-    results = await asyncio.gather(_moves(m1)._claim(m1._gen, (0, FREE), (FREE,)),
-                                   _moves(m2)._claim(m2._gen, (1, FREE), (FREE,)),
-                                   return_exceptions=True)
-    assert two.holding(sync_filters([FREE])) in (["m1"], ["m2"]), results
-    assert sorted(r is True for r in results) == [False, True], results
+    with capture_logs() as logged:
+        _at_once((m1, (0, FREE)), (m2, (1, FREE)))
+        await eventually(lambda: two.moved, 5, what="a move done")
+        winner, partitions = two.moved[0]
+        loser = m2 if winner == "m1" else m1
+        # The other's claim is refused from now on, until its deadline: it rejoins.
+        await eventually(lambda: two.down, 5, what="the other's move given up")
+    assert two.claimed_twice(), "the claims did not race (test setup)"
+    assert two.claimed_twice_for() == 0, two.claims
+    assert FREE in partitions and two.moved == [(winner, partitions)], two.moved
+    assert two.down == [(loser.member, StepDown.CONFIG_CHANGED.value)], two.down
+    assert two.holding(sync_filters([FREE])) == [winner]
+    contested = [e for e in logged if e["event"].startswith("claim contested")]
+    assert contested and all(e["member"] == loser.member for e in contested), contested
 
 
 async def test_two_moves_that_keep_nothing_leave_one_claim_and_one_consumer(
@@ -107,14 +168,18 @@ async def test_two_moves_that_keep_nothing_leave_one_claim_and_one_consumer(
     partition 2 (exclusivity holds), but the other keeps claiming 2 while it retries its
     create for the whole data-consumer deadline. Now one claim, one consumer."""
     m1, m2 = await two.start()
-    _aim(m1, (FREE,))
-    _aim(m2, (FREE,))
-    assert m1._gen is not None and m2._gen is not None
-    results = await asyncio.gather(m1.mode.move(m1._gen, (FREE,)),
-                                   m2.mode.move(m2._gen, (FREE,)),
-                                   return_exceptions=True)
-    assert len(two.holding(partition_filters([FREE]))) == 1, results
-    assert len(two.holding(sync_filters([FREE]))) == 1, results
+    _at_once((m1, (FREE,)), (m2, (FREE,)))
+    await eventually(lambda: two.moved, 5, what="a move done")
+    winner, partitions = two.moved[0]
+    await eventually(lambda: two.down, 5, what="the other's move given up")
+    assert two.claimed_twice(), "the claims did not race (test setup)"
+    assert two.claimed_twice_for() == 0, two.claims
+    assert partitions == (FREE,) and two.moved == [(winner, (FREE,))], two.moved
+    assert two.holding(sync_filters([FREE])) == [winner]
+    consumers = two.holding(partition_filters([FREE]))
+    assert len(consumers) == 1, consumers
+    winning = m1 if winner == "m1" else m2
+    assert winning.generation is not None and list(winning.generation.consumers) == consumers
 
 
 async def test_a_claim_superseded_after_a_race_lets_the_partition_go(two: Two) -> None:
@@ -126,20 +191,48 @@ async def test_a_claim_superseded_after_a_race_lets_the_partition_go(two: Two) -
     next member given partition 2 waits for it in vain. Now m1 consumes 2, and only m1's
     sync consumer claims it."""
     m1, m2 = await two.start()
-    _aim(m1, (0, FREE))
-    _aim(m2, (1, FREE))
-    assert m1._gen is not None and m2._gen is not None
-    moves = [asyncio.create_task(m1.mode.move(m1._gen, (0, FREE))),
-             asyncio.create_task(m2.mode.move(m2._gen, (1, FREE)))]
+    _at_once((m1, (0, FREE)), (m2, (1, FREE)))
     await asyncio.sleep(0.2)  # both claims made (or one retrying); then m2 learns
-    _aim(m2, (1,))
-    results = await asyncio.gather(*moves, return_exceptions=True)
-    assert results[0] is True, results
+    assert m2.mode.move_to((1,))
+    await eventually(lambda: (g := m1.generation) is not None and g.partitions == (0, FREE),
+                     5, what="m1 consuming partition 2")
+    assert two.claimed_twice(), "the claims did not race (test setup)"
     gen = m1.generation
-    assert gen is not None
-    assert two.holding(partition_filters([FREE])) == list(gen.consumers), results
-    assert two.holding(sync_filters([FREE])) == ["m1"], results
-    assert gen.partitions == (0, FREE)
+    assert gen is not None and not gen.ended
+    assert two.holding(partition_filters([FREE])) == list(gen.consumers)
+    assert two.holding(sync_filters([FREE])) == ["m1"]
+    now = m2.generation
+    assert now is not None and now.partitions == now.target == (1,), now
+    assert not two.down, two.down
+
+
+async def test_a_move_superseded_while_waiting_for_a_previous_holder_lets_its_claim_go(
+        two: Two) -> None:
+    """The superseded move's own rule, without a race: m1's claim on partition 2 is
+    accepted, but a consumer that is not a member's (a Spark query's lease) still
+    delivers it, so m1 waits for it to go; meanwhile m1's view catches up (2 is not m1's).
+    On main a080bcb the move ended as superseded with m1's sync consumer still claiming
+    2 (nothing else lets a claim go: the next move starts from the partitions m1
+    consumes), and the member given partition 2 would wait for it in vain. Now the
+    claim goes with the move."""
+    m1, _ = await two.start()
+    two.server.racy_overlap_check = False
+    two.server.consumers[(WQ, "query")] = FakeConsumer(WQ, "query", {
+        "filter_subjects": partition_filters([FREE]), "metadata": {HOLDER_KEY: "q1"}})
+    with capture_logs() as logged:
+        _at_once((m1, (0, FREE)))
+        await eventually(lambda: two.holding(sync_filters([FREE])) == ["m1"], 5,
+                         what="m1's claim on partition 2")
+        await asyncio.sleep(0.3)  # m1 waits for the query's consumer to go
+        gen = m1.generation
+        assert gen is not None and gen.partitions == (0,) and gen.target == (0, FREE), gen
+        assert m1.mode.move_to((0,))
+        await eventually(lambda: two.moved, 5, what="the move to end")
+    assert two.holding(sync_filters([FREE])) == [], "a superseded move kept its claim"
+    assert two.moved == [("m1", (0,))] and not two.down, (two.moved, two.down)
+    gen = m1.generation
+    assert m1.active and gen is not None and gen.partitions == gen.target == (0,), gen
+    assert not [e for e in logged if e["event"] == "rebalance attempt stopped"], logged
 
 
 async def test_an_election_and_a_claim_at_the_same_moment_leave_one_claim(
@@ -148,21 +241,25 @@ async def test_an_election_and_a_claim_at_the_same_moment_leave_one_claim(
     partitions by filter overlap, and races another member's claim widened in place (an
     update): a full rejoin after a config change, while another member's view still gives
     it the same partition. x1 (outside the config, so idle) is made to elect for
-    partition 2 while m1 claims it. On main a080bcb both claims are accepted. Now one
-    stays, and at most one data consumer delivers partition 2."""
+    partition 2 (its mode's ``acquire``) while m1 claims it. On main a080bcb both claims
+    are accepted. Now one stays, and at most one data consumer delivers partition 2."""
     m1, _ = await two.start()
-    x1 = Member(FakeJetStream(two.server), "ORDERS", "g", "x1", handler,  # type: ignore[arg-type]
-                SETTINGS)
+    x1 = two.member("x1")
     await x1.start()
-    two.members.append(x1)
-    _aim(m1, (0, FREE))
-    assert m1._gen is not None
-    claimed, gen = await asyncio.gather(_moves(m1)._claim(m1._gen, (0, FREE), (FREE,)),
-                                        x1.mode.acquire((FREE,)), return_exceptions=True)
+    _at_once((m1, (0, FREE)))
+    await asyncio.sleep(0)  # m1's claim is on its way: checked, not yet applied
+    gen = await x1.mode.acquire((FREE,))
     try:
-        assert len(two.holding(sync_filters([FREE]))) == 1, (claimed, gen)
-        assert len(two.holding(partition_filters([FREE]))) <= 1, (claimed, gen)
-        assert (claimed is True) != isinstance(gen, Generation), (claimed, gen)
+        # m1 moves, or gives up once its claim is refused until its deadline.
+        await eventually(lambda: two.moved or two.down, 5, what="m1's move done or given up")
+        assert two.claimed_twice(), "the claims did not race (test setup)"
+        assert two.claimed_twice_for() == 0, two.claims
+        assert len(two.holding(sync_filters([FREE]))) == 1, (two.moved, gen)
+        assert len(two.holding(partition_filters([FREE]))) <= 1, (two.moved, gen)
+        m1_moved = two.moved == [("m1", (0, FREE))]
+        assert m1_moved != isinstance(gen, Generation), (two.moved, two.down, gen)
     finally:
         if isinstance(gen, Generation):
-            await x1._releaser.release(gen)
+            # Never run by x1's supervisor: released here, as a step-down would.
+            gen.end(StepDown.STOPPING)
+            await x1.mode.release(gen, asyncio.get_running_loop().time())

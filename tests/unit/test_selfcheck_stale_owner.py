@@ -21,7 +21,6 @@ from structlog.testing import capture_logs
 
 from cgroupd.core.naming import INSTANCE_KEY
 from cgroupd.member import Member, MemberState
-from cgroupd.member.modes import SyncMode
 from cgroupd.member.state import StepDown
 from tests.support.fakes import FakeJetStream, FakeMsg, FakeServer, data_puller, status
 from tests.support.polling import eventually
@@ -30,11 +29,16 @@ from tests.unit.test_election_unit import SETTINGS, WQ, Group, handler
 pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
 
 
-def _answer(info: dict[str, Any], owner: str, heard_ago: float) -> dict[str, Any]:
+def _answer(info: dict[str, Any], owner: str, heard_ago: float,
+            metadata: dict[str, str] | None = None) -> dict[str, Any]:
     """``info`` as a leader that last heard both other replicas ``heard_ago`` s ago, naming
-    ``owner`` in the metadata."""
+    ``owner`` in the metadata (all of it ``metadata`` when given: the claim it still has
+    from before, another process's token and all)."""
     answer = copy.deepcopy(info)
-    answer.setdefault("config", {}).setdefault("metadata", {})[INSTANCE_KEY] = owner
+    config = answer.setdefault("config", {})
+    if metadata is not None:
+        config["metadata"] = dict(metadata)
+    config.setdefault("metadata", {})[INSTANCE_KEY] = owner
     answer["cluster"] = {"leader": "n2", "replicas": [
         {"name": n, "current": True, "active": int(heard_ago * 1e9)} for n in ("n0", "n1")]}
     return answer
@@ -47,6 +51,8 @@ class HealingJetStream(FakeJetStream):
         super().__init__(server)
         self.sync = sync
         self.answer_as: tuple[str, float] | None = None
+        #: The whole metadata such an answer shows (None: the consumer's own).
+        self.remembered: dict[str, str] | None = None
         #: How many times the sync consumer's info was answered (each self-check asks).
         self.answered = 0
 
@@ -55,7 +61,7 @@ class HealingJetStream(FakeJetStream):
         if info is None or name != self.sync or self.answer_as is None:
             return info
         self.answered += 1
-        return _answer(info, *self.answer_as)
+        return _answer(info, *self.answer_as, metadata=self.remembered)
 
     async def checks(self, n: int) -> None:
         """Wait until ``n`` more self-checks got the answer set now."""
@@ -116,19 +122,62 @@ async def test_a_fresh_answer_naming_another_owner_ends_the_generation(group: Gr
     assert "(a)" in down[0]["detail"], down
 
 
-async def test_a_stale_answer_naming_us_deletes_no_sync_consumer(group: Group) -> None:
+@pytest.mark.parametrize(("heard_ago", "deleted"), [(15.0, False), (0.05, True)],
+                         ids=["stale", "fresh"])
+async def test_a_stale_answer_naming_us_deletes_no_sync_consumer_when_releasing(
+        group: Group, heard_ago: float, deleted: bool) -> None:
     """The old owner after the heal: the cut-off node still names it the holder (with its
-    token). Reading that as "ours, left over" (standing by) or as "still ours" (releasing)
-    would delete the sync consumer by name: the new owner's."""
+    token). Reading that as "still ours" while releasing (stop()) would delete the sync
+    consumer by name: the new owner's. Only a server in touch with its cluster is believed
+    (``fresh``: the same answer from one deletes our claim, as every release does)."""
     m, js = await _active(group)
     key = (WQ, m.sync_consumer)
-    js.answer_as = (m.instance_id, 15.0)
-    assert await m._sync_is_ours() is False
-    assert isinstance(m.mode, SyncMode)
-    await m.mode.election._learn_owner()
-    assert key in group.server.consumers, "deleted on a stale answer"
-    js.answer_as = (m.instance_id, 0.05)
-    assert await m._sync_is_ours() is True
+    js.answer_as = (m.instance_id, heard_ago)
+    await m.stop()
+    assert m.state is MemberState.STOPPED
+    assert (key not in group.server.consumers) is deleted, (
+        "deleted on a stale answer" if not deleted else "a fresh answer naming us not believed")
+    # (Its data consumer went either way: that one is only ever ours.)
+    assert not [c for (s, c) in group.server.consumers if s == WQ and c != m.sync_consumer]
+
+
+@pytest.mark.parametrize(("heard_ago", "deleted"), [(15.0, False), (0.05, True)],
+                         ids=["stale", "fresh"])
+async def test_a_stale_answer_naming_us_deletes_no_sync_consumer_when_standing_by(
+        group: Group, heard_ago: float, deleted: bool) -> None:
+    """The old owner after the heal, now a standby: its create is refused (the claim of
+    that name is the new owner's), and it reads who holds the claim. The cut-off node
+    answers with the claim it had before the cut: ours, with our token. Reading that as
+    "ours, left over from an earlier period" would delete the new owner's claim. Only a
+    server in touch with its cluster is believed (``fresh``: the same answer from one is
+    a claim we really left behind, and it goes)."""
+    b, js = await _active(group)  # the old owner, instance b
+    remembered = dict(group.server.consumers[(WQ, b.sync_consumer)].config["metadata"])
+    a = await group.start("a")  # the new owner
+    assert a.state is MemberState.STANDBY
+
+    def healed(reason: str) -> None:
+        # From b's step-down on, b hears of the claim only from the node that was cut
+        # off, which still has b's claim.
+        js.answer_as, js.remembered = (b.instance_id, heard_ago), remembered
+
+    b.on_standby = healed
+    # The cut: b's claim goes, a takes it; b's pull on it is told so.
+    assert isinstance(a.js, FakeJetStream)
+    await a.js.delete_consumer(WQ, b.sync_consumer)
+    await _claim_told_deleted(b)
+    await eventually(lambda: a.active and b.state is MemberState.STANDBY, 5,
+                     what="a active, b standing by")
+    with capture_logs() as logged:
+        if deleted:
+            await eventually(lambda: group.holder() != "a", 5, what="a's claim deleted")
+            return
+        await js.checks(3)  # b read the holder three times (each attempt, refused)
+    assert group.holder() == "a", "deleted on a stale answer"
+    assert a.active and a.generation is not None and not a.generation.ended
+    ignored = [e for e in logged
+               if e["event"].startswith("sync consumer's holder read from a server out")]
+    assert ignored and ignored[0]["holder"] == b.instance_id, logged
 
 
 async def test_release_waits_until_the_stream_removed_what_we_acked(group: Group) -> None:

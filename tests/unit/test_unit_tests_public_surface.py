@@ -18,13 +18,10 @@ import pytest
 
 UNIT = Path(__file__).resolve().parent
 
-#: Private steps some tests still drive directly (one step of the state machine set up in
-#: a state the public surface cannot reach in time). Each is to be replaced by a scenario
-#: once the mode objects of issue 26 give these steps a public home. Never add to it.
-STILL_PRIVATE: dict[str, set[str]] = {
-    "test_rebalance_sync_claim_race_unit.py": {"_gen", "_claim", "_releaser"},
-    "test_selfcheck_stale_owner.py": {"_sync_is_ours", "_learn_owner"},
-}
+#: Private steps a test still drives directly, by module. Empty since issue 26: the last
+#: ones (a claim race, a stale holder) became scenarios driven through the mode's public
+#: ``move_to``/``acquire``/``release``, ``stop()`` and the callbacks. Never add to it.
+STILL_PRIVATE: dict[str, set[str]] = {}
 
 def _uses_fakes(tree: ast.Module) -> bool:
     for node in ast.walk(tree):
