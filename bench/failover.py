@@ -304,7 +304,8 @@ async def cgroupd_parts(url: str, nc: Client, js: JetStream, tmp: Path, parts: s
 
 def pool(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One result from the rounds of one side: every trial's time pooled (each summary
-    taken again over all of them), counts summed, the longest gap the longest."""
+    taken again over all of them, with each round's p50 in ``p50_s_rounds``), counts
+    summed, the longest gap the longest."""
     pooled: dict[str, Any] = _pool(runs, "")
     return pooled
 
@@ -315,8 +316,9 @@ def _pool(values: list[Any], key: str) -> Any:
         return first
     if isinstance(first, dict):
         out: dict[str, Any] = {}
-        if "trials_s" in first:
+        if "trials_s" in first:  # and each round's p50, to see the noise between rounds
             out |= summary([t for v in values for t in v["trials_s"]])
+            out["p50_s_rounds"] = [v.get("p50_s") for v in values]
         for name in first:
             if name not in out:
                 out[name] = _pool([v[name] for v in values], name)

@@ -90,6 +90,7 @@ async def test_failover_runs_a_baseline_beside(tmp_path: Path) -> None:
     assert result["cgroupd_files"] == ours and result[f"cgroupd_files@{short}"] == theirs
     for suffix in ("", f"@{short}"):
         assert len(result[f"sigkill{suffix}"]["trials_s"]) == 2, result
+        assert len(result[f"sigkill{suffix}"]["p50_s_rounds"]) == 2, result
         checks = result[f"cgroupd_checks{suffix}"]
         assert checks["lost"] == 0 and checks["order_violations"] == 0, checks
     assert result["sigkill"]["x_baseline"]["p50_s"] > 0

@@ -288,6 +288,7 @@ def test_failover_rounds_pool_trials_and_the_baseline_ratio() -> None:
     assert pooled["sigkill"]["trials_s"] == [0.2, 0.4, 0.3]
     assert pooled["sigkill"]["p50_s"] == 0.3 and pooled["sigkill"]["max_s"] == 0.4
     assert pooled["sigkill"]["what"] == "kill"
+    assert pooled["sigkill"]["p50_s_rounds"] == [0.4, 0.3]  # nearest rank: the upper of two
     assert pooled["sigkill"]["from_last_processed"]["trials_s"] == [0.2, 0.4, 0.3]
     assert pooled["stall"]["sigstop"] == {"trials": 2, "stall_s": 2.0, "takeovers": 0,
                                           "longest_gap_s": 0.9}
