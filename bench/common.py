@@ -24,6 +24,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import api
 
+from bench import revision
 from cgroupd import admin
 from cgroupd.core.config import ElasticGroupConfig, GroupConfig, PartitioningFilter
 from cgroupd.core.partitions import moved_partitions, owners
@@ -113,15 +114,25 @@ class Members:
     active", "stepped down") can be read without a metrics server; ``metrics=False`` runs
     the processes as a user would with defaults (no HTTP server). With ``records`` a
     directory, each process gets a record file of its own there (``BENCH_RECORD``).
+    With ``code`` a directory holding a ``cgroupd/`` package (another revision, or the
+    current tree), the processes import ``cgroupd`` from there (:mod:`bench.revision`)
+    and :meth:`imported` says which file they imported; it needs ``logs`` or ``records``
+    (where each process writes that).
     """
 
     def __init__(self, url: str, stream: str, group: str, handler: str = "bench.handlers:ack",
                  extra: tuple[str, ...] = (), record: Path | None = None, *,
                  records: Path | None = None, logs: Path | None = None,
-                 metrics: bool = True, env: dict[str, str] | None = None) -> None:
+                 metrics: bool = True, env: dict[str, str] | None = None,
+                 code: Path | None = None) -> None:
         self.url, self.stream, self.group = url, stream, group
         self.handler, self.extra, self.record = handler, extra, record
         self.records, self.logs, self.metrics, self.env = records, logs, metrics, env or {}
+        if code is not None and logs is None and records is None:
+            raise ValueError("Members(code=...) needs logs or records: where each process "
+                             "says which cgroupd it imported")
+        self.code = code
+        self.markers: dict[int, Path] = {}
         self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.ports: dict[int, int] = {}
         self.log_paths: dict[int, Path] = {}
@@ -129,15 +140,28 @@ class Members:
         self._files: list[Any] = []
 
     def start(self, member: str, *extra: str, netns: str | None = None,
-              launcher: Sequence[str] = ("-m", "cgroupd")) -> subprocess.Popen[bytes]:
+              launcher: Sequence[str] | None = None) -> subprocess.Popen[bytes]:
         """Start one instance of ``member`` (inside network namespace ``netns`` if given;
         ``ip netns exec`` execs in place, so the pid is the member process itself).
-        ``launcher``: what runs the cgroupd command line (e.g. ``bench.cprofiled``)."""
+        ``launcher``: what runs the cgroupd command line (e.g. ``bench.cprofiled``;
+        by default ``-m cgroupd``, or :mod:`bench.revision` with ``code``)."""
         env = dict(os.environ, PYTHONPATH=str(ROOT), **self.env)
         env.pop("CGROUPD_LOG_LEVEL", None)
         if self.logs is None:
             env["CGROUPD_LOG_LEVEL"] = "warning"
         label = f"{member}-{len(self.procs)}"
+        marker = None
+        if self.code is not None:
+            if launcher is not None:
+                raise ValueError("Members(code=...) runs its own launcher (bench.revision)")
+            launcher = revision.launcher(self.code)
+            where = self.logs if self.logs is not None else self.records
+            assert where is not None
+            where.mkdir(parents=True, exist_ok=True)
+            marker = where / f"{label}.cgroupd"
+            env[revision.MARKER_ENV] = str(marker)
+        if launcher is None:
+            launcher = ("-m", "cgroupd")
         if self.record is not None:
             env["BENCH_RECORD"] = str(self.record)
         if self.records is not None:
@@ -168,7 +192,20 @@ class Members:
             self.log_paths[proc.pid] = log
         if self.records is not None:
             self.record_paths[proc.pid] = self.records / f"{label}.jsonl"
+        if marker is not None:
+            self.markers[proc.pid] = marker
         return proc
+
+    def imported(self) -> list[str]:
+        """The ``cgroupd/__init__.py`` files the processes started with ``code`` imported
+        (each distinct one once; a process that has not got that far yet adds none)."""
+        found = set()
+        for marker in self.markers.values():
+            with contextlib.suppress(FileNotFoundError):
+                text = marker.read_text().strip()
+                if text:
+                    found.add(text)
+        return sorted(found)
 
     def alive(self) -> list[subprocess.Popen[bytes]]:
         return [proc for _, proc in self.procs if proc.poll() is None]

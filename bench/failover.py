@@ -28,7 +28,16 @@ includes everything the new owner needs before it delivers. Parts:
   starts by the old owner after the standby took over, in the ``--observe`` seconds after
   the stall.
 
-Run: ``python -m bench.failover [--trials 20] [--rate 200] [--parts sigkill,peer]``.
+With ``--baseline PATH`` (a directory holding another revision's ``cgroupd/``: see
+:mod:`bench.revision`), the cgroupd parts (``sigkill``, ``sigterm``, ``stall``) run twice
+in the same run, one after the other on a fresh stream each: once with PATH's ``cgroupd``
+(reported as ``sigkill@REV`` etc., REV its short hash) and once with the current tree's,
+both launched through :mod:`bench.revision`; ``x_baseline`` in ``sigkill`` and ``sigterm``
+divides the baseline's times by ours (above 1: we are faster). With ``--rounds N`` each
+side runs N times, alternating which goes first, and its trials are pooled.
+
+Run: ``python -m bench.failover [--trials 20] [--rate 200] [--parts sigkill,peer]
+[--baseline PATH [--rounds 2]]``.
 """
 
 from __future__ import annotations
@@ -50,7 +59,9 @@ import nats
 from nats.aio.client import Client
 from nats.js import api
 
+from bench import revision
 from bench.common import (
+    ROOT,
     KeyedTraffic,
     Members,
     Records,
@@ -251,15 +262,19 @@ def judge_stall(records: Records, old: str, new: str, begin: float,
 
 async def cgroupd_parts(url: str, nc: Client, js: JetStream, tmp: Path, parts: set[str],
                         trials: int, rate: float, stall: float, stall_trials: int,
-                        settle: float, observe: float) -> dict[str, Any]:
+                        settle: float, observe: float, stream: str = "BENCH",
+                        code: Path | None = None) -> dict[str, Any]:
+    """The cgroupd parts on a fresh ``stream``, deleted afterwards; with ``code`` the
+    processes import ``cgroupd`` from there (:mod:`bench.revision`), and
+    ``cgroupd_files`` says what they imported."""
     result: dict[str, Any] = {}
-    await group(js, "BENCH")
-    traffic = await KeyedTraffic(url, "bench", rate).start()
+    await group(js, stream)
+    traffic = await KeyedTraffic(url, stream.lower(), rate).start()
     records = Records(tmp / "records")
-    (tmp / "hold").mkdir()
-    with Members(url, "BENCH", "g", handler="bench.handlers:events", records=tmp / "records",
+    (tmp / "hold").mkdir(parents=True)
+    with Members(url, stream, "g", handler="bench.handlers:events", records=tmp / "records",
                  logs=tmp / "logs", metrics=False,
-                 env={"BENCH_HOLD_DIR": str(tmp / "hold")}) as procs:
+                 env={"BENCH_HOLD_DIR": str(tmp / "hold")}, code=code) as procs:
         pair = Pair(procs, records)
         procs.start("m1")
         await wait_for(lambda: records.poll() is not None and records.ends(), 60, 0.05,
@@ -280,7 +295,55 @@ async def cgroupd_parts(url: str, nc: Client, js: JetStream, tmp: Path, parts: s
     result["cgroupd_checks"] = {"published": len(sent), "lost": len(verdict.lost),
                                 "order_violations": len(verdict.order_violations),
                                 "duplicates": verdict.duplicates}
+    if code is not None:
+        result["cgroupd_files"] = procs.imported()
+    await admin.delete_group(js, stream, "g")
+    await js.delete_stream(stream)
     return result
+
+
+def pool(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from the rounds of one side: every trial's time pooled (each summary
+    taken again over all of them, with each round's p50 in ``p50_s_rounds``), counts
+    summed, the longest gap the longest."""
+    pooled: dict[str, Any] = _pool(runs, "")
+    return pooled
+
+
+def _pool(values: list[Any], key: str) -> Any:
+    first = values[0]
+    if len(values) == 1:
+        return first
+    if isinstance(first, dict):
+        out: dict[str, Any] = {}
+        if "trials_s" in first:  # and each round's p50, to see the noise between rounds
+            out |= summary([t for v in values for t in v["trials_s"]])
+            out["p50_s_rounds"] = [v.get("p50_s") for v in values]
+        for name in first:
+            if name not in out:
+                out[name] = _pool([v[name] for v in values], name)
+        return out
+    if isinstance(first, list):  # cgroupd_files
+        return sorted({item for v in values for item in v})
+    if isinstance(first, bool) or not isinstance(first, int | float):
+        return first
+    if key == "longest_gap_s":
+        return max(values)
+    return first if key == "stall_s" else sum(values)
+
+
+def add_x_baseline(result: dict[str, Any], rev: str) -> dict[str, Any]:
+    """The baseline's times over ours (p50 and p99) in ``sigkill`` and ``sigterm``,
+    where both sides ran; what was added, by part."""
+    added: dict[str, Any] = {}
+    for part in ("sigkill", "sigterm"):
+        mine, base = result.get(part), result.get(f"{part}@{rev}")
+        if not isinstance(mine, dict) or not isinstance(base, dict):
+            continue
+        mine["x_baseline"] = added[part] = {
+            q: round(base[q] / mine[q], 2) if base.get(q) and mine.get(q) else None
+            for q in ("p50_s", "p99_s")}
+    return added
 
 
 # -- the peer --------------------------------------------------------------------------
@@ -495,19 +558,40 @@ async def _netns_trials(ns: VethNamespace, procs: Members, isolated: subprocess.
 async def main(parts: set[str], trials: int = 20, peer_trials: int = 20, rate: float = 200,
                stall: float = 2.0, stall_trials: int = 5, netns_trials: int = 5,
                cuts: tuple[float, ...] = (0.5, 5.0), settle: float = 1.0,
-               observe: float = 5.0, workdir: Path | None = None) -> dict[str, Any]:
+               observe: float = 5.0, workdir: Path | None = None,
+               baseline: Path | None = None, rounds: int = 1) -> dict[str, Any]:
     result: dict[str, Any] = {
         "benchmark": "failover", "machine": machine(),
         "setup": {"members": 1, "instances": 2, "partitions": PARTITIONS, "rate": rate,
-                  "trials": trials, "settle_s": settle, "cgroupd_options": "defaults"}}
+                  "trials": trials, "settle_s": settle, "cgroupd_options": "defaults",
+                  "rounds": rounds}}
+    # (suffix of the result's keys, where cgroupd comes from): None is `-m cgroupd`.
+    sides: list[tuple[str, Path | None]] = [("", None)]
+    rev = ""
+    if baseline is not None:
+        path = revision.check(baseline)
+        rev = revision.name(path)
+        sides = [(f"@{rev}", path), ("", ROOT)]
+        result["baseline"] = {"path": str(path), "revision": rev}
     with server() as srv, tempfile.TemporaryDirectory(prefix="bench-failover-") as scratch:
         tmp = str(workdir or scratch)
         nc = await nats.connect(servers=[srv.url], **client_options())
         js = JetStream(nc, timeout=10)
         try:
             if parts & {"sigkill", "sigterm", "stall"}:
-                result |= await cgroupd_parts(srv.url, nc, js, Path(tmp), parts, trials, rate,
-                                              stall, stall_trials, settle, observe)
+                runs: dict[str, list[dict[str, Any]]] = {suffix: [] for suffix, _ in sides}
+                for turn in range(rounds):
+                    for suffix, code in sides if turn % 2 == 0 else sides[::-1]:
+                        index = sum(map(len, runs.values()))
+                        where = Path(tmp) if rounds * len(sides) == 1 else \
+                            Path(tmp) / f"cgroupd{suffix}-{turn}"
+                        runs[suffix].append(await cgroupd_parts(
+                            srv.url, nc, js, where, parts, trials, rate, stall, stall_trials,
+                            settle, observe, f"BENCH{index or ''}", code))
+                for suffix, done in runs.items():
+                    result |= {f"{key}{suffix}": value for key, value in pool(done).items()}
+                if baseline is not None:
+                    result["baseline"]["x_baseline"] = add_x_baseline(result, rev)
             for part, stop in (("peer", False), ("peer_stop", True)):
                 if part not in parts:
                     continue
@@ -584,14 +668,27 @@ if __name__ == "__main__":
                         help="seconds a fresh standby stands by before a fault")
     parser.add_argument("--observe", type=float, default=5.0,
                         help="seconds watched after a stall ends")
+    parser.add_argument("--baseline", type=Path, default=None, metavar="PATH",
+                        help="run the cgroupd parts also with the cgroupd/ package in PATH "
+                             "(another revision: python -m bench.revision checkout REV PATH)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the cgroupd parts of each side this many times, "
+                             "alternating; trials pooled")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep the records and logs here (an empty directory) to see "
                              "where a slow trial's time went")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    if args.baseline is not None:
+        try:
+            revision.check(args.baseline)
+        except ValueError as exc:
+            parser.error(str(exc))
     if args.workdir is not None:
         args.workdir.mkdir(parents=True, exist_ok=True)
     emit(asyncio.run(main(set(args.parts.split(",")), args.trials,
                           args.trials if args.peer_trials is None else args.peer_trials,
                           args.rate, args.stall, args.stall_trials, args.netns_trials,
                           tuple(float(c) for c in args.cuts.split(",")), args.settle,
-                          args.observe, args.workdir)))
+                          args.observe, args.workdir, args.baseline, args.rounds)))

@@ -73,7 +73,25 @@ def throughput(result: dict[str, Any]) -> Iterator[str]:
                f"{_n(row.get('server_cpu_us_per_msg'), 1)} | "
                f"{_n(row.get('x_peer_by_cpu'), 2)} | {_n(row.get('lost'))} / "
                f"{_n(row.get('order_violations'))} / {_n(row.get('duplicates'))} |")
+    yield from throughput_baseline(result)
     yield from targets(result)
+
+
+def throughput_baseline(result: dict[str, Any]) -> Iterator[str]:
+    """Each row against its twin on the baseline revision (``--baseline``)."""
+    base = result.get("baseline")
+    if not isinstance(base, dict):
+        return
+    yield ""
+    yield (f"| row | against `{base.get('revision')}`: x msg/s | x by CPU | "
+           "x msg/s of each round |")
+    yield "|---|---|---|---|"
+    for name in base.get("rows", {}):
+        row = result.get("rows", {}).get(name, {})
+        rounds = row.get("x_baseline_rounds")
+        yield (f"| `{name}` | {_n(row.get('x_baseline'), 2)} | "
+               f"{_n(row.get('x_baseline_by_cpu'), 2)} | "
+               f"{', '.join(_n(x, 2) for x in rounds) if rounds else '-'} |")
 
 
 def failover(result: dict[str, Any]) -> Iterator[str]:
@@ -83,10 +101,16 @@ def failover(result: dict[str, Any]) -> Iterator[str]:
     yield ""
     yield "| fault | p50 s | p99 s | max s |"
     yield "|---|---|---|---|"
-    rows = (("kill -9 of the active instance", ("sigkill",)),
-            ("SIGTERM handover", ("sigterm",)),
-            ("SIGTERM right after a failover", ("sigterm", "right_after_failover")),
-            ("peer: kill -9 of the processing instance", ("peer",)))
+    rows: tuple[tuple[str, tuple[str, ...]], ...] = (
+        ("kill -9 of the active instance", ("sigkill",)),
+        ("SIGTERM handover", ("sigterm",)),
+        ("SIGTERM right after a failover", ("sigterm", "right_after_failover")),
+        ("peer: kill -9 of the processing instance", ("peer",)))
+    rev = _get(result, "baseline", "revision")
+    if rev:  # --baseline: the same parts on that revision, each under its own
+        rows = tuple(row for label, path in rows[:3] for row in (
+            (label, path), (f"{label}, on `{rev}`", (f"{path[0]}@{rev}", *path[1:])))
+        ) + rows[3:]
     for label, path in rows:
         part = _get(result, *path)
         if isinstance(part, dict) and "p50_s" in part:

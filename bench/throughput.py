@@ -37,14 +37,22 @@ With ``--rounds N`` the rows run N times round-robin and each reports its median
 on one round of every row rather than on one row; ``--row NAME=ARGS`` adds a
 ``cgroupd join`` row with other options (to measure a proposed default).
 
+With ``--baseline PATH`` (a directory holding another revision's ``cgroupd/``: see
+:mod:`bench.revision`), every ``cgroupd join`` row gets a twin ``NAME@REV`` whose
+processes import ``cgroupd`` from PATH (REV: its short hash), run right next to it in
+each round (which goes first alternates); the row's ``x_baseline`` is its msg/s over the
+twin's and ``x_baseline_by_cpu`` the twin's CPU per message (its processes' and the
+server's) over the row's; both sides record the ``cgroupd_files`` they imported.
+
 Run: ``python -m bench.throughput [--messages 20000] [--rows key,peer,raw] [--no-peer]
-[--rounds 3] [--row 'p32=--ordering partition --max-in-flight 32']``.
+[--rounds 3] [--row 'p32=--ordering partition --max-in-flight 32'] [--baseline PATH]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import shlex
 import statistics
 import subprocess
@@ -58,6 +66,7 @@ from typing import Any
 from nats.aio.client import Client
 from nats.js import api
 
+from bench import revision
 from bench.common import (
     ROOT,
     CpuMeter,
@@ -89,6 +98,8 @@ class Row:
     kind: str  # "cgroupd", "peer" or "raw"
     what: str
     args: tuple[str, ...] = ()
+    #: Where its ``cgroupd`` comes from (:mod:`bench.revision`); None: ``-m cgroupd``.
+    code: Path | None = None
 
 
 ROWS = (
@@ -175,11 +186,13 @@ async def cgroupd_row(srv: NatsServer, nc: Client, js: JetStream, index: int, ro
     # As a user runs it: no metrics server, default log level (to files here).
     with Members(srv.url, stream, "g", handler="bench.handlers:events", extra=row.args,
                  records=tmp / row.name, logs=tmp / f"{row.name}-logs",
-                 metrics=False) as procs:
+                 metrics=False, code=row.code) as procs:
         for name in names:
             procs.start(name)
         result = await measure(nc, prefix, records, [p.pid for _, p in procs.procs],
                                _pid(srv), shape, shape.members)
+        if row.code is not None:
+            result["cgroupd_files"] = procs.imported()
     await admin.delete_group(js, stream, "g")
     await js.delete_stream(stream)
     return result
@@ -250,14 +263,49 @@ def peer_or_reason() -> tuple[str | None, str]:
     return python, "" if python else why()
 
 
+def with_baseline(rows: list[Row], path: Path, rev: str) -> tuple[list[Row], dict[str, str]]:
+    """Each ``cgroupd`` row preceded by its twin on the baseline at ``path`` (named
+    ``NAME@REV``), both launched through :mod:`bench.revision`; and which twin is whose."""
+    out: list[Row] = []
+    twins: dict[str, str] = {}
+    for row in rows:
+        if row.kind == "cgroupd":
+            twin = Row(f"{row.name}@{rev}", "cgroupd", f"{row.what}, on {rev} ({path})",
+                       row.args, path)
+            out.append(twin)
+            twins[row.name] = twin.name
+            row = dataclasses.replace(row, code=ROOT)
+        out.append(row)
+    return out, twins
+
+
+def in_turn(rows: list[Row], twins: dict[str, str], turn: int) -> list[Row]:
+    """The rows of one round: on odd rounds each row runs before its baseline twin, so
+    neither side always comes first."""
+    if turn % 2 == 0 or not twins:
+        return rows
+    out = list(rows)
+    for i, row in enumerate(out):
+        if row.name in twins and i > 0 and out[i - 1].name == twins[row.name]:
+            out[i - 1], out[i] = row, out[i - 1]
+    return out
+
+
 async def main(shape: Shape, names: list[str], with_peer: bool = True, rounds: int = 1,
-               extra: tuple[Row, ...] = ()) -> dict[str, Any]:
+               extra: tuple[Row, ...] = (), baseline: Path | None = None) -> dict[str, Any]:
     """Run the rows ``rounds`` times, round-robin (so load from others falls on every row
     alike); each row reports its median round, and each ratio the median of the ratios
-    taken within a round."""
+    taken within a round. With ``baseline``, every ``cgroupd`` row also runs on that
+    checkout's ``cgroupd`` (:func:`with_baseline`)."""
     rows = [row for row in ROWS if row.name in names] + list(extra)
     result: dict[str, Any] = {"benchmark": "throughput", "shape": shape.__dict__,
                               "rounds": rounds, "machine": machine(), "rows": {}}
+    twins: dict[str, str] = {}
+    if baseline is not None:
+        path = revision.check(baseline)
+        rev = revision.name(path)
+        rows, twins = with_baseline(rows, path, rev)
+        result["baseline"] = {"path": str(path), "revision": rev, "rows": dict(twins)}
     python, reason = peer_or_reason() if with_peer else (None, "--no-peer")
     runs: list[dict[str, dict[str, Any]]] = []
     with server() as srv, tempfile.TemporaryDirectory(prefix="bench-throughput-") as tmp:
@@ -266,10 +314,13 @@ async def main(shape: Shape, names: list[str], with_peer: bool = True, rounds: i
         try:
             for turn in range(rounds):
                 done: dict[str, dict[str, Any]] = {}
-                for index, row in enumerate(rows, start=turn * len(rows)):
+                for index, row in enumerate(in_turn(rows, twins, turn),
+                                            start=turn * len(rows)):
                     where = Path(tmp) / f"{row.name}-{turn}"
                     where.mkdir()
                     measured: dict[str, Any] = {"what": row.what}
+                    if row.name in twins:
+                        measured["baseline"] = twins[row.name]
                     if row.kind == "cgroupd":
                         measured |= await cgroupd_row(srv, nc, js, index, row, shape, where)
                     elif row.kind == "raw":
@@ -279,11 +330,14 @@ async def main(shape: Shape, names: list[str], with_peer: bool = True, rounds: i
                     else:
                         measured |= await peer_row(srv, nc, js, index, python, shape, where)
                     done[row.name] = measured
-                ratios(done)
+                ratios(done, twins)
                 runs.append(done)
         finally:
             await nc.close()
     result["rows"] = merge_rounds(runs)
+    if twins:
+        result["baseline"]["x_baseline"] = {
+            name: result["rows"][name].get("x_baseline") for name in twins}
     result["machine"]["load_average_after"] = machine()["load_average_1_5_15_min"]
     result["targets"] = targets(result["rows"])
     return result
@@ -303,7 +357,8 @@ def merge_rounds(runs: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, A
             continue
         ordered = sorted(mine, key=lambda r: r["msgs_per_s"])
         row = dict(ordered[(len(ordered) - 1) // 2])
-        for label in ("x_peer", "x_raw", "x_peer_by_cpu"):
+        for label in ("x_peer", "x_raw", "x_peer_by_cpu", "x_baseline",
+                      "x_baseline_by_cpu"):
             values = [r[label] for r in mine if label in r]
             if values:
                 row[label] = round(statistics.median(values), 2)
@@ -321,13 +376,15 @@ async def _connect(url: str) -> Client:
     return await nats.connect(servers=[url], **client_options())
 
 
-def ratios(rows: dict[str, dict[str, Any]]) -> None:
+def ratios(rows: dict[str, dict[str, Any]], twins: dict[str, str] | None = None) -> None:
     """``x_peer`` and ``x_raw`` of every row (when that row ran), and ``x_peer_by_cpu``:
     the peer's CPU per message (its processes' and the server's) over the row's. On a
     machine whose cores are all busy, throughput is cores over CPU per message, and CPU
     per message hardly moves with other users' load while msg/s does (2x between two
     rounds here): the CPU ratio says what the rate ratio would be on a quiet machine
-    that is CPU-bound; it misses waiting (a round trip per message) when it is not."""
+    that is CPU-bound; it misses waiting (a round trip per message) when it is not.
+    With ``twins`` (row -> its baseline twin): ``x_baseline`` and ``x_baseline_by_cpu``,
+    the same two ratios of a row against its twin."""
     for base, label in (("peer", "x_peer"), ("raw", "x_raw")):
         rate = rows.get(base, {}).get("msgs_per_s")
         if rate:
@@ -340,13 +397,20 @@ def ratios(rows: dict[str, dict[str, Any]]) -> None:
         return row.get("cpu_us_per_msg", 0) + row.get("server_cpu_us_per_msg", 0) > 0 \
             and "cpu_us_per_msg" in row and "server_cpu_us_per_msg" in row
 
+    def cost(row: dict[str, Any]) -> float:
+        return float(row["cpu_us_per_msg"] + row["server_cpu_us_per_msg"])
+
     peer = rows.get("peer", {})
     if measured(peer):
-        cost = peer["cpu_us_per_msg"] + peer["server_cpu_us_per_msg"]
         for row in rows.values():
             if measured(row):
-                row["x_peer_by_cpu"] = round(
-                    cost / (row["cpu_us_per_msg"] + row["server_cpu_us_per_msg"]), 2)
+                row["x_peer_by_cpu"] = round(cost(peer) / cost(row), 2)
+    for name, twin in (twins or {}).items():
+        mine, theirs = rows.get(name, {}), rows.get(twin, {})
+        if mine.get("msgs_per_s") and theirs.get("msgs_per_s"):
+            mine["x_baseline"] = round(mine["msgs_per_s"] / theirs["msgs_per_s"], 2)
+        if measured(mine) and measured(theirs):
+            mine["x_baseline_by_cpu"] = round(cost(theirs) / cost(mine), 2)
 
 
 def targets(rows: dict[str, dict[str, Any]]) -> dict[str, bool | None]:
@@ -387,7 +451,15 @@ if __name__ == "__main__":
     parser.add_argument("--row", action="append", default=[], metavar="NAME=ARGS",
                         help="an extra cgroupd join row, e.g. "
                              "'p32=--ordering partition --max-in-flight 32' (repeatable)")
+    parser.add_argument("--baseline", type=Path, default=None, metavar="PATH",
+                        help="run every cgroupd row also with the cgroupd/ package in PATH "
+                             "(another revision: python -m bench.revision checkout REV PATH)")
     args = parser.parse_args()
+    if args.baseline is not None:
+        try:
+            revision.check(args.baseline)
+        except ValueError as exc:
+            parser.error(str(exc))
     extra = []
     for spec in args.row:
         name, sep, options = spec.partition("=")
@@ -397,4 +469,5 @@ if __name__ == "__main__":
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     emit(asyncio.run(main(Shape(args.members, args.partitions, args.keys, args.messages),
-                          args.rows.split(","), not args.no_peer, args.rounds, tuple(extra))))
+                          args.rows.split(","), not args.no_peer, args.rounds, tuple(extra),
+                          args.baseline)))

@@ -11,11 +11,13 @@ Their analysis, fed hand-made records and profiles: tests/unit/test_bench_analys
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench import failover, profile, scale, table, throughput
+from bench import failover, profile, revision, scale, table, throughput
+from bench.common import ROOT
 
 
 # -- end to end, tiny --------------------------------------------------------------------
@@ -48,6 +50,52 @@ async def test_failover_runs() -> None:
     assert result["stall"]["sigstop"]["trials"] == 1
     checks = result["cgroupd_checks"]
     assert checks["lost"] == 0 and checks["order_violations"] == 0, checks
+
+
+def _baseline(tmp_path: Path) -> tuple[Path, str, list[str], list[str]]:
+    """A baseline made as a user makes one (``git archive HEAD cgroupd``: a copy of this
+    tree's code, so the run is quick and both sides behave alike): its path, its name, and
+    the ``cgroupd.__file__`` each side must have imported."""
+    base = tmp_path / "base"
+    short = revision.checkout("HEAD", base)
+    return (base, short, [str(base.resolve() / "cgroupd" / "__init__.py")],
+            [str(ROOT / "cgroupd" / "__init__.py")])
+
+
+@pytest.mark.slow
+async def test_throughput_runs_a_baseline_beside_each_row(tmp_path: Path) -> None:
+    """--baseline: the row's twin, named by the baseline's revision, ran its processes
+    from the baseline's cgroupd (the row from this tree's), and the row has its ratios."""
+    base, short, theirs, ours = _baseline(tmp_path)
+    result = _json(await throughput.main(throughput.Shape(2, 2, 8, 100), ["key"],
+                                         with_peer=False, baseline=base))
+    rows, twin = result["rows"], f"key@{short}"
+    assert set(rows) == {"key", twin}
+    assert rows[twin]["cgroupd_files"] == theirs and rows["key"]["cgroupd_files"] == ours
+    for row in rows.values():
+        assert row["lost"] == 0 and row["order_violations"] == 0 and row["msgs_per_s"] > 0
+    assert rows["key"]["baseline"] == twin and rows["key"]["x_baseline"] > 0
+    assert result["baseline"] == {"path": str(base.resolve()), "revision": short,
+                                  "rows": {"key": twin},
+                                  "x_baseline": {"key": rows["key"]["x_baseline"]}}
+
+
+@pytest.mark.slow
+async def test_failover_runs_a_baseline_beside(tmp_path: Path) -> None:
+    """--baseline with two rounds: each side's kill -9 trials ran on its own cgroupd
+    (the baseline's parts named by its revision), pooled over the rounds, with x_baseline."""
+    base, short, theirs, ours = _baseline(tmp_path)
+    result = _json(await failover.main({"sigkill"}, trials=1, rate=100, settle=0.0,
+                                       baseline=base, rounds=2))
+    assert result["cgroupd_files"] == ours and result[f"cgroupd_files@{short}"] == theirs
+    for suffix in ("", f"@{short}"):
+        assert len(result[f"sigkill{suffix}"]["trials_s"]) == 2, result
+        assert len(result[f"sigkill{suffix}"]["p50_s_rounds"]) == 2, result
+        checks = result[f"cgroupd_checks{suffix}"]
+        assert checks["lost"] == 0 and checks["order_violations"] == 0, checks
+    assert result["sigkill"]["x_baseline"]["p50_s"] > 0
+    assert result["baseline"]["revision"] == short
+    assert result["baseline"]["x_baseline"]["sigkill"] == result["sigkill"]["x_baseline"]
 
 
 @pytest.mark.slow

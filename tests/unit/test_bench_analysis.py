@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bench import failover, fleet, profile, table, throughput, variant
+from bench import failover, fleet, profile, revision, table, throughput, variant
 from bench.common import Records, Reowned
 from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter
 
@@ -182,6 +182,26 @@ def test_tables_render_every_benchmark() -> None:
         table.render({"rows": {}})
 
 
+def test_tables_show_a_baseline_beside() -> None:
+    """--baseline: throughput gets each row's ratios against its twin (every round's
+    too); failover shows each cgroupd part on the baseline under ours."""
+    result = {"benchmark": "throughput", "shape": {}, "machine": {},
+              "baseline": {"revision": "54b2c95", "rows": {"key": "key@54b2c95"}},
+              "rows": {"key@54b2c95": {"msgs_per_s": 10000}, "key": {
+                  "msgs_per_s": 9000, "x_baseline": 0.9, "x_baseline_by_cpu": 1.02,
+                  "x_baseline_rounds": [0.9, 1.1]}}}
+    text = table.render(result)
+    assert "| `key` | 0.90 | 1.02 | 0.90, 1.10 |" in text
+    assert "against `54b2c95`" in text and "| `key@54b2c95` | 10,000 |" in text
+    fail = {"benchmark": "failover", "setup": {}, "baseline": {"revision": "54b2c95"},
+            "sigkill": {"p50_s": 0.3, "p99_s": 0.5, "max_s": 0.5},
+            "sigkill@54b2c95": {"p50_s": 0.4, "p99_s": 0.6, "max_s": 0.7}}
+    lines = table.render(fail).splitlines()
+    at = lines.index("| kill -9 of the active instance | 0.300 | 0.500 | 0.500 |")
+    assert lines[at + 1] == ("| kill -9 of the active instance, on `54b2c95` | 0.400 | "
+                             "0.600 | 0.700 |")
+
+
 def test_throughput_ratios_and_targets() -> None:
     rows: dict[str, dict[str, Any]] = {
         "defaults": {"msgs_per_s": 8000, "lost": 0, "order_violations": 0, "duplicates": 0,
@@ -222,6 +242,78 @@ def test_rounds_merge_to_medians_and_summed_checks() -> None:
     assert merged["key"]["lost"] == 1
     assert throughput.targets(merged)[
         "every row: nothing lost, per-key order, no duplicates"] is False
+
+
+def test_baseline_twins_run_beside_their_rows_and_give_ratios() -> None:
+    """--baseline: each cgroupd row is preceded by its twin on the baseline (named by its
+    revision), the order flips on odd rounds, and the row's ratios are against its twin:
+    msg/s over the twin's, the twin's CPU per message (and the server's) over the row's."""
+    rows = [row for row in throughput.ROWS if row.name in ("key", "raw")]
+    ran, twins = throughput.with_baseline(rows, Path("/base"), "54b2c95")
+    assert [r.name for r in ran] == ["key@54b2c95", "key", "raw"]
+    assert twins == {"key": "key@54b2c95"}
+    assert ran[0].code == Path("/base") and ran[0].args == ran[1].args == ("--ordering", "key")
+    assert ran[1].code == throughput.ROOT and ran[2].code is None  # same launcher both sides
+    assert [r.name for r in throughput.in_turn(ran, twins, 1)] == ["key", "key@54b2c95", "raw"]
+    assert throughput.in_turn(ran, twins, 2) == ran
+
+    def run(mine: int, theirs: int) -> dict[str, dict[str, Any]]:
+        done: dict[str, dict[str, Any]] = {
+            name: {"msgs_per_s": rate, "cpu_us_per_msg": cpu, "server_cpu_us_per_msg": 10.0,
+                   "lost": 0, "order_violations": 0, "duplicates": 0}
+            for name, rate, cpu in (("key", mine, 40.0), ("key@54b2c95", theirs, 50.0))}
+        throughput.ratios(done, twins)
+        return done
+
+    one = run(9000, 10000)
+    assert one["key"]["x_baseline"] == 0.9 and one["key"]["x_baseline_by_cpu"] == 1.2
+    assert "x_baseline" not in one["key@54b2c95"]
+    merged = throughput.merge_rounds([one, run(5000, 4000), run(6000, 6000)])
+    assert merged["key"]["x_baseline_rounds"] == [0.9, 1.25, 1.0]
+    assert merged["key"]["x_baseline"] == 1.0
+
+
+def test_failover_rounds_pool_trials_and_the_baseline_ratio() -> None:
+    """A side's rounds pool their trials (the summary taken again over all), sum counts
+    and take the longest gap; x_baseline divides the baseline's times by ours."""
+    def side(times: list[float], lost: int, gap: float) -> dict[str, Any]:
+        return {"sigkill": {"what": "kill", **failover.summary(times),
+                            "from_last_processed": failover.summary(times)},
+                "stall": {"sigstop": {"trials": 1, "stall_s": 2.0, "takeovers": 0,
+                                      "longest_gap_s": gap}},
+                "cgroupd_checks": {"published": 10, "lost": lost},
+                "cgroupd_files": ["/a/cgroupd/__init__.py"]}
+
+    pooled = failover.pool([side([0.2, 0.4], 0, 0.5), side([0.3], 1, 0.9)])
+    assert pooled["sigkill"]["trials_s"] == [0.2, 0.4, 0.3]
+    assert pooled["sigkill"]["p50_s"] == 0.3 and pooled["sigkill"]["max_s"] == 0.4
+    assert pooled["sigkill"]["what"] == "kill"
+    assert pooled["sigkill"]["p50_s_rounds"] == [0.4, 0.3]  # nearest rank: the upper of two
+    assert pooled["sigkill"]["from_last_processed"]["trials_s"] == [0.2, 0.4, 0.3]
+    assert pooled["stall"]["sigstop"] == {"trials": 2, "stall_s": 2.0, "takeovers": 0,
+                                          "longest_gap_s": 0.9}
+    assert pooled["cgroupd_checks"] == {"published": 20, "lost": 1}
+    assert pooled["cgroupd_files"] == ["/a/cgroupd/__init__.py"]
+    result = {"sigkill": failover.summary([0.2]), "sigkill@abc": failover.summary([0.3])}
+    assert failover.add_x_baseline(result, "abc") == {"sigkill": {"p50_s": 1.5,
+                                                                  "p99_s": 1.5}}
+    assert result["sigkill"]["x_baseline"] == {"p50_s": 1.5, "p99_s": 1.5}
+
+
+def test_a_baseline_is_checked_and_named(tmp_path: Path) -> None:
+    """A directory without a cgroupd/ package is refused with how to make one; a copy
+    that is no git checkout is named by its REVISION file, else by the directory."""
+    with pytest.raises(ValueError, match=r"bench\.revision checkout"):
+        revision.check(tmp_path)
+    assert revision.main(["name", str(tmp_path)]) == 2
+    (tmp_path / "cgroupd").mkdir()
+    (tmp_path / "cgroupd" / "__init__.py").touch()
+    assert revision.name(revision.check(tmp_path)) == tmp_path.name
+    (tmp_path / "REVISION").write_text("54b2c95\n")
+    assert revision.name(tmp_path) == "54b2c95"
+    assert revision.name(throughput.ROOT) != "54b2c95"  # a git checkout: its own HEAD
+    with pytest.raises(ValueError, match="not a commit"):
+        revision.checkout("no-such-revision", tmp_path / "x")
 
 
 def test_variant_settings_are_checked() -> None:
