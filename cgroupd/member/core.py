@@ -176,7 +176,7 @@ class MemberCore:
                       "duplicates": 0, "step_downs": 0, "rebalances": 0, "resettled": 0,
                       "swallowed": 0, "ack_fences": 0, "lease_checks": 0, "takeovers": 0,
                       "takeovers_declined": 0, "watch_failures": 0,
-                      "stale_checks": 0}
+                      "stale_checks": 0, "pulls_restarted": 0}
         self._log = log.bind(stream=stream, group=group, member=member,
                              instance=self.instance_id)
 

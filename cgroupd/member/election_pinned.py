@@ -40,6 +40,9 @@ RESET_ATTEMPTS_TAKE_BACK = 6
 #: Pinned TTLs past its lease that a holder nobody answers waits for an answer before it
 #: steps down (issue 29: a node restart costs a reconnect and a leader election).
 UNANSWERED_HOLD = 3.0
+#: Renewals (a quarter TTL apart) that see the holder pinned and idle with messages
+#: waiting before it asks again (see PinnedElection._not_pulling).
+IDLE_RENEWALS = 4
 
 
 class PinnedElection:
@@ -391,6 +394,7 @@ class PinnedElection:
                                      cleared=doubts, ack_pending=view.num_ack_pending)
                 gen.deliveries_checked(doubts)
         self._ask_again_at_a_new_leader(gen, puller, view, lease.leader)
+        self._not_pulling(gen, puller, view)
         lease.renewed(pin, judged.as_of, pinned_at)
         if lease.pin_id != pin:  # pinned again only after our lease ran out
             return self._pinned_late(gen, pin, judged.as_of, pinned_at, view)
@@ -467,6 +471,24 @@ class PinnedElection:
             gen.requests_unseen = False
         if gen.requests_unseen and view.num_pending > 0 and view.num_waiting == 0 \
                 and not puller.hushed:
+            puller.reconnected()
+
+    def _not_pulling(self, gen: Generation, puller: Puller, view: ConsumerInfo) -> None:
+        """Pinned, messages waiting, and for :data:`IDLE_RENEWALS` renewals in a row no
+        request of ours at the leader and nothing of ours unacknowledged: the requests we
+        count are gone (none is open where nothing waits and nothing is in flight), so
+        forget them and ask again, saying why. A holder once stood still 60 s like this
+        with its pin kept (CI on 5632d62, rolling restart; cause not found): the log
+        carries the puller's state for the next one."""
+        stuck = (view.num_pending > 0 and view.num_waiting == 0
+                 and view.num_ack_pending == 0 and not puller.hushed
+                 and not puller.pin_refused and not gen.taking_back)
+        gen.idle_renewals = gen.idle_renewals + 1 if stuck else 0
+        if gen.idle_renewals == IDLE_RENEWALS:
+            self.m.stats["pulls_restarted"] += 1
+            self.m._log.warning("pinned with messages waiting and no request of ours at the "
+                                "leader; asking again", pending=view.num_pending,
+                                **puller.describe())
             puller.reconnected()
 
     def _missing(self, gen: Generation, ack_pending: int, delivered: int) -> int:

@@ -96,6 +96,9 @@ class Generation:
     #: request of ours reached the new one (a request waiting there, or a delivery).
     requests_unseen: bool = False
     delivered_before: int = 0
+    #: Pinned mode: renewals in a row that found us pinned, messages waiting, and nothing
+    #: of ours at the leader (no request waiting, nothing unacknowledged).
+    idle_renewals: int = 0
     #: Static groups: per partition, the stream sequence up to which it is processed
     #: (what a release records), and the messages redelivered that were processed.
     processed: dict[int, int] = field(default_factory=dict)

@@ -121,6 +121,10 @@ class Puller:
         self._paused = False
         self._quiet_until = 0.0
         self._task: asyncio.Task[None] | None = None
+        #: Pull requests sent and held back, and the newest status, for :meth:`describe`.
+        self._sent = 0
+        self._held_back = 0
+        self._last_status = ""
         self._wake = asyncio.Event()
         self.pin_id: str | None = None
         #: The server answered our pin id with 423 "Nats-Wrong-Pin-Id": ask for nothing
@@ -329,6 +333,7 @@ class Puller:
     async def _pull(self, batch: int) -> None:
         if batch <= 0 or self._hushed or self.pin_refused or not self._nc.is_connected \
                 or self._clock() < self._quiet_until:
+            self._held_back += batch > 0
             return
         pin = self.pin_id
         body = jsapi.pull_body(batch, self._opts.expires, self._opts.heartbeat,
@@ -338,6 +343,7 @@ class Puller:
             await self._nc.publish(self._subject, body, reply=self._inbox)
         except Exception:  # noqa: BLE001 - reconnecting/closed: the watchdog retries
             return
+        self._sent += 1
         self._pending += batch
         self._pulled_at = self._clock()
         if pin is not None and pin == self.pin_id:
@@ -407,11 +413,23 @@ class Puller:
             return True
         return False
 
+    def describe(self) -> dict[str, object]:
+        """The puller's state for a log line (no pin id: only whether one is held)."""
+        task = self._task
+        return {"outstanding": self._pending, "hushed": self._hushed,
+                "refused": self.pin_refused, "pinned": self.pin_id is not None,
+                "running": task is not None and not task.done(),
+                "connected": self._nc.is_connected, "requests_sent": self._sent,
+                "requests_held_back": self._held_back, "last_status": self._last_status,
+                "quiet_for": round(self._clock() - self.last_seen, 3),
+                "asked_ago": round(self._clock() - self._pulled_at, 3)}
+
     def _status(self, status: str, description: str, msg: Msg) -> None:
         headers = msg.headers or {}
         kind = classify_pull_status(status, description)
         if kind is PullStatus.HEARTBEAT:
             return  # idle heartbeat (or flow control, not used by pulls): just liveness
+        self._last_status = f"{status} {description}"
         log.debug("pull status", consumer=self._consumer, status=status, description=description,
                  pending=headers.get(PENDING_MSGS))
         if kind in (PullStatus.REQUEST_DONE, PullStatus.ASK_AGAIN):
