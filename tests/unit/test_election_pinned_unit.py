@@ -416,3 +416,34 @@ async def test_a_holder_pinned_again_after_its_lease_ran_out_takes_over_in_place
     assert group.by(holder) == [1, 2, 3, 4] and group.by(standby) == []
     assert holder.active and getattr(holder, "reasons", []) == []
     assert standby.state is MemberState.STANDBY
+
+
+class NewLeaderJetStream(PinnedJetStream):
+    """Answers "not found" (None) to the first consumer infos asked once someone is
+    pinned, as a consumer leader elected a moment ago did."""
+
+    not_found = 3
+
+    async def consumer_info(self, stream: str, name: str) -> dict[str, Any] | None:
+        if self.server.pinned_id(WQ, MEMBER) is not None and self.not_found > 0:
+            self.not_found -= 1
+            return None
+        return await super().consumer_info(stream, name)
+
+
+async def test_a_passing_not_found_does_not_cost_a_new_pin(
+        group: Group, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A consumer leader elected a moment ago answered "not found" to a newly pinned
+    instance's proof of its pin: it asks again, starting nothing meanwhile. Giving up at
+    once left the pin's messages unacknowledged and not handed back, and at
+    max_ack_pending nobody could be pinned until their 30 s ack wait (a 32 s gap in a
+    local rolling restart, 2026-11-27)."""
+    monkeypatch.setattr("tests.unit.test_election_pinned_unit.PinnedJetStream",
+                        NewLeaderJetStream)
+    holder = await group.start()
+    await group.offer(2)
+    await eventually(lambda: group.by(holder) == [1, 2], 5,
+                     what="#1 and #2 run by the instance pinned first")
+    assert holder.active and holder.reasons == []  # type: ignore[attr-defined]
+    js = holder.js
+    assert isinstance(js, NewLeaderJetStream) and js.not_found == 0, "the answers came"
