@@ -116,7 +116,7 @@ class PinnedElection:
         puller.on_pin_news = lambda: self._pin_news(gen)
         puller.on_gap = lambda expected, got: self._delivery_gap(gen, expected, got)
         puller.hush()  # until the gate has looked (it runs before the puller's first pull)
-        gate = asyncio.ensure_future(self._gate_pulls(puller, pinned))
+        gate = asyncio.ensure_future(self._gate_pulls(gen, puller, pinned))
         # Standby until the server pins us: the first message carries our pin id.
         try:
             done, _ = await asyncio.wait({pinned, gen.ended},
@@ -131,7 +131,8 @@ class PinnedElection:
         self.m._enter(Phase.WAITING)
         return None
 
-    async def _gate_pulls(self, puller: Puller, pinned: asyncio.Future[None]) -> None:
+    async def _gate_pulls(self, gen: Generation, puller: Puller,
+                          pinned: asyncio.Future[None]) -> None:
         """A standby pulls (competes for the pin) only while nobody holds it.
 
         nats-server pins the first waiting pull without a pin id once the pin is free,
@@ -163,12 +164,17 @@ class PinnedElection:
                 if info is None:
                     # "Not found" also comes from a consumer leader elected a moment ago
                     # (a rolling restart): one pull of ours sent then took the pin from a
-                    # holder being pinned again. Gone for a pinned TTL, it is gone: pull,
-                    # and the puller's answer tells the member.
+                    # holder being pinned again. Gone for a pinned TTL, it is gone (its
+                    # inactive threshold ran out while its holder was dead and we were
+                    # hushed): join again, which creates it. Pulling on a consumer that is
+                    # gone only ever gets "no responders" (interop test under load: the
+                    # standby stood still 60 s).
                     missing_since = now if missing_since is None else missing_since
-                    if now - missing_since >= s.pinned_ttl and puller.hushed:
-                        self.m._log.info("member consumer not found; pulling to learn more")
-                        puller.hush(False)
+                    if now - missing_since >= s.pinned_ttl:
+                        self.m._log.info("member consumer gone while standing by; joining "
+                                         "again")
+                        gen.end(StepDown.PIN_LOST, "member consumer gone")
+                        return
                 elif view.pinned_client(PRIORITY_GROUP):
                     seen_under, waiting_since, compete = leader, None, False
                     puller.hush()

@@ -157,7 +157,9 @@ class PinnedServer(FakeServer):
     def _pull(self, nats: RoutedNats, stream: str, name: str, body: dict[str, Any],
               inbox: str) -> None:
         st = self.state(stream, name)
-        if st is None:
+        if st is None:  # nobody listens on a consumer that is gone (nats-server 2.15.1)
+            self._send(nats, inbox, FakeMsg(headers={"Status": "503",
+                                                     "Description": "No Responders"}))
             return
         pin = body.get("id")
         if pin is not None and pin != st.pin:

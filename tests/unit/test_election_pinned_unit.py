@@ -292,6 +292,29 @@ async def test_a_leader_change_with_nothing_to_deliver_moves_nothing(group: Grou
     assert standby.state is MemberState.STANDBY and getattr(holder, "reasons", []) == []
 
 
+async def test_a_standby_whose_member_consumer_went_away_creates_it_again(
+        group: Group) -> None:
+    """The holder dies and the member consumer's inactive threshold runs out while the
+    standby waits, hushed: the standby joins again, which creates the consumer, and is
+    pinned by the next message. Pulling on a consumer that is gone only gets "no
+    responders" (the interop test under load stood still 60 s)."""
+    holder, standby = await group.pinned_pair(offer=1)
+    await eventually(lambda: group.by(holder) == [1], 5, what="#1 run by the holder")
+    await asyncio.sleep(TTL)  # the standby has seen the holder pinned
+    js = holder.js
+    assert isinstance(js, PinnedJetStream)
+    js.crash()
+    js.info_silent = True  # a dead process asks nothing: it can create nothing either
+
+    async def refused(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise ServerUnreachable("dead")
+
+    js.create_consumer = refused  # type: ignore[method-assign]
+    del group.server.consumers[(WQ, MEMBER)]  # its inactive threshold ran out
+    await group.offer(2)  # once the standby created it again
+    await eventually(lambda: group.by(standby) == [2, 3], 5, what="the standby runs #2, #3")
+
+
 async def test_a_standby_told_not_found_by_a_new_leader_does_not_compete(
         group: Group) -> None:
     """A consumer leader elected a moment ago may answer "not found": a standby that
