@@ -73,6 +73,11 @@ class PinLease:
         self.repinning = False
 
     @property
+    def held(self) -> bool:
+        """Whether this lease has held a pin and not lost it (a standby's has none)."""
+        return self.pin_id is not None and not self.lost
+
+    @property
     def valid(self) -> bool:
         """Whether the pin is provably ours right now."""
         return not self.lost and self._clock() < self.until

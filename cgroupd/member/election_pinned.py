@@ -263,8 +263,7 @@ class PinnedElection:
         (pinned later, the standby could not prove it and stepped down holding the pin's
         messages: 32 s and 66 s gaps in rolling restarts)."""
         lease = gen.pin_lease
-        if lease is not None and lease.pin_id is not None and not lease.lost \
-                and not gen.ended.done():
+        if lease is not None and lease.held and not gen.ended.done():
             gen.renewal = asyncio.ensure_future(self._renew_once(gen))
 
     def _pin_news(self, gen: Generation) -> None:
@@ -272,9 +271,7 @@ class PinnedElection:
         while we hold the member: check it now. After a consumer leader change that is
         the step that asks to be pinned again, and the one that resumes starts once we
         are (each waited up to a renewal period: a 3.01 s gap in a rolling restart)."""
-        lease = gen.pin_lease
-        if lease is not None and lease.pin_id is not None and not lease.lost:
-            self._renew_now(gen)
+        self._renew_now(gen)
 
     def _delivery_gap(self, gen: Generation, expected: int, got: int) -> None:
         """A delivery's number skipped: one before it may be lost on its way (our server
@@ -285,7 +282,7 @@ class PinnedElection:
         came back at their ack wait, after later ones of their keys; the run's logs were
         not kept, so which event lost them is not known)."""
         lease = gen.pin_lease
-        if lease is not None and lease.pin_id is not None and not lease.lost:
+        if lease is not None and lease.held:
             self.mode.doubt(gen, "a delivery number skipped", expected=expected, got=got)
             self._renew_now(gen)
 
