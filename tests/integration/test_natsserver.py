@@ -191,12 +191,8 @@ async def test_cluster_failover_and_rejoin(nats_cluster: NatsCluster) -> None:
     client = await nats.connect(servers=nats_cluster.urls, **client_options())
     try:
         js = client.jetstream()
-        # A fresh cluster whose meta leader counts every peer current still took over 5 s
-        # to answer the first R3 create once (CI on 5632d62): ask again; a create with
-        # the same config is answered with the stream, not an error.
-        await eventually(
-            lambda: js.add_stream(name="HA", subjects=["ha.>"], num_replicas=3),
-            timeout=30, interval=0.1, what="create an R3 stream", retry=NOT_YET)
+        # The fixture's cluster places an R3 stream at once (NatsCluster._wait_placement).
+        await js.add_stream(name="HA", subjects=["ha.>"], num_replicas=3)
         for i in range(3):
             await js.publish("ha.x", str(i).encode())
         leader = nats_cluster.stream_leader("HA")

@@ -37,6 +37,7 @@ Usage::
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import http.client
@@ -47,6 +48,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path, PurePosixPath
@@ -601,6 +603,56 @@ class NatsCluster:
                     raise
                 self._relaunch_on_fresh_ports()
         self._wait_meta_current(deadline)
+        self._wait_placement(deadline)
+
+    def _wait_placement(self, deadline: float) -> None:
+        """Wait until the meta leader can place a stream on every node.
+
+        The meta leader places a replica only on a node whose JetStream statistics it
+        has heard (``nodeInfo.selectable`` in nats-server 2.15), which each node
+        broadcasts at doubling intervals after start; ``/jsz`` does not show them. A
+        cluster whose peers were all current still answered the first R3 create with
+        "no suitable peers for placement, peer offline" (CI on edfc79a:
+        test_r3_group_on_cluster and a Spark reader test). So this creates and deletes
+        a memory stream with one replica per node, anonymously, until it is placed.
+        """
+        errors: list[BaseException] = []
+
+        def probe() -> None:
+            try:
+                errors.extend(asyncio.run(self._place_probe(deadline)))
+            except Exception as exc:  # noqa: BLE001 - reported by the caller below
+                errors.append(exc)
+
+        worker = threading.Thread(target=probe, name="cluster-placement-probe", daemon=True)
+        worker.start()
+        worker.join(max(deadline - time.monotonic(), 0.0) + 5.0)
+        if worker.is_alive() or errors:
+            raise NatsServerError(
+                f"no stream placement on every node of {self!r}: {errors[-1:] or 'hung'}")
+
+    async def _place_probe(self, deadline: float) -> list[BaseException]:
+        """Create then delete the probe stream; the last error if it never succeeded."""
+        import nats  # only the cluster probe needs a client
+        from nats.js.errors import APIError
+
+        name = "CGROUPD_TEST_PLACEMENT_PROBE"
+        last: BaseException | None = None
+        nc = await nats.connect(servers=self.urls, **client_options(name="placement-probe"))
+        try:
+            js = nc.jetstream(timeout=2.0)
+            while time.monotonic() < deadline:
+                try:
+                    await js.add_stream(name=name, subjects=[f"_probe.{name}"],
+                                        num_replicas=len(self._servers), storage="memory")
+                    await js.delete_stream(name)
+                    return []
+                except (APIError, TimeoutError, nats.errors.Error) as exc:
+                    last = exc
+                await asyncio.sleep(_POLL * 2)
+        finally:
+            await nc.close()
+        return [last or TimeoutError("deadline passed before the first try")]
 
     def _wait_meta_current(self, deadline: float) -> None:
         """Wait until the meta leader counts every other node as a current peer.
