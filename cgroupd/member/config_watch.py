@@ -89,8 +89,7 @@ class ConfigWatch:
         self.m._log.info("group deleted")
         self.m._deleted = True
         self.m.stop_reason = "group deleted"
-        if self.m._gen is not None:
-            self.m._gen.end(StepDown.GROUP_DELETED)
+        self.m.mode.step_down(StepDown.GROUP_DELETED)
         self.m._wake.set()
 
     async def deleted_meanwhile(self) -> bool:
@@ -157,7 +156,8 @@ class ConfigWatch:
                     delay += random.uniform(0, s.transition_jitter)
                 self.m._not_before = self.m._clock() + delay
             if gen is not None:
-                gen.end(StepDown.CONFIG_CHANGED, f"partitions {gen.partitions} -> {new}")
+                self.m.mode.step_down(StepDown.CONFIG_CHANGED,
+                                      f"partitions {gen.partitions} -> {new}", gen=gen)
         if new != current:
             self.m._changed_at = self.m._clock()
         self.m._last_partitions = new

@@ -316,7 +316,8 @@ class MemberCore:
         def done(t: asyncio.Future[None]) -> None:
             if not t.cancelled() and t.exception() is not None:
                 self._log.error("background task failed", task=name, error=repr(t.exception()))
-                gen.end(StepDown.ERROR, f"{name} failed: {t.exception()!r}")
+                self.mode.step_down(StepDown.ERROR, f"{name} failed: {t.exception()!r}",
+                                    gen=gen)
 
         task.add_done_callback(done)
 

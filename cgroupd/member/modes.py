@@ -124,6 +124,15 @@ class ExclusivityMode(ABC):
         elif why is not PullEnd.STOPPED:
             gen.end(lost, detail)
 
+    def step_down(self, why: StepDown, detail: str = "", gen: Generation | None = None) -> None:
+        """End ``gen`` (default: the current generation, if any) for a reason that comes
+        from outside the mode's jobs: a stop, the group deleted, a membership change that
+        cannot be moved to, a background task's crash. The mode and its jobs are the only
+        code that ends a generation, so this is where to look for why one ended."""
+        gen = gen if gen is not None else self.m._gen
+        if gen is not None:
+            gen.end(why, detail)
+
     def connection_lost(self, gen: Generation) -> None:  # noqa: B027
         """Our connection went away (checks sent before it prove nothing any more)."""
 

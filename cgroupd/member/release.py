@@ -35,7 +35,7 @@ class Release:
 
     async def release(self, gen: Generation) -> None:
         """Stop taking messages, let running handlers finish (bounded), drop consumers."""
-        gen.end(StepDown.STOPPING)
+        self.m.mode.step_down(StepDown.STOPPING, gen=gen)
         began = self.m._clock()
         if gen.verifying is not None:
             gen.verifying.cancel()

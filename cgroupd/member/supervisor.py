@@ -72,8 +72,7 @@ class Member(MemberCore):
         self.stop_reason = self.stop_reason or "stopped"
         if self.phase is Phase.RELEASING:
             self._enter(Phase.STOPPING)
-        if self._gen is not None:
-            self._gen.end(StepDown.STOPPING)
+        self.mode.step_down(StepDown.STOPPING)
         self._wake.set()
         if self._supervisor is not None:
             # Waiting, not awaiting: a cancelled caller must not cancel the supervisor
@@ -174,7 +173,8 @@ class Member(MemberCore):
             await self._callback(self.on_active, gen.partitions)
         self.mode.run(gen)
         if self._stopping or self._deleted:
-            gen.end(StepDown.STOPPING if self._stopping else StepDown.GROUP_DELETED)
+            self.mode.step_down(
+                StepDown.STOPPING if self._stopping else StepDown.GROUP_DELETED, gen=gen)
         why, detail = await gen.ended
         if why in (StepDown.DATA_LOST, StepDown.SYNC_LOST, StepDown.PIN_LOST) \
                 and await self._config_watch.deleted_meanwhile():

@@ -9,6 +9,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
@@ -118,6 +119,19 @@ class FakeNats:
         await self.subs[inbox](msg)
 
 
+def _server_time() -> float:
+    """The fake server's clock: the loop's (virtual) time; 0 outside a loop."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return 0.0
+
+
+def _stamp(t: float) -> str:
+    """``t`` seconds of the fake server's clock as the server writes times (RFC 3339)."""
+    return datetime.fromtimestamp(1_780_000_000 + t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 @dataclass
 class FakeConsumer:
     stream: str
@@ -129,6 +143,8 @@ class FakeConsumer:
     pulling: list[tuple[FakeJetStream, Puller]] = field(default_factory=list)
     #: Pull requests of pullers outside the fake processes (a consumer a test put there).
     waiting: int = 0
+    #: When it was made, by the fake server's clock (an update keeps it, as the server's).
+    created: float = field(default_factory=_server_time)
 
     @property
     def num_waiting(self) -> int:
@@ -144,7 +160,8 @@ class FakeConsumer:
                 "num_pending": self.num_pending, "num_ack_pending": self.num_ack_pending,
                 "num_waiting": self.num_waiting,
                 "delivered": {"consumer_seq": 0, "stream_seq": 0},
-                "ack_floor": {"stream_seq": 0}}
+                "ack_floor": {"stream_seq": 0},
+                "created": _stamp(self.created), "ts": _stamp(_server_time())}
 
 
 @dataclass
@@ -209,6 +226,8 @@ class FakeJetStream:
         if self.server.racy_overlap_check and action == "update":
             await asyncio.sleep(0)  # another request is checked meanwhile
         consumer = FakeConsumer(stream, name, dict(config))
+        if existing is not None:
+            consumer.created = existing.created
         self.server.consumers[(stream, name)] = consumer
         return consumer.info()
 

@@ -6,6 +6,7 @@ tests/integration/test_member.py, tests/integration/test_sync_liveness.py and th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,11 +21,11 @@ from cgroupd.core.config import (
     work_queue_stream,
 )
 from cgroupd.core.errors import ApiError, InstanceIdInUse
-from cgroupd.core.naming import data_consumers
+from cgroupd.core.naming import MEMBER_KEY, PRESENCE_BY_MEMBER, PRESENCE_KEY, data_consumers
 from cgroupd.core.settings import MemberSettings
 from cgroupd.member import INSTANCE_KEY, Member, MemberState
 from cgroupd.member.state import Phase
-from cgroupd.nats.lease import legacy_presence_subject
+from cgroupd.nats.lease import TRAVEL_SLACK, legacy_presence_subject
 from tests.support.fakes import FakeJetStream, FakeServer
 from tests.support.polling import eventually
 
@@ -52,9 +53,10 @@ class Group:
         self.members: list[Member] = []
 
     async def start(self, instance_id: str | None = None,
-                    member_class: type[Member] = Member) -> Member:
+                    member_class: type[Member] = Member,
+                    settings: MemberSettings = SETTINGS) -> Member:
         m = member_class(FakeJetStream(self.server), "ORDERS", "g", "m1", handler,  # type: ignore[arg-type]
-                         SETTINGS, instance_id=instance_id)
+                         settings, instance_id=instance_id)
         await m.start()
         self.members.append(m)
         return m
@@ -169,6 +171,53 @@ async def test_a_gone_owner_is_replaced_at_once_with_its_consumers(group: Group)
     await eventually(lambda: b.active, SETTINGS.lease, what="b to take over before a lease")
     assert b.stats["takeovers"] == 1 and group.holder() == b.instance_id
     assert group.server.names(WQ) == {"m1", b.data_consumer} and a_data != b.data_consumer
+
+
+#: A lease longer than a pull request's travel (TRAVEL_SLACK), so that the young-claim
+#: rule's two waits differ.
+LONG_LEASE = dataclasses.replace(SETTINGS, lease=3.0)
+
+
+async def test_a_gone_owner_a_moment_after_its_takeover_is_replaced_within_a_second(
+        group: Group) -> None:
+    """Issue 29: an owner killed soon after it became active (its claim younger than a
+    lease) is replaced as soon as its data consumer is older than a pull request's travel:
+    it pulled on its claim before making that one, so the leader would hold its request if
+    it lived (before: a wait until the claim was a lease old; kill -9 p50 1.3 s)."""
+    loop = asyncio.get_running_loop()
+    a = await group.start(settings=LONG_LEASE)
+    await eventually(lambda: a.active, 5, what="a active")
+    active_at = loop.time()
+    b = await group.start(settings=LONG_LEASE)
+    await eventually(lambda: b.state is MemberState.STANDBY, 5, what="b to watch a")
+    await asyncio.sleep(max(0.0, active_at + TRAVEL_SLACK + 0.1 - loop.time()))
+    assert isinstance(a.js, FakeJetStream)
+    a.js.crash()
+    crashed_at = loop.time()
+    await eventually(lambda: b.active, LONG_LEASE.lease, what="b to take over")
+    assert loop.time() - crashed_at < 0.5, "waited for the claim to be a lease old"
+    assert crashed_at - active_at < LONG_LEASE.lease / 2  # the claim was young
+    assert b.stats["takeovers"] == 1 and group.holder() == b.instance_id
+
+
+async def test_a_claim_a_moment_old_with_no_data_consumer_is_left_a_lease(
+        group: Group) -> None:
+    """Issue 29: a claim younger than a lease whose instance made no data consumer yet may
+    have no pull request at the leader although it lives (its check of the claim is still
+    answered; across a cut our server says "no responders"): it is declined until it is a
+    lease old, then taken."""
+    from tests.support.fakes import FakeConsumer
+    loop = asyncio.get_running_loop()
+    group.server.consumers[(WQ, "m1")] = FakeConsumer(WQ, "m1", {
+        "filter_subjects": ["$SYNC.>"], "max_ack_pending": 1,
+        "metadata": {MEMBER_KEY: "m1", INSTANCE_KEY: "claimant",
+                     PRESENCE_KEY: PRESENCE_BY_MEMBER}})
+    claimed_at = loop.time()
+    b = await group.start(settings=LONG_LEASE)
+    await eventually(lambda: b.stats["takeovers_declined"] >= 1, 5, what="b to decline")
+    await eventually(lambda: b.active, 2 * LONG_LEASE.lease, what="b to take over")
+    assert loop.time() - claimed_at >= LONG_LEASE.lease
+    assert b.stats["takeovers"] == 1
 
 
 async def _owner_and_standby(group: Group) -> tuple[Muted, Member]:

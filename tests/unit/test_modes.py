@@ -57,6 +57,18 @@ def test_outside_the_mode_modules_only_the_core_picks_the_mode() -> None:
     assert len(found["core.py"]) <= 3, found  # static -> pinned (2 lines), MODES[...]
 
 
+def test_only_the_mode_modules_end_a_generation() -> None:
+    """``gen.end(...)`` only in a mode's modules; the rest (stop, group deleted, a change
+    that cannot be moved to, a crashed task) asks ``mode.step_down`` (before: 23 calls in
+    8 files)."""
+    ends = [f"{path.name}:{node.lineno}" for path in sorted(RUNTIME.glob("*.py"))
+            if path.name not in MODE_MODULES
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "end"]
+    assert ends == []
+
+
 @pytest.mark.parametrize(("exclusivity", "static", "mode"), [
     (Exclusivity.SYNC, False, SyncMode), (Exclusivity.PINNED, False, PinnedMode),
     (Exclusivity.SYNC, True, PinnedMode)])
