@@ -30,7 +30,7 @@ from cgroupd.core.config import ElasticGroupConfig, GroupConfig, PartitioningFil
 from cgroupd.core.partitions import moved_partitions, owners
 from cgroupd.nats.jetstream import JetStream
 from tests.support.natsserver import NatsServer, client_options, find_free_port
-from tests.support.polling import eventually
+from tests.support.polling import eventually, within
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -394,7 +394,7 @@ class Publisher:
     async def send(self, subject: str, payload: bytes, timeout: float = 30.0) -> None:
         while self.sent - self.acked >= self.window:
             self._progress.clear()
-            await asyncio.wait_for(self._progress.wait(), timeout)
+            await within(self._progress.wait(), timeout, "a PubAck")
         self.sent += 1
         await self.nc.publish(subject, payload, reply=f"{self._inbox}.{self.sent}")
 
@@ -403,7 +403,8 @@ class Publisher:
         deadline = time.monotonic() + timeout
         while self.acked < self.sent:
             self._progress.clear()
-            await asyncio.wait_for(self._progress.wait(), max(0.01, deadline - time.monotonic()))
+            await within(self._progress.wait(), max(0.01, deadline - time.monotonic()),
+                         f"{self.sent - self.acked} PubAcks")
         if self.errors:
             raise RuntimeError(f"{len(self.errors)} publishes refused, e.g. {self.errors[0]!r}")
 
@@ -445,7 +446,8 @@ class KeyedTraffic:
 
     async def _answer(self, timeout: float = 60.0) -> dict[str, Any]:
         assert self._proc is not None and self._proc.stdout is not None
-        line = await asyncio.wait_for(self._proc.stdout.readline(), timeout)
+        line = await within(self._proc.stdout.readline(), timeout,
+                            "the traffic process's answer")
         if not line:
             raise RuntimeError(f"the traffic process exited ({await self._proc.wait()})")
         return json.loads(line)  # type: ignore[no-any-return]
@@ -465,7 +467,7 @@ class KeyedTraffic:
             return []
         try:
             sent = int((await self._command(stop=True))["sent"])
-            await asyncio.wait_for(self._proc.wait(), 30)
+            await within(self._proc.wait(), 30, "the traffic process to exit")
         finally:
             if self._proc.returncode is None:
                 self._proc.kill()

@@ -50,6 +50,7 @@ from bench.common import (
 )
 from bench.profile import analyse_py_spy, start_py_spy
 from tests.support.natsserver import NatsServer, client_options
+from tests.support.polling import within
 
 
 def wakeups(pid: int) -> int:
@@ -239,7 +240,7 @@ async def main(seconds: float, extra: tuple[str, ...] = (),
                                                 - before[standby.pid]) / seconds, 2)}
                 if spy is not None:
                     spy.send_signal(signal.SIGINT)
-                    await asyncio.wait_for(spy.wait(), 60)
+                    await within(spy.wait(), 60, "py-spy to write its profile")
                     result["standby"]["profile"] = analyse_py_spy(out, 0.0, 15)
                 if sniff_seconds:
                     result["server_traffic"]["sniffed_per_s"] = await sniff(srv.url,

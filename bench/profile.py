@@ -54,6 +54,7 @@ from cgroupd import admin
 from cgroupd.core.config import ElasticGroupConfig, PartitioningFilter
 from cgroupd.nats.jetstream import JetStream
 from tests.support.natsserver import client_options
+from tests.support.polling import within
 
 MEMBERS = 4
 PARTITIONS = 8
@@ -264,7 +265,7 @@ async def start_py_spy(pid: int, out: Path, rate: int) -> asyncio.subprocess.Pro
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE)
         try:
-            await asyncio.wait_for(spy.wait(), 1.0)
+            await within(spy.wait(), 1.0, "py-spy to fail at once")
         except TimeoutError:
             return spy
         assert spy.stderr is not None
@@ -314,7 +315,7 @@ async def main(messages: int, tool: str, rate: int, top: int,
                 cpu = meter.stop()[target.pid]
                 if spy is not None:
                     spy.send_signal(signal.SIGINT)
-                    await asyncio.wait_for(spy.wait(), 60)
+                    await within(spy.wait(), 60, "py-spy to write its profile")
                 else:
                     os.kill(target.pid, signal.SIGUSR2)
                     await wait_for(lambda: out.exists() and out.stat().st_size > 0, 30, 0.1,

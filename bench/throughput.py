@@ -84,6 +84,7 @@ from cgroupd.nats.jetstream import JetStream
 from tests.support.groups import check
 from tests.support.natsserver import NatsServer, client_options
 from tests.support.peer import PeerProcess, peer_python, why
+from tests.support.polling import within
 
 #: The strictest mode: the whole member in stream order, one handler at a time, with
 #: prefetch (the default max in flight).
@@ -234,13 +235,13 @@ async def raw_row(srv: NatsServer, nc: Client, js: JetStream, index: int, shape:
         str(record), *args, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         assert proc.stdout is not None and proc.stdin is not None
-        line = await asyncio.wait_for(proc.stdout.readline(), 60)
+        line = await within(proc.stdout.readline(), 60, "the raw consumer to be ready")
         if line.strip() != b"ready":
             raise RuntimeError(f"the raw consumer did not start (exit {await proc.wait()})")
         result = await measure(nc, prefix, Records(files=[record]), [proc.pid], _pid(srv),
                                shape, 1)
         proc.stdin.close()
-        await asyncio.wait_for(proc.wait(), 10)
+        await within(proc.wait(), 10, "the raw consumer to exit")
     finally:
         if proc.returncode is None:
             proc.kill()

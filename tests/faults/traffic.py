@@ -21,6 +21,8 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 
+from tests.support.polling import within
+
 
 class PublishFailed(AssertionError):
     """A message could not be stored within the retry deadline."""
@@ -82,7 +84,7 @@ class KeyedPublisher:
     async def wait(self, timeout: float) -> list[tuple[str, int]]:
         """Wait for the publisher started with :meth:`start` to finish."""
         assert self._task is not None
-        return await asyncio.wait_for(asyncio.shield(self._task), timeout)
+        return await within(asyncio.shield(self._task), timeout, "the publisher to finish")
 
     async def stop(self) -> None:
         if self._task is not None and not self._task.done():
@@ -140,7 +142,7 @@ class KeyedPublisher:
         async def settle_first() -> None:
             subject, n, ack = waiting.popleft()
             try:
-                await asyncio.wait_for(ack, self.retry_for)
+                await within(ack, self.retry_for, f"the PubAck of faults-{n}")
             except Exception as exc:
                 raise PublishFailed(f"publish of faults-{n} to {subject} failed: "
                                     f"{exc!r}") from exc

@@ -43,6 +43,7 @@ from tests.support.cli import JoinProcess
 from tests.support.groups import Record, check
 from tests.support.handlers.hostile_handler import N_HEADER, digest, headers_digest
 from tests.support.natsserver import NatsServer, client_options, find_free_port, running_server
+from tests.support.polling import within
 
 pytestmark = pytest.mark.slow
 
@@ -449,7 +450,7 @@ async def test_server_status_tells_server_statuses_from_messages(
 
         async def next_status(code: str) -> Msg:
             while True:
-                msg = await asyncio.wait_for(got.get(), 5)
+                msg = await within(got.get(), 5, f"a {code} status")
                 status = jsapi.server_status(msg)
                 if status is not None and status.code == code:
                     return msg
@@ -462,7 +463,7 @@ async def test_server_status_tells_server_statuses_from_messages(
 
         await create("c", filter_subject="s.user")
         await pull("c", batch=8, expires=int(5e9), idle_heartbeat=int(0.1e9))
-        deliveries = [await asyncio.wait_for(got.get(), 5) for _ in range(7)]
+        deliveries = [await within(got.get(), 5, f"delivery {i + 1} of 7") for i in range(7)]
         assert all(jsapi.server_status(m) is None for m in deliveries)
         assert {m.headers["Status"] for m in deliveries if m.headers} >= set(STATUS_DESCRIPTIONS)
         for msg in deliveries:
@@ -500,7 +501,7 @@ async def test_server_status_tells_server_statuses_from_messages(
                      priority_policy="pinned_client", priority_timeout=int(5e9))
         await js.publish("s.pin", b"pin me", headers={"Nats-Pin-Id": "bogus"})
         await pull("p", batch=1, expires=int(1e9), group="PCG")
-        pinned = await asyncio.wait_for(got.get(), 5)
+        pinned = await within(got.get(), 5, "the pinned message")
         assert jsapi.server_status(pinned) is None
         # The server appends its own Nats-Pin-Id after the publisher's: the last one wins.
         assert pinned.headers and pinned.headers["Nats-Pin-Id"] != "bogus"

@@ -31,7 +31,7 @@ from tests.support.groups import (
     wait_started,
 )
 from tests.support.natsserver import NatsServer
-from tests.support.polling import eventually
+from tests.support.polling import eventually, within
 
 pytestmark = pytest.mark.slow
 
@@ -167,8 +167,9 @@ async def test_group_deleted_stops_every_instance(
         await fleet.add(name)
     await eventually(lambda: len(fleet.active()) == 2)
     await admin.delete_group(jetstream, "ORDERS", "g")
-    reasons = await asyncio.wait_for(
-        asyncio.gather(*(m.wait_stopped() for m in fleet.members)), 10)
+    reasons = await within(
+        asyncio.gather(*(m.wait_stopped() for m in fleet.members)), 10,
+        "every instance to stop")
     assert set(reasons) == {"group deleted"}
     assert all(m.state is MemberState.STOPPED for m in fleet.members)
 
@@ -357,7 +358,7 @@ async def test_start_on_a_missing_group_fails_fast(jetstream: JetStream, nc: Cli
 
     member = Member(jetstream, "ORDERS", "nope", "m1", handler)
     with pytest.raises(GroupNotFound, match="nope"):
-        await asyncio.wait_for(member.start(), 5)
+        await within(member.start(), 5, "start to fail")
     await member.stop()
     assert member.state is MemberState.STOPPED
 

@@ -33,7 +33,7 @@ from cgroupd.spark.options import DEFAULT_LEASE_INACTIVE, SourceOptions, connect
 from cgroupd.spark.source import ReadTask, close_executor_connections, read_task
 from tests.support.groups import make_group, publish_keyed
 from tests.support.natsserver import NatsServer
-from tests.support.polling import eventually
+from tests.support.polling import eventually, within
 from tests.support.spark_support import TcpProxy, wait_sourced
 
 pytestmark = pytest.mark.slow
@@ -406,7 +406,7 @@ async def test_release_ends_a_lease_check_that_swallowed_its_cancellation() -> N
 
     lease.verify = verify  # type: ignore[method-assign]
     lease._watch = asyncio.create_task(lease._watch_loop())
-    await asyncio.wait_for(checking.wait(), 5)
+    await within(checking.wait(), 5, "the check loop to verify")
     began = time.monotonic()
     releasing = asyncio.ensure_future(lease.release())
     await asyncio.wait({releasing}, timeout=5)

@@ -31,7 +31,7 @@ from cgroupd.member import Member
 from cgroupd.nats.jetstream import JetStream
 from cgroupd.nats.message import Message
 from tests.support.natsserver import client_options
-from tests.support.polling import eventually
+from tests.support.polling import eventually, within
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -265,7 +265,7 @@ class Fleet:
         (a hang is a bug to see, not a suite that never ends)."""
         stops = asyncio.gather(*(m.stop() for m in self.members), return_exceptions=True)
         try:
-            await asyncio.wait_for(asyncio.shield(stops), timeout)
+            await within(asyncio.shield(stops), timeout, "every member to stop")
         except TimeoutError:
             stuck = [f"{m.member}/{m.instance_id} {m.state.value}" for m in self.members
                      if m.state.value != "stopped"]

@@ -33,6 +33,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from tests.support.polling import within
+
 PEER_PACKAGE = "natsio-pcgroups"
 #: The peer version the interop tests are written against (its records, names, timers).
 PEER_VERSION = "0.1.1"
@@ -162,7 +164,7 @@ class PeerProcess:
         async with self._lock:
             self.proc.stdin.write(json.dumps({"op": op, **args}).encode() + b"\n")
             await self.proc.stdin.drain()
-            line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+            line = await within(self.proc.stdout.readline(), timeout, f"the peer's answer to {op}")
         if not line:
             raise PeerError(f"the peer process exited (code {self.proc.returncode})")
         answer = json.loads(line)
@@ -184,7 +186,7 @@ class PeerProcess:
             with contextlib.suppress(OSError):
                 self.proc.stdin.close()
             try:
-                await asyncio.wait_for(self.proc.wait(), 10)
+                await within(self.proc.wait(), 10, "the peer process to exit")
             except TimeoutError:
                 self.kill()
         self.kill()

@@ -4,7 +4,9 @@ fail saying what was awaited, where, and what was seen last.
 Await an event when there is one (an ``asyncio.Event``, a future, a process exit); poll
 only what has no event (a server's state, a child's log, a metric). ``eventually`` is for
 coroutines; ``eventually_blocking`` for code that must not use the event loop (Spark's
-callbacks, threads, synchronous tests).
+callbacks, threads, synchronous tests). ``within`` bounds an await (a stop, a queue's next
+item, a child's line) in place of ``asyncio.wait_for``, which the linter bans: on Python 3.11
+it can swallow a cancellation that arrives as its timeout fires (see cgroupd/core/tasks.py).
 """
 
 from __future__ import annotations
@@ -12,10 +14,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
-__all__ = ["eventually", "eventually_blocking"]
+from cgroupd.core.tasks import cancel_and_wait
+
+__all__ = ["eventually", "eventually_blocking", "within"]
+
+T = TypeVar("T")
 
 #: How much of the last result a timeout message shows.
 _SHOWN = 300
@@ -83,3 +89,21 @@ def eventually_blocking(check: Callable[[], Any], timeout: float = 10.0,
         if time.monotonic() > deadline:
             raise _timed_out(check, timeout, what, last, None, diagnostics)
         time.sleep(interval)
+
+
+async def within(aw: Awaitable[T], timeout: float, what: str) -> T:
+    """Await ``aw`` for at most ``timeout`` seconds and return its result. At the deadline
+    (or when the caller is cancelled) ``aw`` is cancelled until it has ended, so an await
+    that swallows one cancellation cannot hang the test; then TimeoutError names ``what``
+    (a TimeoutError, as ``asyncio.wait_for`` raised, for callers that catch it)."""
+    task = asyncio.ensure_future(aw)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    finally:
+        if not task.done():
+            await cancel_and_wait(task)
+    if not done:
+        # What it raised as it was cancelled (a failed cleanup, say) goes along as the cause.
+        cause = None if task.cancelled() else task.exception()
+        raise TimeoutError(f"timed out after {timeout}s waiting for {what}") from cause
+    return task.result()

@@ -17,7 +17,7 @@ from cgroupd.core.partitions import key_function
 from cgroupd.member import settlements as settlements_module
 from cgroupd.member.dispatch import Dispatcher, Ordering
 from cgroupd.nats.message import Deliveries, Message
-from tests.support.polling import eventually
+from tests.support.polling import eventually, within
 
 
 class FakeConnection:
@@ -278,7 +278,7 @@ async def test_cancelling_the_dispatcher_still_cancels_running_handlers() -> Non
     d, stats = dispatcher(nc, slow)
     d.submit(delivery(nc, 1, "a"))
     await started.wait()
-    await asyncio.wait_for(d.drain(0.05), 5)
+    await within(d.drain(0.05), 5, "the drain")
     assert not nc.replies(b"+ACK") and stats["retries"] == 0
 
 
@@ -616,7 +616,7 @@ async def test_a_drain_does_not_wait_for_a_confirmation_that_swallowed_its_cance
 
     d, _ = dispatcher(nc, handler, confirm_interval=0.0)
     d.submit(delivery(nc, 1, "a"))
-    await asyncio.wait_for(nc.in_request.wait(), 5)
+    await within(nc.in_request.wait(), 5, "the confirmation request")
     began = time.monotonic()
     await d.drain(1)
     assert nc.swallowed == 1

@@ -18,7 +18,7 @@ import pytest
 from cgroupd.core.errors import ApiError, JetStreamNotEnabled, ServerUnreachable
 from cgroupd.member import Member
 from tests.support.fakes_pinned import PinnedJetStream, PinState
-from tests.support.polling import eventually
+from tests.support.polling import eventually, within
 from tests.unit.test_election_pinned_unit import MEMBER, SETTINGS, WQ, Group
 
 pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
@@ -42,7 +42,7 @@ async def group() -> AsyncIterator[Group]:
     g = Group(RESET_SETTINGS)
     yield g
     for m in g.members:
-        await asyncio.wait_for(m.stop(), 10)
+        await within(m.stop(), 10, f"{m.member}/{m.instance_id} to stop")
 
 
 def _state(group: Group) -> PinState:

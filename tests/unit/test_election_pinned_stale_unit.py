@@ -15,7 +15,7 @@ import pytest
 
 from cgroupd.member import MemberState
 from tests.support.fakes_pinned import PinnedJetStream
-from tests.support.polling import eventually
+from tests.support.polling import eventually, within
 from tests.unit.test_election_pinned_unit import Group
 
 pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
@@ -45,7 +45,7 @@ async def group() -> AsyncIterator[Group]:
     g = Group()
     yield g
     for m in g.members:
-        await asyncio.wait_for(m.stop(), 10)
+        await within(m.stop(), 10, f"{m.member}/{m.instance_id} to stop")
 
 
 async def test_a_stale_pin_confirmation_starts_nothing(group: Group,

@@ -27,7 +27,7 @@ from cgroupd.member import Member, MemberState
 from cgroupd.member.state import Phase
 from cgroupd.nats.lease import Answer, Presence
 from tests.support.fakes_pinned import PinnedJetStream, PinnedServer
-from tests.support.polling import eventually
+from tests.support.polling import eventually, within
 
 pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
 
@@ -104,7 +104,7 @@ async def group() -> AsyncIterator[Group]:
     g = Group()
     yield g
     for m in g.members:
-        await asyncio.wait_for(m.stop(), 10)
+        await within(m.stop(), 10, f"{m.member}/{m.instance_id} to stop")
 
 
 def _pin_of(member: Member) -> str | None:
@@ -210,7 +210,7 @@ async def patient_group() -> AsyncIterator[Group]:
     g = Group(dataclasses.replace(SETTINGS, drain_timeout=5 * TTL))
     yield g
     for m in g.members:
-        await asyncio.wait_for(m.stop(), 10)
+        await within(m.stop(), 10, f"{m.member}/{m.instance_id} to stop")
 
 
 async def test_a_requested_step_down_lets_the_running_handler_finish_then_hands_over(

@@ -27,7 +27,7 @@ from cgroupd.member import INSTANCE_KEY, Member, MemberState
 from cgroupd.member.state import Phase
 from cgroupd.nats.lease import TRAVEL_SLACK, legacy_presence_subject
 from tests.support.fakes import FakeJetStream, FakeServer
-from tests.support.polling import eventually
+from tests.support.polling import eventually, within
 
 pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
 
@@ -71,7 +71,7 @@ async def group() -> AsyncIterator[Group]:
     g = Group()
     yield g
     for m in g.members:
-        await asyncio.wait_for(m.stop(), 10)
+        await within(m.stop(), 10, f"{m.member}/{m.instance_id} to stop")
 
 
 class Muted(Member):
@@ -304,7 +304,7 @@ async def test_a_consumer_gone_with_its_group_reads_as_group_deleted(group: Grou
     # The record goes without waking the watch: only a read of the record can tell.
     del group.server.records[(ELASTIC_BUCKET, group_key("ORDERS", "g"))]
     del group.server.consumers[(WQ, a.data_consumer)]
-    assert await asyncio.wait_for(a.wait_stopped(), 5) == "group deleted"
+    assert await within(a.wait_stopped(), 5, "m1 to stop") == "group deleted"
     assert reasons == ["group-deleted"] and a.state is MemberState.STOPPED
 
 

@@ -30,7 +30,7 @@ from cgroupd.member import Member, MemberState
 from cgroupd.member.state import Phase
 from tests.support.fakes import FakeJetStream, FakeMsg, FakeServer, data_puller
 from tests.support.fakes_pinned import PinnedJetStream, PinnedServer
-from tests.support.polling import eventually
+from tests.support.polling import eventually, within
 from tests.unit.test_election_pinned_unit import SETTINGS as PINNED
 from tests.unit.test_election_unit import SETTINGS as SYNC
 
@@ -143,7 +143,7 @@ async def sync() -> AsyncIterator[Timeline]:
     for gate in t.gates.values():
         gate.set()
     for m in t.members:
-        await asyncio.wait_for(m.stop(), 10)
+        await within(m.stop(), 10, f"{m.member}/{m.instance_id} to stop")
 
 
 @pytest.fixture
@@ -156,7 +156,7 @@ async def pinned() -> AsyncIterator[Timeline]:
     for gate in t.gates.values():
         gate.set()
     for m in t.members:
-        await asyncio.wait_for(m.stop(), 10)
+        await within(m.stop(), 10, f"{m.member}/{m.instance_id} to stop")
 
 
 async def test_sync_incremental_move(sync: Timeline) -> None:

@@ -26,7 +26,7 @@ from cgroupd.core.partitions import HOLD_TOKEN, member_consumer_filters
 from cgroupd.member import Member
 from tests.support.fakes import FakeConsumer
 from tests.support.fakes_pinned import PinState
-from tests.support.polling import eventually
+from tests.support.polling import eventually, within
 from tests.unit.test_election_pinned_reset_unit import NO_ANSWER, NO_RESPONDERS, RESET_SETTINGS
 from tests.unit.test_election_pinned_unit import MEMBER, WQ, Group
 
@@ -38,7 +38,7 @@ async def group() -> AsyncIterator[Group]:
     g = Group(RESET_SETTINGS)
     yield g
     for m in g.members:
-        await asyncio.wait_for(m.stop(), 10)
+        await within(m.stop(), 10, f"{m.member}/{m.instance_id} to stop")
 
 
 def _state(group: Group) -> PinState:

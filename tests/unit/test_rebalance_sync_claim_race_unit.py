@@ -33,7 +33,7 @@ from cgroupd.member import Member
 from cgroupd.member.generation import Generation
 from cgroupd.member.state import StepDown
 from tests.support.fakes import FakeConsumer, FakeJetStream, FakeServer
-from tests.support.polling import eventually
+from tests.support.polling import eventually, within
 from tests.unit.test_election_unit import SETTINGS, WQ, handler
 
 pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
@@ -125,7 +125,7 @@ async def two() -> AsyncIterator[Two]:
     yield t
     t.server.racy_overlap_check = False
     for m in t.members:
-        await asyncio.wait_for(m.stop(), 10)
+        await within(m.stop(), 10, f"{m.member}/{m.instance_id} to stop")
 
 
 def _at_once(*moves: tuple[Member, tuple[int, ...]]) -> None:

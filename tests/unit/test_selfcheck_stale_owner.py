@@ -23,7 +23,7 @@ from cgroupd.core.naming import INSTANCE_KEY
 from cgroupd.member import Member, MemberState
 from cgroupd.member.state import StepDown
 from tests.support.fakes import FakeJetStream, FakeMsg, FakeServer, data_puller, status
-from tests.support.polling import eventually
+from tests.support.polling import eventually, within
 from tests.unit.test_election_unit import SETTINGS, WQ, Group, handler
 
 pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
@@ -74,7 +74,7 @@ async def group() -> AsyncIterator[Group]:
     g = Group()
     yield g
     for m in g.members:
-        await asyncio.wait_for(m.stop(), 10)
+        await within(m.stop(), 10, f"{m.member}/{m.instance_id} to stop")
 
 
 def _same(m: Member, number: int) -> bool:

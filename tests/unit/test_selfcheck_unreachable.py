@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 from cgroupd.core.errors import ServerUnreachable
 from cgroupd.member import Member, MemberState
 from tests.support.fakes import FakeJetStream, FakeMsg, FakeServer, data_puller
-from tests.support.polling import eventually
+from tests.support.polling import eventually, within
 from tests.unit.test_election_unit import SETTINGS as ELECTION
 from tests.unit.test_election_unit import WQ, Group
 
@@ -49,7 +49,7 @@ async def group() -> AsyncIterator[Group]:
     g = Group()
     yield g
     for m in g.members:
-        await asyncio.wait_for(m.stop(), 10)
+        await within(m.stop(), 10, f"{m.member}/{m.instance_id} to stop")
 
 
 async def test_unanswered_self_checks_back_off_and_warn_once(group: Group) -> None:

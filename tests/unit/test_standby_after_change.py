@@ -18,7 +18,7 @@ import pytest
 from cgroupd.core.config import ELASTIC_BUCKET, ElasticGroupConfig, PartitioningFilter, group_key
 from cgroupd.member import Member, MemberState
 from tests.support.fakes import FakeJetStream, FakeServer
-from tests.support.polling import eventually
+from tests.support.polling import eventually, within
 from tests.unit.test_election_unit import SETTINGS as ELECTION
 from tests.unit.test_election_unit import WQ, Group, handler
 
@@ -46,7 +46,7 @@ async def group() -> AsyncIterator[Group]:
     g = Group()
     yield g
     for m in g.members:
-        await asyncio.wait_for(m.stop(), 10)
+        await within(m.stop(), 10, f"{m.member}/{m.instance_id} to stop")
 
 
 def _members(group: Group, *members: str) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from cgroupd.member import Member, MemberState, StepDown
 from tests.support.fakes import FakeJetStream, FakeMsg, data_puller
-from tests.support.polling import eventually
+from tests.support.polling import eventually, within
 from tests.unit.test_election_unit import SETTINGS as ELECTION
 from tests.unit.test_election_unit import WQ, Group, handler
 
@@ -30,7 +30,7 @@ async def group() -> AsyncIterator[Group]:
     g = Group()
     yield g
     for m in g.members:
-        await asyncio.wait_for(m.stop(), 10)
+        await within(m.stop(), 10, f"{m.member}/{m.instance_id} to stop")
 
 
 async def active(group: Group, reasons: list[str] | None = None) -> Member:

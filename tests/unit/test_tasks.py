@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from cgroupd.core.tasks import cancel_and_wait
+from tests.support.polling import within
 
 
 async def test_a_task_that_swallows_one_cancellation_still_ends() -> None:
@@ -28,5 +29,5 @@ async def test_a_task_that_swallows_one_cancellation_still_ends() -> None:
     done, _ = await asyncio.wait({task}, timeout=0.2)
     assert not done and swallowed == 1
     # ... cancelling until it has ended does.
-    await asyncio.wait_for(cancel_and_wait(task, retry=0.05), 5)
+    await within(cancel_and_wait(task, retry=0.05), 5, "cancel_and_wait")
     assert task.cancelled()
