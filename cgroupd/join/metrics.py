@@ -89,6 +89,14 @@ class _IgnoredInput:
         takeovers.add_metric([*self._labels, "taken"], counts.get("takeovers", 0))
         takeovers.add_metric([*self._labels, "declined"], counts.get("takeovers_declined", 0))
         yield takeovers
+        restarted = CounterMetricFamily(
+            PREFIX + "pulls_restarted", "Pinned holder's pull loops started afresh because "
+            "it held the pin, messages waited, and none of its requests was at the leader for "
+            "several renewals (the warning 'pinned with messages waiting and no request of "
+            "ours at the leader' says what the puller waited on).",
+            labels=list(LABELS))
+        restarted.add_metric(self._labels, counts.get("pulls_restarted", 0))
+        yield restarted
 
 
 class _Series:

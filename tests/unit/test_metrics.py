@@ -59,3 +59,15 @@ def test_takeovers_taken_and_declined_are_read_from_the_runtime_at_scrape_time()
            for (name, labels), value in parse_metrics(m.render().decode()).items()
            if name == "cgroupd_takeovers_total"}
     assert got == {"taken": 1, "declined": 3}
+
+
+def test_pulls_restarted_is_read_from_the_runtime_at_scrape_time() -> None:
+    """A pinned holder that restarted its pull loop (pinned, messages waiting, no request
+    of its own at the leader) shows on a dashboard, not only in its log."""
+    m = Metrics("S", "G", "M")
+    counts = {"pulls_restarted": 0}
+    m.count_ignored_input(lambda: counts)
+    counts["pulls_restarted"] = 2
+    got = {name: value for (name, _), value in parse_metrics(m.render().decode()).items()
+           if name == "cgroupd_pulls_restarted_total"}
+    assert got == {"cgroupd_pulls_restarted_total": 2}
