@@ -4,6 +4,7 @@ and reclaiming a dead owner's data consumer (see :mod:`cgroupd.nats.lease`)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import random
@@ -379,17 +380,17 @@ class SyncElection:
         """Seconds since ``instance`` made its newest data consumer of this member, as the
         server counts them; None if it holds none (or none could be read). One request
         per data slot: listing the stream's consumers costs as much as the fleet."""
+        answers = await asyncio.gather(
+            *(self.m.js.consumer_info(self.m._consume_stream, data_consumer(self.m.member, slot))
+              for slot in range(DATA_SLOTS)), return_exceptions=True)
         ages = []
-        for slot in range(DATA_SLOTS):
-            try:
-                info = await self.m.js.consumer_info(self.m._consume_stream,
-                                                     data_consumer(self.m.member, slot))
-            except CgroupdError:
-                continue
-            if info is None:
-                continue
-            view = ConsumerInfo(info)
-            if view.meta(INSTANCE_KEY) == instance and view.age is not None:
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, CgroupdError):
+                    raise answer
+                continue  # unread: counts as none (the wait goes on)
+            view = ConsumerInfo(answer) if answer is not None else None
+            if view is not None and view.meta(INSTANCE_KEY) == instance and view.age is not None:
                 ages.append(view.age)
         return min(ages, default=None)
 
