@@ -84,7 +84,8 @@ def classify_pull_status(code: str, description: str) -> PullStatus:
       (contains "exceeded", not "maxwaiting"): the request can never be served; ``409
       Exceeded MaxWaiting`` only means too many requests wait now (ask again). Both
       seen from the real server in the same test.
-    - any other 409 (``Leadership Change``, ``Batch Completed``, ...): the request ended
+    - any other 409 (``Leadership Change``, ``Batch Completed``, ``Message Size Exceeds
+      MaxBytes``: a pin renewal's one-byte request, ...): the request ended
       passing; ask again (``tests/unit/test_pull_unit.py::test_passing_409s_ask_again``).
 
     And for 423: ``Nats-Wrong-Pin-Id`` (contains "wrong"), the pin moved or went with

@@ -30,6 +30,13 @@ class Exclusivity(Enum):
 
 #: Priority group name used by pinned mode, as the Go reference uses it.
 PRIORITY_GROUP = "PCG"
+#: Pinned mode: deliveries the member consumer allows beyond what its holder asks for
+#: (``max_ack_pending`` is ``max_in_flight`` plus this). The server pins only with a
+#: delivery, so a holder stopped or killed with a full window (``max_in_flight``
+#: unacknowledged) left nobody pinnable until their ack wait ran out: 30 s (CI on 039a510,
+#: test_stall_attacks pinned-sigstop-10s). With one spare, the standby is pinned with
+#: the next message and takes the rest back at its takeover's reset.
+PIN_SPARE = 1
 #: Pinned mode: how much longer than a pull's expiry a new holder stays quiet before it
 #: resets the member consumer (no delivery made before the reset may still be on its way).
 RESET_QUIET_MARGIN = 0.25

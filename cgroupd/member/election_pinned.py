@@ -23,7 +23,7 @@ from cgroupd.core.naming import (
 )
 from cgroupd.core.partitions import member_consumer_filters
 from cgroupd.core.pinning import PinLease, SkipRules
-from cgroupd.core.settings import PRIORITY_GROUP, RESET_QUIET_MARGIN
+from cgroupd.core.settings import PIN_SPARE, PRIORITY_GROUP, RESET_QUIET_MARGIN
 from cgroupd.core.tasks import cancel_and_wait
 from cgroupd.member.generation import Generation
 from cgroupd.member.pinned_reset import Reset, reset_when_quiet
@@ -62,6 +62,7 @@ class PinnedElection:
         s = self.m.settings
         name = self.m.sync_consumer
         extra: dict[str, Any] = {
+            "max_ack_pending": s.max_in_flight + PIN_SPARE,
             "priority_groups": [PRIORITY_GROUP],
             "priority_policy": "pinned_client",
             "priority_timeout": int(s.pinned_ttl * 1e9),

@@ -278,9 +278,14 @@ class Puller:
             self._wake.set()
 
     async def pull_one(self) -> None:
-        """Send one more pull request now (pinned mode: it renews the pin's TTL)."""
+        """Send one more pull request now (pinned mode: it renews the pin's TTL), one that
+        brings no message: the server resets the pin's timer when it reads a request and
+        ends this one (409 Message Size Exceeds MaxBytes) before it would deliver. A
+        renewal that brought one took the member consumer's spare delivery
+        (:data:`cgroupd.core.settings.PIN_SPARE`) from a full window, and a holder stopped
+        then left nobody pinnable until the ack wait."""
         if self._task is not None and not self._retiring:
-            await self._pull(1)
+            await self._pull(1, renew_only=True)
 
     @property
     def room(self) -> int:
@@ -330,14 +335,14 @@ class Puller:
                 self._pending = 0
                 self.last_seen = self._clock()
 
-    async def _pull(self, batch: int) -> None:
+    async def _pull(self, batch: int, renew_only: bool = False) -> None:
         if batch <= 0 or self._hushed or self.pin_refused or not self._nc.is_connected \
                 or self._clock() < self._quiet_until:
             self._held_back += batch > 0
             return
         pin = self.pin_id
         body = jsapi.pull_body(batch, self._opts.expires, self._opts.heartbeat,
-                               self._opts.group, pin, self._max_bytes())
+                               self._opts.group, pin, 1 if renew_only else self._max_bytes())
         sent = self._clock()
         try:
             await self._nc.publish(self._subject, body, reply=self._inbox)

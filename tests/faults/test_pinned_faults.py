@@ -17,6 +17,8 @@ import time
 import pytest
 
 from cgroupd import admin
+from cgroupd.core.config import work_queue_stream
+from cgroupd.core.settings import PIN_SPARE
 from cgroupd.nats.jetstream import JetStream
 from tests.faults.runner import JoinProc
 from tests.faults.scenario import Scenario
@@ -105,6 +107,58 @@ async def test_sigterm_pinned_active_under_backlog_in_key_mode(single: Scenario)
     assert verdict.aborted == 0 and not verdict.raw_overlaps
     assert verdict.stall < 5, "the successor gets the queued messages at once"
     assert handed and handed[0]["count"] > 0, "it held queued messages: they went back"
+
+
+async def test_a_holder_stopped_with_a_full_window_is_replaced_before_the_ack_wait(
+        single: Scenario) -> None:
+    """SIGSTOP m1's pinned holder while it holds a full window (``--max-in-flight``
+    messages delivered and unacknowledged: slow handlers under a backlog), then SIGCONT
+    once the standby has committed work.
+
+    The server pins only with a delivery. With ``max_ack_pending`` equal to the window,
+    nobody could be pinned until the stopped holder's messages ran out their ack wait (30 s:
+    CI on 039a510, test_stall_attacks pinned-sigstop-10s). The member consumer keeps one
+    spare delivery (PIN_SPARE) that the holder never asks for (its pin renewals bring no
+    message), so the standby is pinned with the next message, takes the rest back at its
+    takeover's reset, and commits within a few pinned TTLs; nothing runs twice."""
+    sc = single
+    sc.variant = "exactly_once"
+    window = 8
+    args = (*PINNED, "--ordering", "key", "--max-in-flight", str(window))
+    env = {"FAULTS_DELAY": "0.2"}  # 8 slots at 0.2 s: 40 msg/s, under m1's share of 200
+    await sc.make_group(partitions=4, members=("m1", "m2"))
+    procs = [sc.start("m1", args=args, env=env), sc.start("m1", args=args, env=env)]
+    sc.start("m2", args=args, env=env)
+    await sc.wait_joined(sc.procs)
+    pub = sc.traffic(1200, rate=200)
+    pub.start()
+    active = await sc.wait_active("m1")
+    standby = next(p for p in procs if p is not active)
+    await sc.wait_progress(40, by=active)
+    wq = work_queue_stream(sc.stream, sc.group)
+
+    async def full() -> bool:
+        info = await _js(sc).consumer_info(wq, "m1")
+        return info is not None and int(info.get("num_ack_pending", 0)) >= window \
+            and int(info.get("num_pending", 0)) > 0
+
+    await sc.wait_for(full, 20, "m1's holder to hold a full window under a backlog")
+    info = await _js(sc).consumer_info(wq, "m1")
+    assert info is not None and info["config"]["max_ack_pending"] == window + PIN_SPARE
+    active.signal(signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    sc.note(f"SIGSTOP {active.instance} holding {info['num_ack_pending']} of "
+            f"{info['config']['max_ack_pending']}")
+    assert await sc.wait_active("m1", exclude=[active]) is standby
+    await sc.wait_progress(20, by=standby)
+    took = time.monotonic() - stopped_at
+    sc.note(f"{standby.instance} pinned and committed 20 after {took:.2f}s")
+    assert took < 15, "the standby waited for the stopped holder's ack wait"
+    active.signal(signal.SIGCONT)
+    await sc.wait_for(lambda: active.count("stepped down") >= 1, 20,
+                      "the resumed instance to step down")
+    verdict = await sc.finish()
+    verdict.assert_ok()
 
 
 async def test_stop_of_a_resumed_former_holder_leaves_the_successor_pinned(

@@ -58,6 +58,8 @@ def test_several_answers_are_as_old_as_the_oldest_and_absence_is_fresh() -> None
     ("409", "exceeded maxwaiting", PullStatus.ASK_AGAIN),
     ("409", "Leadership Change", PullStatus.ASK_AGAIN),
     ("409", "Batch Completed", PullStatus.ASK_AGAIN),
+    # A pin renewal's one-byte request, ended before it would deliver (Puller.pull_one).
+    ("409", "Message Size Exceeds MaxBytes", PullStatus.ASK_AGAIN),
     ("409", "", PullStatus.ASK_AGAIN),
     ("423", "Nats-Pin-Id mismatch", PullStatus.PIN_LOST),
     ("423", "Nats-Wrong-Pin-Id", PullStatus.WRONG_PIN_ID),

@@ -82,8 +82,22 @@ async def test_409_exceeded_max_request_batch_is_a_failure(pull: Harness) -> Non
     assert pull.puller.ended.result()[0] is PullEnd.FAILED
 
 
+async def test_a_pin_renewal_asks_for_no_message(pull: Harness) -> None:
+    """pull_one renews the pin (the server resets the pin's timer when it reads the
+    request) and brings nothing: one byte at most, so the server ends it with a 409 before
+    it would deliver. A renewal that brought a message took the member consumer's spare
+    delivery (PIN_SPARE): stopped then, the holder left nobody pinnable for the ack wait."""
+    first = pull.puller.outstanding
+    await pull.puller.pull_one()
+    renewal = pull.nc.pulls()[-1]
+    assert renewal["batch"] == 1 and renewal["max_bytes"] == 1
+    assert pull.nc.pulls()[0]["max_bytes"] > 1  # the pulls that bring messages
+    await pull.send(status("409", "Message Size Exceeds MaxBytes", **{PENDING_MSGS: "1"}))
+    assert not pull.puller.ended.done() and pull.puller.outstanding == first
+
+
 @pytest.mark.parametrize("description", ["Exceeded MaxWaiting", "Leadership Change",
-                                         "Batch Completed"])
+                                         "Batch Completed", "Message Size Exceeds MaxBytes"])
 async def test_passing_409s_ask_again(pull: Harness, description: str) -> None:
     await pull.send(status("409", description, **{PENDING_MSGS: "4"}))
     assert not pull.puller.ended.done() and pull.puller.outstanding == 0
