@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import signal
 import time
+from datetime import datetime
 
 import pytest
 
@@ -62,6 +63,40 @@ async def test_kill_9_active(single: Scenario) -> None:
     verdict.assert_ok()
     assert [(m, new) for m, _, new, _ in verdict.handovers] == [("m1", standby.instance)]
     assert verdict.failover_gap is not None and verdict.failover_gap < 10
+
+
+async def test_kill_9_of_an_owner_a_moment_after_its_own_takeover(single: Scenario) -> None:
+    """Issue 29: SIGKILL m1's active instance, then its successor under a second after that
+    one took over (its claim younger than a lease, its data consumer made): the third
+    instance takes over as from an owner active for long. Before, a claim that young was
+    trusted dead only once it was a lease old (kill -9 p50 1.3 s in the failover bench)."""
+    sc = single
+    await sc.make_group(partitions=4, members=("m1", "m2"))
+    first = sc.start("m1")
+    sc.start("m2")
+    await sc.wait_active("m1")
+    others = [sc.start("m1"), sc.start("m1")]
+    await sc.wait_joined(others)
+    await sc.wait_active("m2")
+    pub = sc.traffic(COUNT, rate=RATE)
+    pub.start()
+    await sc.wait_progress(100)
+    first.kill()
+    second = await sc.wait_active("m1", exclude=[first])
+    await sc.wait_progress(20, by=second)  # its data consumer delivers
+    third = next(p for p in others if p is not second)
+    second.kill()
+    killed_at, killed_wall = time.monotonic(), time.time()
+    assert await sc.wait_active("m1", exclude=[first, second]) is third
+    became = next(e for e in second.events() if e.get("event") == "became active")
+    took = time.monotonic() - killed_at
+    age = killed_wall - datetime.fromisoformat(became["timestamp"]).timestamp()
+    sc.note(f"SIGKILL {second.instance} {age:.2f}s after it became active; "
+            f"{third.instance} active {took:.2f}s later")
+    verdict = await sc.finish()
+    verdict.assert_ok()
+    assert age < MemberSettings().lease / 2, "not a young claim: the test proves nothing"
+    assert took < MemberSettings().lease - age - 0.3, "waited for the claim to be a lease old"
 
 
 async def test_kill_9_active_with_keys_in_flight(single: Scenario) -> None:
