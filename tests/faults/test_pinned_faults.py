@@ -48,6 +48,21 @@ async def _pinned_setup(sc: Scenario, args: tuple[str, ...], count: int,
     return active, next(p for p in procs if p is not active), held
 
 
+async def _slow_handlers_under_backlog(sc: Scenario, args: tuple[str, ...], delay: float,
+                                      count: int) -> tuple[JoinProc, JoinProc]:
+    """m1 with two instances, m2, every handler taking ``delay`` s (exactly-once recorder),
+    ``count`` messages at 200 msg/s started: (m1's active instance, its standby)."""
+    sc.variant = "exactly_once"
+    env = {"FAULTS_DELAY": str(delay)}
+    await sc.make_group(partitions=4, members=("m1", "m2"))
+    procs = [sc.start("m1", args=args, env=env), sc.start("m1", args=args, env=env)]
+    sc.start("m2", args=args, env=env)
+    await sc.wait_joined(sc.procs)
+    sc.traffic(count, rate=200).start()
+    active = await sc.wait_active("m1")
+    return active, next(p for p in procs if p is not active)
+
+
 async def test_sigstop_pinned_active_in_key_mode(single: Scenario) -> None:
     """SIGSTOP m1's pinned active instance (key ordering, 64 in flight) inside a handler,
     past the pinned TTL, until the standby (pinned now) has committed work; then SIGCONT.
@@ -84,16 +99,7 @@ async def test_sigterm_pinned_active_under_backlog_in_key_mode(single: Scenario)
     not started, in stream order, before the pin moves; otherwise those messages wait
     out their ack wait (30 s) while the successor runs later messages of their keys."""
     sc = single
-    sc.variant = "exactly_once"
-    env = {"FAULTS_DELAY": "0.15"}
-    await sc.make_group(partitions=4, members=("m1", "m2"))
-    procs = [sc.start("m1", args=KEYED, env=env), sc.start("m1", args=KEYED, env=env)]
-    sc.start("m2", args=KEYED, env=env)
-    await sc.wait_joined(sc.procs)
-    pub = sc.traffic(1400, rate=200)
-    pub.start()
-    active = await sc.wait_active("m1")
-    standby = next(p for p in procs if p is not active)
+    active, standby = await _slow_handlers_under_backlog(sc, KEYED, 0.15, 1400)
     await sc.wait_progress(150, by=active)
     active.signal(signal.SIGTERM)
     sc.note(f"SIGTERM {active.instance} under backlog")
@@ -122,18 +128,10 @@ async def test_a_holder_stopped_with_a_full_window_is_replaced_before_the_ack_wa
     message), so the standby is pinned with the next message, takes the rest back at its
     takeover's reset, and commits within a few pinned TTLs; nothing runs twice."""
     sc = single
-    sc.variant = "exactly_once"
     window = 8
     args = (*PINNED, "--ordering", "key", "--max-in-flight", str(window))
-    env = {"FAULTS_DELAY": "0.2"}  # 8 slots at 0.2 s: 40 msg/s, under m1's share of 200
-    await sc.make_group(partitions=4, members=("m1", "m2"))
-    procs = [sc.start("m1", args=args, env=env), sc.start("m1", args=args, env=env)]
-    sc.start("m2", args=args, env=env)
-    await sc.wait_joined(sc.procs)
-    pub = sc.traffic(1200, rate=200)
-    pub.start()
-    active = await sc.wait_active("m1")
-    standby = next(p for p in procs if p is not active)
+    # 8 slots at 0.2 s: 40 msg/s, under m1's share of 200.
+    active, standby = await _slow_handlers_under_backlog(sc, args, 0.2, 1200)
     await sc.wait_progress(40, by=active)
     wq = work_queue_stream(sc.stream, sc.group)
 

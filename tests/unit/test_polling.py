@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from tests.support.cancellation import SwallowsOneCancellation
 from tests.support.polling import within
 
 
@@ -45,25 +46,14 @@ async def test_a_timeout_names_what_was_awaited_and_cancels_it() -> None:
 async def test_an_await_that_swallows_a_cancellation_cannot_hang_the_test() -> None:
     """The awaited code swallows the first cancellation (as nats-py's ``wait_for`` on 3.11
     can): ``within`` cancels it again, so the test fails in time instead of hanging."""
-    swallowed = 0
-
-    async def stubborn() -> None:
-        nonlocal swallowed
-        while True:
-            try:
-                await asyncio.sleep(3600)
-            except asyncio.CancelledError:
-                if swallowed:
-                    raise
-                swallowed += 1
-
+    stubborn = SwallowsOneCancellation()
     began = time.monotonic()
-    waiting = asyncio.ensure_future(within(stubborn(), 0.05, "the stubborn task"))
+    waiting = asyncio.ensure_future(within(stubborn.run(), 0.05, "the stubborn task"))
     await asyncio.wait({waiting}, timeout=5)
     assert waiting.done(), "within still waiting 5 s after its 0.05 s deadline"
     with pytest.raises(TimeoutError, match="the stubborn task"):
         waiting.result()
-    assert swallowed == 1 and time.monotonic() - began < 2
+    assert stubborn.swallowed == 1 and time.monotonic() - began < 2
 
 
 async def test_cancelling_the_caller_ends_what_it_awaited() -> None:
