@@ -114,7 +114,11 @@ def probing(ns: VethNamespace, url: str, consumer: str) -> Iterator[list[dict[st
         yield answers
     finally:
         probe.kill()
-        out, _ = probe.communicate(timeout=10)
+        try:
+            out, _ = probe.communicate(timeout=10)
+        finally:
+            if probe.stdout is not None:  # left open when communicate timed out
+                probe.stdout.close()
         answers.extend(json.loads(line) for line in out.splitlines())
 
 

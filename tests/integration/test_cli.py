@@ -293,6 +293,8 @@ def test_demo_runs_and_leaves_nothing_behind(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        if proc.stdout is not None:  # left open when communicate timed out
+            proc.stdout.close()
         leftovers = session_processes(proc.pid)
         for pid in leftovers:  # only processes of the session this test started
             os.kill(pid, signal.SIGKILL)

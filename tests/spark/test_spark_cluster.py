@@ -44,9 +44,11 @@ def _end(proc: subprocess.Popen[str]) -> None:
         for pid in reversed(descendants(proc.pid)):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-    if proc.stdout is not None:
-        proc.stdout.close()
+    try:
+        proc.wait(timeout=30)
+    finally:
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 @pytest.mark.timeout(600)  # JVMs start slowly on a busy 2-core machine
