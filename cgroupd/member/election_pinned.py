@@ -53,10 +53,10 @@ class PinnedElection:
         self.m = member
         self.mode = mode
 
-    async def _acquire_pinned(self, partitions: tuple[int, ...]) -> Generation | None:
+    async def acquire_pinned(self, partitions: tuple[int, ...]) -> Generation | None:
         """Pinned mode: ensure the shared member consumer exists, pull until pinned.
 
-        Only the pinned instance changes the consumer (:meth:`_move_pinned` brings its
+        Only the pinned instance changes the consumer (:meth:`move_pinned` brings its
         filters to the config); a standby that finds it with other filters leaves it be.
         Nothing starts before :meth:`_take_over` opens the dispatcher."""
         s = self.m.settings
@@ -227,19 +227,19 @@ class PinnedElection:
             gen.end(StepDown.REQUESTED, "asked on the member's step-down subject")
         return f"{self.m.instance_id} {MemberState.STEPPING_DOWN.value}"
 
-    async def _hold_pin(self, gen: Generation) -> None:
+    async def hold_pin(self, gen: Generation) -> None:
         """Pinned mode, while active: take over, then renew the lease every quarter of
         the pinned TTL (so handlers never wait for it) and apply membership changes."""
         if not await self._take_over(gen):
             return
-        self.m._spawn(gen, self.mode.rebalance_loop(gen), "_rebalance_loop")
+        self.m._spawn(gen, self.mode.rebalance_loop(gen), "rebalance_loop")
         period = self.m.settings.pinned_ttl / 4
         while not gen.ended.done():
             await self.m._sleep(period)
-            if not await self._renew(gen) and not self._pin_unanswered(gen):
+            if not await self.renew(gen) and not self.pin_unanswered(gen):
                 gen.end(StepDown.PIN_LOST, "the pin could not be proven ours any more")
 
-    def _pin_unanswered(self, gen: Generation) -> bool:
+    def pin_unanswered(self, gen: Generation) -> bool:
         """The lease ran out only because nobody answered (a restart of our server, or of
         the member consumer's leader, with a reconnect and an election to wait for):
         hold on to the partitions for up to :data:`UNANSWERED_HOLD` pinned TTLs more,
@@ -250,13 +250,13 @@ class PinnedElection:
         return (lease is not None and not lease.lost and not gen.ended.done()
                 and self.m._clock() < lease.until + UNANSWERED_HOLD * s.pinned_ttl)
 
-    async def _renew(self, gen: Generation) -> bool:
+    async def renew(self, gen: Generation) -> bool:
         """Prove the pin is still ours and extend the lease; one renewal at a time."""
         if gen.renewal is None or gen.renewal.done():
             gen.renewal = asyncio.ensure_future(self._renew_once(gen))
         return await asyncio.shield(gen.renewal)
 
-    def _renew_now(self, gen: Generation) -> None:
+    def renew_now(self, gen: Generation) -> None:
         """Reconnected: a renewal asked on the old connection waits out its timeout for
         an answer that will not come; ask again at once on the new one (the holder's
         server restarted: its chance to be pinned again before a standby competes). Only a
@@ -272,7 +272,7 @@ class PinnedElection:
         while we hold the member: check it now. After a consumer leader change that is
         the step that asks to be pinned again, and the one that resumes starts once we
         are (each waited up to a renewal period: a 3.01 s gap in a rolling restart)."""
-        self._renew_now(gen)
+        self.renew_now(gen)
 
     def _delivery_gap(self, gen: Generation, expected: int, got: int) -> None:
         """A delivery's number skipped: one before it may be lost on its way (our server
@@ -285,7 +285,7 @@ class PinnedElection:
         lease = gen.pin_lease
         if lease is not None and lease.held:
             self.mode.doubt(gen, "a delivery number skipped", expected=expected, got=got)
-            self._renew_now(gen)
+            self.renew_now(gen)
 
     async def _renew_once(self, gen: Generation) -> bool:
         """A pull carrying our pin id, a round trip proving the server read it, then the
@@ -527,7 +527,7 @@ class PinnedElection:
             lease = gen.pin_lease
             if gen.ended.done():
                 return
-            if lease is None or not (lease.valid or await self._renew(gen)):
+            if lease is None or not (lease.valid or await self.renew(gen)):
                 gen.end(StepDown.PIN_LOST, "the pin could not be proven ours any more")
                 return
             doubts = gen.doubts  # no pull of ours open: the reset covers them all
@@ -566,7 +566,7 @@ class PinnedElection:
         pinned until their 30 s ack wait (a rolling restart, 32 s gap)."""
         s = self.m.settings
         give_up = self.m._clock() + UNANSWERED_HOLD * s.pinned_ttl
-        while not await self._renew(gen):
+        while not await self.renew(gen):
             lease = gen.pin_lease
             if lease is None or lease.lost or gen.ended.done() or self.m._clock() > give_up:
                 return False
@@ -644,7 +644,7 @@ class PinnedElection:
         # The consumer may have the filters of another config, or have been retargeted by
         # a standby (RESET_KEY): bring it to ours before anything starts.
         try:
-            moved = await self.mode.rebalance._move_pinned(gen, gen.target)
+            moved = await self.mode.rebalance.move_pinned(gen, gen.target)
         except CgroupdError as exc:
             self.m._log.warning("could not bring the member consumer to this config",
                                 error=str(exc))
@@ -661,7 +661,7 @@ class PinnedElection:
     async def _retarget_unpinned(self, info: dict[str, Any],
                                  partitions: tuple[int, ...]) -> bool:
         """A standby found the member consumer with other filters than its config gives.
-        While an instance holds the pin, that one moves them (:meth:`_move_pinned`). While
+        While an instance holds the pin, that one moves them (:meth:`move_pinned`). While
         nobody does, no message may pin anyone (pinning takes a delivery), so the standby
         sets them, marking the consumer so the next holder resets it at a quiet point
         before running anything. False: not now, try again later."""

@@ -98,7 +98,7 @@ class SyncElection:
                 and watch.silent_for(now) < s.lease
                 and now - self._attempted_at < IDLE_ATTEMPT_EVERY * s.retry_interval)
 
-    async def _acquire_sync(self, partitions: tuple[int, ...]) -> Generation | None:
+    async def acquire_sync(self, partitions: tuple[int, ...]) -> Generation | None:
         """Sync exclusivity: try once to win the election; None means stay standby."""
         s = self.m.settings
         watch = self.m._watch
@@ -275,7 +275,7 @@ class SyncElection:
             self.m._watch = OwnerWatch(owner, heard=self.m._clock(), subject=subject)
             self._watched_created = info.get("created")
 
-    async def _stand_by(self, timeout: float) -> None:
+    async def stand_by(self, timeout: float) -> None:
         """Wait up to ``timeout`` (a wake ends it early) while watching the active
         instance: return at once when it is gone, idle, or silent for ``lease +
         takeover_margin``, so that the next attempt replaces it."""
@@ -514,7 +514,7 @@ class SyncElection:
             self.m._log.warning("could not inspect previous owner's consumer", error=str(exc))
         return reclaimed
 
-    async def _recheck_claim(self, gen: Generation, ended: Puller, detail: str) -> None:
+    async def recheck_claim(self, gen: Generation, ended: Puller, detail: str) -> None:
         """Our claim's pull was told "consumer deleted": believe it only if a server in
         touch with its cluster agrees. After a cluster heal, the node that was cut off
         still runs the old claim of the same name until it catches up; deleting it, it

@@ -13,14 +13,14 @@ sync      :class:`~cgroupd.member.election_sync.SyncElection` (claim, standby wa
           (moves between data consumers), :class:`~cgroupd.member.selfcheck.SelfCheck`
           (self-check, the lease every start waits for)
                                                           ``election_sync.py``:
-                                                          ``SyncElection._acquire_sync``
+                                                          ``SyncElection.acquire_sync``
                                                           (``_unseat`` replaces the holder)
 pinned    :class:`~cgroupd.member.election_pinned.PinnedElection` (the pin, its lease,
           the takeover of a previous holder's messages),
           :class:`~cgroupd.member.rebalance_pinned.PinnedRebalance` (moves in place),
           :mod:`~cgroupd.member.pinned_reset` (the one hush/reset/retry loop)
                                                           ``election_pinned.py``:
-                                                          ``PinnedElection._acquire_pinned``
+                                                          ``PinnedElection.acquire_pinned``
                                                           (the server pins us), then
                                                           ``_take_over``
 ========  ==============================================  ===============================
@@ -229,7 +229,7 @@ class SyncMode(ExclusivityMode):
         self.checks = SelfCheck(member, self)
 
     async def acquire(self, partitions: tuple[int, ...]) -> Generation | None:
-        return await self.election._acquire_sync(partitions)
+        return await self.election.acquire_sync(partitions)
 
     def run(self, gen: Generation) -> None:
         m = self.m
@@ -237,15 +237,15 @@ class SyncMode(ExclusivityMode):
         assert gen.dispatcher is not None
         if not gen.ended.done():
             gen.dispatcher.resume()
-        m._spawn(gen, self.rebalance_loop(gen), "_rebalance_loop")
-        m._spawn(gen, self.checks._verify_loop(gen), "_verify_loop")
+        m._spawn(gen, self.rebalance_loop(gen), "rebalance_loop")
+        m._spawn(gen, self.checks.verify_loop(gen), "verify_loop")
 
     async def fence(self, gen: Generation) -> bool:
-        """Only under a running lease (see SelfCheck._hold_lease)."""
-        return await self.checks._hold_lease(gen)
+        """Only under a running lease (see SelfCheck.hold_lease)."""
+        return await self.checks.hold_lease(gen)
 
     async def move(self, gen: Generation, target: tuple[int, ...]) -> bool:
-        return await self.rebalance._move_partitions(gen, target)
+        return await self.rebalance.move_partitions(gen, target)
 
     async def release(self, gen: Generation, began: float) -> None:
         m = self.m
@@ -265,7 +265,7 @@ class SyncMode(ExclusivityMode):
         return self.m.settings.incremental_rebalance and bool(new)
 
     async def stand_by(self, timeout: float) -> None:
-        await self.election._stand_by(timeout)
+        await self.election.stand_by(timeout)
 
     def pulls_overlap(self, consumer: str) -> bool:
         # The sync consumer's request never ends early (it matches nothing): overlapping
@@ -276,10 +276,10 @@ class SyncMode(ExclusivityMode):
     def pull_ended(self, gen: Generation, puller: Puller, why: PullEnd, detail: str,
                    lost: StepDown) -> None:
         # Our claim's pull told "consumer deleted" is believed only once a server in
-        # touch with its cluster agrees (SyncElection._recheck_claim).
+        # touch with its cluster agrees (SyncElection.recheck_claim).
         if (why is PullEnd.CONSUMER_GONE and puller.consumer == self.m.sync_consumer
                 and not gen.ended.done()):
-            self.m._spawn(gen, self.election._recheck_claim(gen, puller, detail),
+            self.m._spawn(gen, self.election.recheck_claim(gen, puller, detail),
                           "-claim-recheck")
             return
         super().pull_ended(gen, puller, why, detail, lost)
@@ -304,18 +304,18 @@ class PinnedMode(ExclusivityMode):
                                             self.election._step_down_requested)
 
     async def acquire(self, partitions: tuple[int, ...]) -> Generation | None:
-        return await self.election._acquire_pinned(partitions)
+        return await self.election.acquire_pinned(partitions)
 
     def run(self, gen: Generation) -> None:
-        # The dispatcher stays paused until the takeover is done (_hold_pin).
-        self.m._spawn(gen, self.election._hold_pin(gen), "_hold_pin")
+        # The dispatcher stays paused until the takeover is done (hold_pin).
+        self.m._spawn(gen, self.election.hold_pin(gen), "hold_pin")
 
     async def fence(self, gen: Generation) -> bool:
         """Only within the lease on the pin (renewed here if it ran out)."""
         m, election = self.m, self.election
         lease = gen.pin_lease
-        while lease is not None and not lease.valid and not await election._renew(gen):
-            if not election._pin_unanswered(gen):
+        while lease is not None and not lease.valid and not await election.renew(gen):
+            if not election.pin_unanswered(gen):
                 break
             await m._sleep(m.settings.pinned_ttl / 8)  # no answer: ask again
         if lease is None or not lease.valid:
@@ -324,10 +324,10 @@ class PinnedMode(ExclusivityMode):
         return not gen.ended.done()
 
     async def move(self, gen: Generation, target: tuple[int, ...]) -> bool:
-        return await self.rebalance._move_pinned(gen, target)
+        return await self.rebalance.move_pinned(gen, target)
 
     async def release(self, gen: Generation, began: float) -> None:
-        await self.m._releaser.release_pinned(gen, self.election._renew)
+        await self.m._releaser.release_pinned(gen, self.election.renew)
 
     def incremental(self, new: tuple[int, ...]) -> bool:
         # The member consumer is shared and never deleted (issue 13 item 3): the pinned
@@ -335,7 +335,7 @@ class PinnedMode(ExclusivityMode):
         return True
 
     def acks(self, gen: Generation) -> PinnedAcks | None:
-        return PinnedAcks(self.election._renew, gen)
+        return PinnedAcks(self.election.renew, gen)
 
     def prepare(self, gen: Generation) -> None:
         if self.m.static:
@@ -364,7 +364,7 @@ class PinnedMode(ExclusivityMode):
         self.doubt(gen, "disconnected")
 
     def connection_back(self, gen: Generation) -> None:
-        self.election._renew_now(gen)
+        self.election.renew_now(gen)
 
 
 MODES: dict[Exclusivity, type[ExclusivityMode]] = {

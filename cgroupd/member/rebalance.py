@@ -112,7 +112,7 @@ class Rebalance:
     #: consumer with any of the gained partitions (no previous owner's to wait for).
     _claimed_free: bool = False
 
-    async def _move_partitions(self, gen: Generation, target: tuple[int, ...]) -> bool:
+    async def move_partitions(self, gen: Generation, target: tuple[int, ...]) -> bool:
         """One incremental rebalance; False means fall back to a full rejoin.
 
         Losing: the data consumer's filters drop the lost partitions; every delivery made

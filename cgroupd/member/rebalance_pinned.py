@@ -42,7 +42,7 @@ class PinnedRebalance:
         self.m = member
         self.mode = mode
 
-    async def _move_pinned(self, gen: Generation, target: tuple[int, ...]) -> bool:
+    async def move_pinned(self, gen: Generation, target: tuple[int, ...]) -> bool:
         """Bring the member consumer to ``target`` in place (issue 13 items 3 and 4); False
         means fall back to a rejoin. Only the pinned instance changes the consumer.
 
@@ -123,7 +123,7 @@ class PinnedRebalance:
         return True
 
     async def _take_partitions(self, gen: Generation, kept: set[int], gained: set[int]) -> bool:
-        """Claim ``gained`` once free, then take them at a quiet point (see _move_pinned)."""
+        """Claim ``gained`` once free, then take them at a quiet point (see move_pinned)."""
         starts = await self._claim_partitions(gen, kept, gained)
         if starts is None:
             return False

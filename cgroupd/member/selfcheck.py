@@ -37,7 +37,7 @@ class SelfCheck:
     #: Self-checks in a row that got no answer: one warning per outage, not one per try.
     _unanswered = 0
 
-    async def _verify_loop(self, gen: Generation) -> None:
+    async def verify_loop(self, gen: Generation) -> None:
         """ADR: the active instance checks its consumers still exist and name it; each
         confirmed check renews its lease.
 
@@ -88,7 +88,7 @@ class SelfCheck:
         (issue 27: self-checks were nearly all of an idle fleet's JetStream API requests,
         one a second per member). The lease then runs out while nothing comes, which costs
         the first message after the quiet one check's round trip before it starts
-        (:meth:`_hold_lease`); a lost claim is still heard at once (its deletion ends our
+        (:meth:`hold_lease`); a lost claim is still heard at once (its deletion ends our
         pull on it), and a data consumer that starves us within ``IDLE_CHECK_MAX``.
         """
         s = self.m.settings
@@ -176,7 +176,7 @@ class SelfCheck:
                                 owner=owner)
         self._out_of_touch = True
 
-    async def _hold_lease(self, gen: Generation) -> bool:
+    async def hold_lease(self, gen: Generation) -> bool:
         """Sync exclusivity: start only under a running lease. Once it has run out (cut
         off, stalled, disconnected), wait until a self-check confirms we still own the
         member (True) or shows we do not (False: the generation has ended)."""

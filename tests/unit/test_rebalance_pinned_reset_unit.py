@@ -79,7 +79,7 @@ async def _holding_three(group: Group) -> Member:
 async def _retargeted(group: Group, a: Member) -> None:
     """What a standby does when it finds the member consumer with other filters while
     nobody is pinned (``_retarget_unpinned``): it marks it for a reset at a quiet point.
-    The holder sees the mark at its next renewal and moves in place (``_move_pinned``)."""
+    The holder sees the mark at its next renewal and moves in place (``move_pinned``)."""
     info = await a.js.consumer_info(WQ, MEMBER)
     assert info is not None
     real, held = member_consumer_filters(info["config"].get("filter_subjects") or [])
