@@ -25,8 +25,8 @@ fi
 # Two phases (tests/conftest.py marks them). First everything but fault injection and
 # 3-node clusters, on two workers: those tests wait on servers and timers, not the CPU,
 # and what must not overlap (Spark, the browser, the interop peer) stays on one worker.
-# Then the fault and cluster tests, in one process with nothing beside them: they
-# measure takeover times. A phase that selects nothing (exit 5) is not a failure.
+# Then the fault and cluster tests, two at a time with no CPU-bound test beside them:
+# they measure takeover times, and mostly wait on timers and servers. A phase that selects nothing (exit 5) is not a failure.
 # CGROUPD_TEST_WORKERS=0 runs everything in one process, in one phase (use it with -m).
 WORKERS=${CGROUPD_TEST_WORKERS:-2}
 if [ "$WORKERS" = 0 ]; then
@@ -36,7 +36,7 @@ status=0
 "$VENV/bin/python" -m pytest -n "$WORKERS" --dist loadgroup -m "not alone" "$@" || status=$?
 [ "$status" = 5 ] && status=0
 alone=0
-"$VENV/bin/python" -m pytest -m alone "$@" || alone=$?
+"$VENV/bin/python" -m pytest -n "$WORKERS" --dist loadgroup -m alone "$@" || alone=$?
 [ "$alone" = 5 ] && alone=0
 [ "$status" = 0 ] && status=$alone
 exit "$status"

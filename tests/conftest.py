@@ -54,11 +54,11 @@ def pytest_configure(config: pytest.Config) -> None:
 #: (``pytest -n 2 --dist loadgroup``, scripts/test.sh): each group runs in order on one
 #: worker while the other worker takes the rest. Spark starts a JVM per session; the
 #: console drives one headless Chromium; the interop tests share the reference's venv.
-#: Fault injection and 3-node clusters are marked ``alone`` as well: they measure
-#: takeover times and own network namespaces, so scripts/test.sh runs them after the
-#: rest, in one process with nothing beside them (on two workers, beside the rest, a
-#: pinned stall test and a pinned toggle test failed in CI runs that pass alone).
-SERIAL_GROUPS = {"faults": "faults", "spark": "spark", "console": "browser"}
+#: Fault injection and 3-node clusters are marked ``alone``: they measure takeover times,
+#: so scripts/test.sh runs them after the rest, with no CPU-bound test beside them (on
+#: two workers beside the rest, a pinned stall test and a pinned toggle test failed in CI
+#: runs that passed alone), two at a time: they mostly wait on timers and servers.
+SERIAL_GROUPS = {"spark": "spark", "console": "browser"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -68,13 +68,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if cluster:
             item.add_marker(pytest.mark.cluster)
         folder = item.path.parent.name
-        group = SERIAL_GROUPS.get(folder, "faults" if cluster else None)
+        group = SERIAL_GROUPS.get(folder)
         if group is None and item.get_closest_marker("interop"):
             group = "peer"  # one reference venv, one peer at a time
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
-        if group == "faults" or cluster:  # a 3-node cluster in any folder (Spark's too)
+        if folder == "faults" or cluster:  # a 3-node cluster in any folder (Spark's too)
             item.add_marker(pytest.mark.alone)
+
+
+#: Tables a test hands to the session's summary (``report.user_properties`` entries named
+#: :data:`SUMMARY_TABLE`, set by tests/faults/conftest.py): collected here, where xdist's
+#: controller sees every worker's reports, and printed at the end.
+SUMMARY_TABLE = "fault_scenario"
+_TABLES: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _TABLES.extend(str(value) for name, value in report.user_properties
+                   if name == SUMMARY_TABLE)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _TABLES:
+        terminalreporter.section("fault scenarios")
+        for table in _TABLES:
+            terminalreporter.write_line(table)
+            terminalreporter.write_line("")
 
 
 _HANGDUMP_DISARM = pytest.StashKey[Any]()

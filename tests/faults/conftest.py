@@ -3,7 +3,7 @@
 Every test module here is marked ``faults`` and ``slow`` (``pytest -m faults``;
 ``-m "not slow"`` leaves them out). After each test, no member process, network namespace
 or veth link made by it may be left: the leak check fails the test otherwise. The
-per-scenario tables are printed at the end of the session.
+per-scenario tables are printed at the end of the session (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from tests.conftest import SUMMARY_TABLE
 from tests.faults import injectors, runner
 from tests.faults.scenario import REPORTS, Scenario
 from tests.support.natsserver import NatsCluster, NatsServer, running_cluster, running_server
@@ -34,12 +35,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.cluster)
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if REPORTS:
-        terminalreporter.section("fault scenarios")
-        for table in REPORTS:
-            terminalreporter.write_line(table)
-            terminalreporter.write_line("")
+_FIRST_TABLE = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item,
+                              call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Hand the scenario tables this test made to its teardown report, which tests/
+    conftest.py prints at the end (on several workers only the reports reach the
+    controller)."""
+    if call.when == "setup":
+        item.stash[_FIRST_TABLE] = len(REPORTS)
+    outcome = yield
+    if call.when == "teardown":
+        report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+        first = item.stash.get(_FIRST_TABLE, len(REPORTS))
+        report.user_properties.extend((SUMMARY_TABLE, table) for table in REPORTS[first:])
 
 
 @pytest.fixture(autouse=True)
