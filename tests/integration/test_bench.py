@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bench import failover, profile, revision, scale, table, throughput
+from bench import ack_cost, failover, profile, revision, scale, table, throughput
 from bench.common import ROOT
 
 
@@ -111,6 +111,16 @@ async def test_scale_runs() -> None:
     handover = added["handover_gap_s"]  # every moved partition's dark time, measured
     assert handover["partitions"] == added["moved_partitions"], handover
     assert 0 < handover["p50"] <= handover["p99"] <= handover["max"], handover
+
+
+@pytest.mark.slow
+async def test_ack_cost_runs() -> None:
+    """Every message published is acked, at each number of idle consumers."""
+    result = _json(await ack_cost.run([0, 3], rate=200, seconds=0.5))
+    rows = result["rows"]
+    assert [r["idle_consumers"] for r in rows] == [0, 3]
+    assert all(r["acked"] == 100 and r["server_cpu_pct"] >= 0 for r in rows), rows
+    assert all(0 < r["wait_s_p50"] <= r["wait_s_p99"] for r in rows), rows
 
 
 @pytest.mark.slow
