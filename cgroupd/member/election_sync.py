@@ -18,6 +18,7 @@ from cgroupd.core.errors import (
     CgroupdError,
     ConsumerExists,
     InstanceIdInUse,
+    ServerUnreachable,
     WorkQueueOverlap,
 )
 from cgroupd.core.naming import (
@@ -114,8 +115,15 @@ class SyncElection:
                                            metadata=self._instance_metadata(),
                                            max_ack_pending=1)
         sent = self.m._clock()
+        # Answered "claiming" while the create is on its way (see MemberCore): cleared
+        # with no await before the success path enters CLAIMING.
+        self.m._claim_in_flight = True
         try:
-            await self.m.js.create_consumer(self.m._consume_stream, self.m.sync_consumer, sync_cfg)
+            try:
+                await self.m.js.create_consumer(self.m._consume_stream, self.m.sync_consumer,
+                                                sync_cfg)
+            finally:
+                self.m._claim_in_flight = False
         except ConsumerExists:
             if self.m._watch is None:
                 await self._learn_owner()
@@ -463,6 +471,23 @@ class SyncElection:
                     await self._reclaim_abandoned(gen)
                 if self.m._clock() > deadline or gen.ended.done() or self.m._stopping:
                     raise
+            except ServerUnreachable:
+                # Unanswered. A new clustered consumer's reply comes from its first leader,
+                # which the meta leader picks at random among the peers: across a route cut
+                # it can be a server out of our server's reach, and then so is every pull
+                # (issue 29: giving up let the claim go, and the instance across the cut
+                # took the member back). It may exist, naming us: delete it (the meta
+                # leader applies that, even if the reply is lost too) and try the next name
+                # (another random leader), keeping the claim.
+                self.m._log.warning("data consumer create unanswered; deleting it and "
+                                    "trying the next name", consumer=name)
+                with contextlib.suppress(CgroupdError):
+                    await self.m.js.delete_consumer(self.m._consume_stream, name)
+                self.m._just_deleted.add(name)
+                self.m._data_slot = (self.m._data_slot + 1) % DATA_SLOTS
+                if self.m._clock() > deadline or gen.ended.done() or self.m._stopping:
+                    raise
+                continue
             except WorkQueueOverlap:
                 if reclaim is not None:
                     await reclaim()

@@ -20,7 +20,7 @@ from cgroupd.core.config import (
     group_key,
     work_queue_stream,
 )
-from cgroupd.core.errors import ApiError, InstanceIdInUse
+from cgroupd.core.errors import ApiError, InstanceIdInUse, ServerUnreachable
 from cgroupd.core.naming import MEMBER_KEY, PRESENCE_BY_MEMBER, PRESENCE_KEY, data_consumers
 from cgroupd.core.settings import MemberSettings
 from cgroupd.member import INSTANCE_KEY, Member, MemberState
@@ -622,3 +622,74 @@ async def test_a_sync_instance_claims_before_it_is_active_and_stops_via_stopping
         (MemberState.STANDBY, Phase.WAITING), (MemberState.STANDBY, Phase.CLAIMING),
         (MemberState.ACTIVE, Phase.RUNNING), (MemberState.STEPPING_DOWN, Phase.STOPPING),
         (MemberState.STOPPED, None)], a.__dict__["path"]
+
+
+class LateClaimReply(FakeJetStream):
+    """The server applies our claim's create at once, and its reply reaches us ``DELAY``
+    later (a busy leader, a reply on its way across a heal): another instance sees the
+    claim naming us, and probes us, before we know that we hold it."""
+
+    DELAY = 1.0
+
+    async def create_consumer(self, stream: str, name: str, config: dict[str, Any],
+                              action: str = "create") -> dict[str, Any]:
+        info = await super().create_consumer(stream, name, config, action)
+        if name == "m1" and action == "create":
+            await asyncio.sleep(self.DELAY)
+        return info
+
+
+async def test_a_claim_whose_create_is_unanswered_yet_is_not_taken_for_idle(
+        group: Group) -> None:
+    """Issue 29 (a route cut's heal): an instance whose claim exists while the create's
+    reply is still on its way answers "claiming", not "standby", so a standby does not
+    take the live claim for a left-over idle one and delete it (before: it did, and the
+    member changed owner a second time)."""
+    a = Member(LateClaimReply(group.server), "ORDERS", "g", "m1", handler,  # type: ignore[arg-type]
+               SETTINGS, instance_id="a")
+    await a.start()
+    group.members.append(a)
+    await eventually(lambda: group.holder() == "a", 5, what="a's claim on the server")
+    b = await group.start(instance_id="b")
+    await eventually(lambda: a.active, 5, what="a active once its reply came")
+    await asyncio.sleep(SETTINGS.lease)  # b keeps watching an answering owner
+    assert b.stats["takeovers"] == 0 and b.state is MemberState.STANDBY
+    assert group.holder() == "a" and a.active and a.stats["step_downs"] == 0
+
+
+class FirstDataCreateUnanswered(FakeJetStream):
+    """The first data consumer we create is made, but its reply never comes (its first
+    leader, picked at random by the meta leader, is across a route cut from our server)."""
+
+    def __init__(self, server: FakeServer) -> None:
+        super().__init__(server)
+        self.unanswered: list[str] = []
+
+    async def create_consumer(self, stream: str, name: str, config: dict[str, Any],
+                              action: str = "create") -> dict[str, Any]:
+        info = await super().create_consumer(stream, name, config, action)
+        if name != "m1" and not self.unanswered:
+            self.unanswered.append(name)
+            raise ServerUnreachable(f"no answer to $JS.API.CONSUMER.CREATE.{stream}.{name}")
+        return info
+
+
+async def test_an_unanswered_data_consumer_create_is_made_again_keeping_the_claim(
+        group: Group) -> None:
+    """Issue 29: the new owner's data consumer create goes unanswered. It deletes that
+    consumer and creates one under the next name, keeping its claim: it becomes active,
+    and the standby never gets the member (before: the claim was let go, and the instance
+    across the cut took the member back)."""
+    b = await group.start(instance_id="b")
+    await eventually(lambda: b.active, 5, what="b active")
+    js = FirstDataCreateUnanswered(group.server)
+    a = Member(js, "ORDERS", "g", "m1", handler, SETTINGS,  # type: ignore[arg-type]
+               instance_id="a")
+    await a.start()
+    group.members.append(a)
+    await eventually(lambda: a.state is MemberState.STANDBY, 5, what="a standing by")
+    await b.stop()  # a hand-over: a claims, and its first data consumer is unanswered
+    await eventually(lambda: a.active, 5, what="a active")
+    assert js.unanswered and js.unanswered[0] != a.data_consumer
+    assert group.server.names(WQ) == {"m1", a.data_consumer}
+    assert group.holder() == "a" and a.stats["step_downs"] == 0
