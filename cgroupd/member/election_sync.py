@@ -9,7 +9,7 @@ import contextlib
 import math
 import random
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cgroupd.core.answers import judge_answer
 from cgroupd.core.consumerinfo import ConsumerInfo
@@ -85,6 +85,8 @@ class SyncElection:
     #: When the watched claim was created (a claim taken again by the same instance is
     #: another claim: its owner is no longer idle).
     _watched_created: str | None = None
+    #: The claim (its creation time) whose leader we last asked to step down.
+    _nudged: object = None
 
     def _attempt_pointless(self) -> bool:
         """A standby stood by its whole timeout while the active instance kept answering:
@@ -355,7 +357,10 @@ class SyncElection:
             pulling_for = await self._data_consumer_age(watch.instance)
             if pulling_for is None or pulling_for < TRAVEL_SLACK:
                 wait = s.lease - age if pulling_for is None else TRAVEL_SLACK - pulling_for
-                watch.vouch(self.m._clock(), min(s.lease - age, wait))
+                hold = min(s.lease - age, wait)
+                if await self._nudge_claim_leader(watch, info):
+                    hold = s.lease  # time for its next create, answered by the new leader
+                watch.vouch(self.m._clock(), hold)
                 self.m.stats["takeovers_declined"] += 1
                 self.m._log.info("not taking over a claim made a moment ago",
                                  active=watch.instance, claim_age=round(age, 3),
@@ -382,6 +387,32 @@ class SyncElection:
             self.m._log.warning("could not delete the old owner's consumers", error=str(exc))
             return False
         self.m._watch = None
+        return True
+
+    async def _nudge_claim_leader(self, watch: OwnerWatch, info: dict[str, Any]) -> bool:
+        """A young claim of an instance our server cannot see, led by our own server: ask
+        that leader, once per claim, to hand its leadership to another peer; True if we
+        asked.
+
+        Across a route cut (issue 29) the new owner's claim may get its first leader on
+        our side (the meta leader picks it at random): its create, its checks and its pulls
+        never reach that leader, so it never pulls, and we would take the member back a
+        lease later. Only a client of the leader's own server can ask it to step down;
+        any other peer is one the holder's server reaches (directly, or it is that
+        server). A holder that is dead loses nothing but the vouch's wait."""
+        ours = self.m.js.server_name
+        created = info.get("created")
+        if not ours or ConsumerInfo(info).leader != ours or self._nudged == created:
+            return False
+        self._nudged = created
+        self.m._log.warning("asking our server to hand on the claim's leadership: its "
+                            "holder's server may not reach it", active=watch.instance,
+                            leader=ours)
+        try:
+            await self.m.js.step_down_consumer_leader(self.m._consume_stream,
+                                                      self.m.sync_consumer)
+        except CgroupdError as exc:
+            self.m._log.info("the claim's leader did not step down", error=str(exc))
         return True
 
     async def _data_consumer_age(self, instance: str) -> float | None:
@@ -471,7 +502,7 @@ class SyncElection:
                     await self._reclaim_abandoned(gen)
                 if self.m._clock() > deadline or gen.ended.done() or self.m._stopping:
                     raise
-            except ServerUnreachable:
+            except ServerUnreachable as exc:
                 # Unanswered. A new clustered consumer's reply comes from its first leader,
                 # which the meta leader picks at random among the peers: across a route cut
                 # it can be a server out of our server's reach, and then so is every pull
@@ -480,7 +511,7 @@ class SyncElection:
                 # leader applies that, even if the reply is lost too) and try the next name
                 # (another random leader), keeping the claim.
                 self.m._log.warning("data consumer create unanswered; deleting it and "
-                                    "trying the next name", consumer=name)
+                                    "trying the next name", consumer=name, error=str(exc))
                 with contextlib.suppress(CgroupdError):
                     await self.m.js.delete_consumer(self.m._consume_stream, name)
                 self.m._just_deleted.add(name)

@@ -693,3 +693,55 @@ async def test_an_unanswered_data_consumer_create_is_made_again_keeping_the_clai
     assert js.unanswered and js.unanswered[0] != a.data_consumer
     assert group.server.names(WQ) == {"m1", a.data_consumer}
     assert group.holder() == "a" and a.stats["step_downs"] == 0
+
+
+def _young_claim(group: Group, leader: str) -> Any:
+    """A claim of an instance that answers no probe ("no responders"), made just now and
+    led by server ``leader``, with no data consumer yet."""
+    from tests.support.fakes import FakeConsumer
+    claim = FakeConsumer(WQ, "m1", {
+        "filter_subjects": ["$SYNC.>"], "max_ack_pending": 1,
+        "metadata": {MEMBER_KEY: "m1", INSTANCE_KEY: "claimant",
+                     PRESENCE_KEY: PRESENCE_BY_MEMBER}}, leader=leader)
+    group.server.consumers[(WQ, "m1")] = claim
+    return claim
+
+
+class OnServer(FakeJetStream):
+    """A process connected to server ``n0``."""
+
+    def __init__(self, server: FakeServer) -> None:
+        super().__init__(server)
+        self.server_name = "n0"
+
+
+async def test_a_young_claim_led_by_our_server_is_handed_to_another_leader(
+        group: Group) -> None:
+    """Issue 29: a young claim whose holder our server cannot see, led by our own server
+    (across a route cut, its holder's create, checks and pulls never reach that leader):
+    the standby asks that leader, once, to step down, and waits a lease for the holder's
+    next create. A holder that really died is still replaced after that."""
+    claim = _young_claim(group, leader="n0")
+    loop = asyncio.get_running_loop()
+    claimed_at = loop.time()
+    b = Member(OnServer(group.server), "ORDERS", "g", "m1", handler,  # type: ignore[arg-type]
+               LONG_LEASE, instance_id="b")
+    await b.start()
+    group.members.append(b)
+    await eventually(lambda: claim.step_downs == 1, 5, what="b to ask the leader to step down")
+    assert b.stats["takeovers"] == 0
+    await eventually(lambda: b.active, 3 * LONG_LEASE.lease, what="b to take over")
+    assert claim.step_downs == 1  # once per claim
+    assert loop.time() - claimed_at >= LONG_LEASE.lease
+
+
+async def test_a_young_claim_led_elsewhere_is_not_stepped_down(group: Group) -> None:
+    """The nudge is only for a leader on our own server: a leader elsewhere is one the
+    holder's server may reach, and moving it could put it out of reach."""
+    claim = _young_claim(group, leader="n2")
+    b = Member(OnServer(group.server), "ORDERS", "g", "m1", handler,  # type: ignore[arg-type]
+               LONG_LEASE, instance_id="b")
+    await b.start()
+    group.members.append(b)
+    await eventually(lambda: b.active, 2 * LONG_LEASE.lease, what="b to take over")
+    assert claim.step_downs == 0
