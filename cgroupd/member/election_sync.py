@@ -354,13 +354,16 @@ class SyncElection:
             # Its data consumer is made after that pull started: once one is older than
             # a pull request's travel, the missing request means what it does for an old
             # claim (kill -9 of an owner a second after its takeover took 1.3 s, p50).
+            if await self._nudge_claim_leader(watch, info):
+                # Time for its next create and a pull at the new leader (a pull lost on
+                # the way is asked again within pull_expires / 2).
+                watch.vouch(self.m._clock(), s.lease + s.pull_expires / 2)
+                self.m.stats["takeovers_declined"] += 1
+                return False
             pulling_for = await self._data_consumer_age(watch.instance)
             if pulling_for is None or pulling_for < TRAVEL_SLACK:
                 wait = s.lease - age if pulling_for is None else TRAVEL_SLACK - pulling_for
-                hold = min(s.lease - age, wait)
-                if await self._nudge_claim_leader(watch, info):
-                    hold = s.lease  # time for its next create, answered by the new leader
-                watch.vouch(self.m._clock(), hold)
+                watch.vouch(self.m._clock(), min(s.lease - age, wait))
                 self.m.stats["takeovers_declined"] += 1
                 self.m._log.info("not taking over a claim made a moment ago",
                                  active=watch.instance, claim_age=round(age, 3),
@@ -399,15 +402,18 @@ class SyncElection:
         never reach that leader, so it never pulls, and we would take the member back a
         lease later. Only a client of the leader's own server can ask it to step down;
         any other peer is one the holder's server reaches (directly, or it is that
-        server). A holder that is dead loses nothing but the vouch's wait."""
+        server). Asked before the data consumer's age is looked at: that age proves a
+        pull only where the leader could receive one. A holder that is dead costs the
+        vouch's wait (a claim younger than a lease, led by our server: rare)."""
         ours = self.m.js.server_name
         created = info.get("created")
         if not ours or ConsumerInfo(info).leader != ours or self._nudged == created:
             return False
         self._nudged = created
-        self.m._log.warning("asking our server to hand on the claim's leadership: its "
-                            "holder's server may not reach it", active=watch.instance,
-                            leader=ours)
+        self.m._log.warning("not taking over: asking our server to hand on the claim's "
+                            "leadership, which its holder's server may not reach",
+                            active=watch.instance, leader=ours,
+                            claim_age=ConsumerInfo(info).age)
         try:
             await self.m.js.step_down_consumer_leader(self.m._consume_stream,
                                                       self.m.sync_consumer)

@@ -745,3 +745,24 @@ async def test_a_young_claim_led_elsewhere_is_not_stepped_down(group: Group) -> 
     group.members.append(b)
     await eventually(lambda: b.active, 2 * LONG_LEASE.lease, what="b to take over")
     assert claim.step_downs == 0
+
+
+async def test_the_nudge_comes_before_the_data_consumers_age(group: Group) -> None:
+    """A data consumer older than a pull request's travel proves a pull only where the
+    leader could receive one: with the claim led by our server (out of the holder's reach
+    across a cut), the standby asks that leader to step down rather than take over at once
+    (a route-cut run: the old owner took the member back 3 s after the new owner's data
+    consumer was made)."""
+    from tests.support.fakes import FakeConsumer
+    claim = _young_claim(group, leader="n0")
+    claim.created -= 1.5  # a claim 1.5 s old
+    group.server.consumers[(WQ, "m1~0")] = FakeConsumer(WQ, "m1~0", {
+        "filter_subjects": ["0.>"],
+        "metadata": {MEMBER_KEY: "m1", INSTANCE_KEY: "claimant",
+                     PRESENCE_KEY: PRESENCE_BY_MEMBER}}, created=claim.created + 0.5)
+    b = Member(OnServer(group.server), "ORDERS", "g", "m1", handler,  # type: ignore[arg-type]
+               LONG_LEASE, instance_id="b")
+    await b.start()
+    group.members.append(b)
+    await eventually(lambda: claim.step_downs == 1, 5, what="b to ask the leader to step down")
+    assert b.stats["takeovers"] == 0 and b.state is MemberState.STANDBY
