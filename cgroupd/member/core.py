@@ -160,6 +160,11 @@ class MemberCore:
         #: be removing their files.
         self._just_deleted: set[str] = set()
         self._prober: Prober | None = None
+        #: Sync exclusivity: our create of the member's claim is on its way. The server
+        #: may show the new claim (naming us) to a standby before its reply reaches us, and
+        #: a probe answered "standby" then made that standby take a live claim for an idle
+        #: one (issue 29, after a route cut's heal): we answer "claiming" meanwhile.
+        self._claim_in_flight = False
         self._completed: Completed = Completed()
         self._connection_off: Callable[[], None] | None = None
         self._stepping_since: float | None = None
@@ -176,7 +181,8 @@ class MemberCore:
                       "duplicates": 0, "step_downs": 0, "rebalances": 0, "resettled": 0,
                       "swallowed": 0, "ack_fences": 0, "lease_checks": 0, "takeovers": 0,
                       "takeovers_declined": 0, "watch_failures": 0,
-                      "stale_checks": 0, "pulls_restarted": 0}
+                      "stale_checks": 0, "pulls_restarted": 0,
+                      "data_consumers_renewed": 0}
         self._log = log.bind(stream=stream, group=group, member=member,
                              instance=self.instance_id)
 
@@ -402,7 +408,7 @@ class MemberCore:
     def _presence_text(self) -> str | None:
         """What this instance answers on its presence subject: its id and state."""
         state = self.state.value
-        if self.phase is Phase.CLAIMING:  # (a phase of STANDBY)
+        if self.phase is Phase.CLAIMING or self._claim_in_flight:  # (STANDBY)
             state = Phase.CLAIMING.value  # holds the claim: checking it, or creating its
             #                               data consumer
         return f"{self.instance_id} {state}"

@@ -9,7 +9,7 @@ import contextlib
 import math
 import random
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cgroupd.core.answers import judge_answer
 from cgroupd.core.consumerinfo import ConsumerInfo
@@ -18,6 +18,7 @@ from cgroupd.core.errors import (
     CgroupdError,
     ConsumerExists,
     InstanceIdInUse,
+    ServerUnreachable,
     WorkQueueOverlap,
 )
 from cgroupd.core.naming import (
@@ -84,6 +85,8 @@ class SyncElection:
     #: When the watched claim was created (a claim taken again by the same instance is
     #: another claim: its owner is no longer idle).
     _watched_created: str | None = None
+    #: The claim (its creation time) whose leader we last asked to step down.
+    _nudged: object = None
 
     def _attempt_pointless(self) -> bool:
         """A standby stood by its whole timeout while the active instance kept answering:
@@ -114,8 +117,15 @@ class SyncElection:
                                            metadata=self._instance_metadata(),
                                            max_ack_pending=1)
         sent = self.m._clock()
+        # Answered "claiming" while the create is on its way (see MemberCore): cleared
+        # with no await before the success path enters CLAIMING.
+        self.m._claim_in_flight = True
         try:
-            await self.m.js.create_consumer(self.m._consume_stream, self.m.sync_consumer, sync_cfg)
+            try:
+                await self.m.js.create_consumer(self.m._consume_stream, self.m.sync_consumer,
+                                                sync_cfg)
+            finally:
+                self.m._claim_in_flight = False
         except ConsumerExists:
             if self.m._watch is None:
                 await self._learn_owner()
@@ -344,6 +354,12 @@ class SyncElection:
             # Its data consumer is made after that pull started: once one is older than
             # a pull request's travel, the missing request means what it does for an old
             # claim (kill -9 of an owner a second after its takeover took 1.3 s, p50).
+            if await self._nudge_claim_leader(watch, info):
+                # Time for its next create and a pull at the new leader (a pull lost on
+                # the way is asked again within pull_expires / 2).
+                watch.vouch(self.m._clock(), s.lease + s.pull_expires / 2)
+                self.m.stats["takeovers_declined"] += 1
+                return False
             pulling_for = await self._data_consumer_age(watch.instance)
             if pulling_for is None or pulling_for < TRAVEL_SLACK:
                 wait = s.lease - age if pulling_for is None else TRAVEL_SLACK - pulling_for
@@ -374,6 +390,35 @@ class SyncElection:
             self.m._log.warning("could not delete the old owner's consumers", error=str(exc))
             return False
         self.m._watch = None
+        return True
+
+    async def _nudge_claim_leader(self, watch: OwnerWatch, info: dict[str, Any]) -> bool:
+        """A young claim of an instance our server cannot see, led by our own server: ask
+        that leader, once per claim, to hand its leadership to another peer; True if we
+        asked.
+
+        Across a route cut (issue 29) the new owner's claim may get its first leader on
+        our side (the meta leader picks it at random): its create, its checks and its pulls
+        never reach that leader, so it never pulls, and we would take the member back a
+        lease later. Only a client of the leader's own server can ask it to step down;
+        any other peer is one the holder's server reaches (directly, or it is that
+        server). Asked before the data consumer's age is looked at: that age proves a
+        pull only where the leader could receive one. A holder that is dead costs the
+        vouch's wait (a claim younger than a lease, led by our server: rare)."""
+        ours = self.m.js.server_name
+        created = info.get("created")
+        if not ours or ConsumerInfo(info).leader != ours or self._nudged == created:
+            return False
+        self._nudged = created
+        self.m._log.warning("not taking over: asking our server to hand on the claim's "
+                            "leadership, which its holder's server may not reach",
+                            active=watch.instance, leader=ours,
+                            claim_age=ConsumerInfo(info).age)
+        try:
+            await self.m.js.step_down_consumer_leader(self.m._consume_stream,
+                                                      self.m.sync_consumer)
+        except CgroupdError as exc:
+            self.m._log.info("the claim's leader did not step down", error=str(exc))
         return True
 
     async def _data_consumer_age(self, instance: str) -> float | None:
@@ -463,6 +508,23 @@ class SyncElection:
                     await self._reclaim_abandoned(gen)
                 if self.m._clock() > deadline or gen.ended.done() or self.m._stopping:
                     raise
+            except ServerUnreachable as exc:
+                # Unanswered. A new clustered consumer's reply comes from its first leader,
+                # which the meta leader picks at random among the peers: across a route cut
+                # it can be a server out of our server's reach, and then so is every pull
+                # (issue 29: giving up let the claim go, and the instance across the cut
+                # took the member back). It may exist, naming us: delete it (the meta
+                # leader applies that, even if the reply is lost too) and try the next name
+                # (another random leader), keeping the claim.
+                self.m._log.warning("data consumer create unanswered; deleting it and "
+                                    "trying the next name", consumer=name, error=str(exc))
+                with contextlib.suppress(CgroupdError):
+                    await self.m.js.delete_consumer(self.m._consume_stream, name)
+                self.m._just_deleted.add(name)
+                self.m._data_slot = (self.m._data_slot + 1) % DATA_SLOTS
+                if self.m._clock() > deadline or gen.ended.done() or self.m._stopping:
+                    raise
+                continue
             except WorkQueueOverlap:
                 if reclaim is not None:
                     await reclaim()

@@ -31,6 +31,7 @@ other collaborators (:mod:`cgroupd.member.config_watch`, :mod:`cgroupd.member.re
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
@@ -227,6 +228,9 @@ class SyncMode(ExclusivityMode):
         self.election = SyncElection(member, self)
         self.rebalance = Rebalance(member, self)
         self.checks = SelfCheck(member, self)
+        #: One swap of data consumers at a time: a move, or the renewal of one that lost
+        #: a delivery (:meth:`_renew_data_consumer`).
+        self._swapping = asyncio.Lock()
 
     async def acquire(self, partitions: tuple[int, ...]) -> Generation | None:
         return await self.election.acquire_sync(partitions)
@@ -245,7 +249,8 @@ class SyncMode(ExclusivityMode):
         return await self.checks.hold_lease(gen)
 
     async def move(self, gen: Generation, target: tuple[int, ...]) -> bool:
-        return await self.rebalance.move_partitions(gen, target)
+        async with self._swapping:
+            return await self.rebalance.move_partitions(gen, target)
 
     async def release(self, gen: Generation, began: float) -> None:
         m = self.m
@@ -282,7 +287,30 @@ class SyncMode(ExclusivityMode):
             self.m._spawn(gen, self.election.recheck_claim(gen, puller, detail),
                           "-claim-recheck")
             return
+        if (why is PullEnd.DELIVERY_LOST and puller.consumer in gen.data
+                and not gen.ended.done()):
+            self.m._spawn(gen, self._renew_data_consumer(gen, puller.consumer, detail),
+                          "-data-renewal")
+            return
         super().pull_ended(gen, puller, why, detail, lost)
+
+    async def _renew_data_consumer(self, gen: Generation, name: str, detail: str) -> None:
+        """A delivery of our data consumer ``name`` never arrived: replace that consumer
+        and keep the member (see :meth:`Rebalance.renew_data_consumer`); a stall, as
+        before, when it cannot be done."""
+        m = self.m
+        m._log.warning("a delivery never arrived; replacing the data consumer, keeping "
+                       "the claim", consumer=name, detail=detail)
+        try:
+            async with self._swapping:
+                done = await self.rebalance.renew_data_consumer(gen, name)
+        except CgroupdError as exc:
+            m._log.warning("could not replace the data consumer", error=str(exc))
+            done = False
+        if done:
+            m.stats["data_consumers_renewed"] += 1
+        else:
+            gen.end(StepDown.STALLED, detail)
 
 
 class PinnedMode(ExclusivityMode):

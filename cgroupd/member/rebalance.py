@@ -312,6 +312,19 @@ class Rebalance:
         finally:
             dispatcher.resume()
 
+    async def renew_data_consumer(self, gen: Generation, name: str) -> bool:
+        """Our data consumer ``name`` lost a delivery on the way (a consumer leader change:
+        after a route cut's heal the node that was cut off forces a new election): swap it
+        for a fresh one at a quiet point, keeping the claim. The missing message is still
+        in the work-queue stream, and the fresh consumer delivers it, and everything after
+        it, in stream order. Ending the generation instead let the claim go, and a standby
+        took the member (issue 29: a second owner change, back across the cut). False: no
+        quiet point, or our acks could not be confirmed (the caller ends the generation).
+        Runs under the mode's swap lock (one swap at a time, moves included)."""
+        if gen.ended.done() or name not in gen.data:
+            return True  # ended meanwhile, or a move swapped it already
+        return await self._replace_data_consumer(gen, gen.partitions)
+
     async def _reclaim_released(self, gen: Generation, partitions: set[int]) -> bool:
         """Consumers of *other* members that still hold partitions we now own, whose
         instance is gone (issue 13 item 12): a member killed and then dropped leaves its

@@ -432,6 +432,16 @@ class JetStream:
         with self._translated(f"consumer {name}"):
             return await jsapi.consumer_info(self.nc, stream, name)
 
+    async def step_down_consumer_leader(self, stream: str, name: str) -> None:
+        with self._translated(f"consumer {name}'s leader step-down"):
+            await jsapi.step_down_consumer_leader(self.nc, stream, name)
+
+    @property
+    def server_name(self) -> str:
+        """The name of the server this connection is on ("" before the first connect):
+        a consumer info's ``cluster.leader`` names servers so."""
+        return str((self.nc._server_info or {}).get("server_name") or "")
+
     async def list_consumers(self, stream: str) -> list[dict[str, Any]]:
         with self._translated(f"listing consumers of {stream}"):
             return await jsapi.list_consumers(self.nc, stream)

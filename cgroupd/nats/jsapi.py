@@ -182,6 +182,12 @@ async def consumer_info(nc: Client, stream: str, name: str) -> dict[str, Any] | 
         raise
 
 
+async def step_down_consumer_leader(nc: Client, stream: str, name: str) -> None:
+    """Ask a clustered consumer's leader to hand its leadership to another peer. The
+    consumer's leader answers (and acts), so only a client whose server reaches it can."""
+    await request(nc, f"{api(nc)}.CONSUMER.LEADER.STEPDOWN.{stream}.{name}")
+
+
 async def list_consumers(nc: Client, stream: str) -> list[dict[str, Any]]:
     """Infos of every consumer on a stream (paged)."""
     out: list[dict[str, Any]] = []

@@ -19,10 +19,17 @@ During the cut B no longer hears A's subscriptions, so the standby's presence pr
 - ``default_pings_leaders_on_c``: the same with server default pings (the route stays
   "up", silent): 0 owner changes.
 - ``fast_pings_leaders_on_b``: m1's consumer leaders on B: the owner can no longer reach
-  them and a takeover is unavoidable: at most one owner change, no return to A. Not met
-  yet: about half the runs return to A (a consumer the new owner creates during the cut
-  can elect its leader on A's side, out of B's reach), so this variant runs only with
-  ``CGROUPD_OPEN_ISSUES=1`` (issue 29 stays open on it).
+  them and a takeover is unavoidable: at most one owner change, no return to A. What the
+  cut does to the new owner's consumers must not cost it the member: a consumer it creates
+  during the cut can get its first leader on A's side, out of B's reach (its create goes
+  unanswered: the data consumer is made again under another name; the claim's leader is
+  asked to step down by A's standby, a client of that server), and the node cut off forces
+  leader elections that can lose a delivery (the data consumer is replaced in place).
+  Still open: around the heal such an election once made the new owner's data consumer
+  deliver two messages after later ones of their keys with no gap in its delivery numbers
+  (the earlier ones had gone to a leader out of reach), a per-key reorder (1 run in 6 after
+  those fixes). So this variant runs only with ``CGROUPD_OPEN_ISSUES=1`` (issue 29 stays
+  open on it).
 
 Every variant asserts: nothing lost, no completed message started again anywhere, every
 completion in per-key order, the owner changes above, and notes the longest gap in
@@ -48,6 +55,7 @@ import pytest
 from nats.aio.client import Client
 
 from cgroupd.core.consumerinfo import ConsumerInfo
+from cgroupd.core.errors import CgroupdError
 from cgroupd.core.naming import INSTANCE_KEY, sync_consumer
 from cgroupd.core.settings import MemberSettings
 from cgroupd.core.tasks import cancel_and_wait
@@ -103,8 +111,9 @@ VARIANTS = [
     pytest.param(
         Variant("fast_pings_leaders_on_b", FAST_PINGS, B, True),
         marks=pytest.mark.skipif(not OPEN_ISSUES, reason=(
-            "issue 29, open: with the owner's leaders on the standby's side the member can "
-            "go back and forth during the cut (set CGROUPD_OPEN_ISSUES=1 to run it)"))),
+            "issue 29, open: with the owner's leaders on the standby's side a consumer "
+            "leader change around the heal can deliver a key's messages out of order "
+            "(set CGROUPD_OPEN_ISSUES=1 to run it)"))),
 ]
 
 
@@ -141,12 +150,18 @@ def _routes_between(cl: NatsCluster, i: int, j: int) -> int:
     return sum(r.get("remote_name") == name for r in routes)
 
 
-async def _consumer_leaders(sc: Scenario) -> list[tuple[str, str, str]]:
+async def _consumer_leaders(sc: Scenario) -> list[tuple[str, str, str]] | str:
     """(consumer, instance, leader) of every consumer on the work-queue stream: whether
-    an owner's consumers lead where it can reach them."""
+    an owner's consumers lead where it can reach them. A note only: a list the meta leader
+    could not complete in time (a consumer leader changing at that moment) says so rather
+    than failing the scenario (seen once at the heal)."""
     assert sc.nc is not None
     out = []
-    for info in await jsapi.list_consumers(sc.nc, WQ):
+    try:
+        infos = await jsapi.list_consumers(sc.nc, WQ)
+    except CgroupdError as exc:
+        return f"unread ({exc})"
+    for info in infos:
         view = ConsumerInfo(info)
         out.append((view.name, str(view.meta(INSTANCE_KEY)),
                     str((info.get("cluster") or {}).get("leader"))))
@@ -353,7 +368,8 @@ async def test_route_cut_between_the_owner_and_standby_servers(
             assert (left == 0) if variant.config else (left > 0), left
             table = cut.verdict.table()
             if variant.takeover:
-                # The issue's rule, not met yet (only run with CGROUPD_OPEN_ISSUES).
+                # The issue's rule where a takeover is unavoidable: one owner change
+                # (only run with CGROUPD_OPEN_ISSUES, see VARIANTS).
                 assert len(cut.changes) <= 1 and not cut.returned, table
             else:
                 assert not cut.takeovers and not cut.changes, \

@@ -145,6 +145,10 @@ class FakeConsumer:
     waiting: int = 0
     #: When it was made, by the fake server's clock (an update keeps it, as the server's).
     created: float = field(default_factory=_server_time)
+    #: The server that leads it ("": not clustered), and how often it was asked to step
+    #: down (``step_down_consumer_leader``; the fake leaves the leader as it is).
+    leader: str = ""
+    step_downs: int = 0
 
     @property
     def num_waiting(self) -> int:
@@ -161,7 +165,8 @@ class FakeConsumer:
                 "num_waiting": self.num_waiting,
                 "delivered": {"consumer_seq": 0, "stream_seq": 0},
                 "ack_floor": {"stream_seq": 0},
-                "created": _stamp(self.created), "ts": _stamp(_server_time())}
+                "created": _stamp(self.created), "ts": _stamp(_server_time()),
+                **({"cluster": {"leader": self.leader}} if self.leader else {})}
 
 
 @dataclass
@@ -206,6 +211,8 @@ class FakeJetStream:
         #: False: this process's pull requests no longer reach the consumers' leaders (it
         #: is stalled, or cut off from the cluster), so they expire there.
         self.pulls_reach_leader = True
+        #: The server this process is connected to (see FakeConsumer.leader).
+        self.server_name = ""
         self._answering: list[tuple[str, Callable[[bytes], str | None]]] = []
         #: Every puller this process started, oldest first (a test delivers through them).
         self.pullers: list[Puller] = []
@@ -227,7 +234,7 @@ class FakeJetStream:
             await asyncio.sleep(0)  # another request is checked meanwhile
         consumer = FakeConsumer(stream, name, dict(config))
         if existing is not None:
-            consumer.created = existing.created
+            consumer.created, consumer.leader = existing.created, existing.leader
         self.server.consumers[(stream, name)] = consumer
         return consumer.info()
 
@@ -247,6 +254,12 @@ class FakeJetStream:
 
     async def list_consumers(self, stream: str) -> list[dict[str, Any]]:
         return [c.info() for (s, _), c in self.server.consumers.items() if s == stream]
+
+    async def step_down_consumer_leader(self, stream: str, name: str) -> None:
+        consumer = self.server.consumers.get((stream, name))
+        if consumer is None:
+            raise ConsumerNotFound(404, ERR_CONSUMER_NOT_FOUND, "consumer not found")
+        consumer.step_downs += 1
 
     async def reset_consumer(self, stream: str, consumer: str, seq: int = 0) -> dict[str, Any]:
         if (stream, consumer) not in self.server.consumers:

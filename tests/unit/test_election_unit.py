@@ -20,7 +20,7 @@ from cgroupd.core.config import (
     group_key,
     work_queue_stream,
 )
-from cgroupd.core.errors import ApiError, InstanceIdInUse
+from cgroupd.core.errors import ApiError, InstanceIdInUse, ServerUnreachable
 from cgroupd.core.naming import MEMBER_KEY, PRESENCE_BY_MEMBER, PRESENCE_KEY, data_consumers
 from cgroupd.core.settings import MemberSettings
 from cgroupd.member import INSTANCE_KEY, Member, MemberState
@@ -622,3 +622,147 @@ async def test_a_sync_instance_claims_before_it_is_active_and_stops_via_stopping
         (MemberState.STANDBY, Phase.WAITING), (MemberState.STANDBY, Phase.CLAIMING),
         (MemberState.ACTIVE, Phase.RUNNING), (MemberState.STEPPING_DOWN, Phase.STOPPING),
         (MemberState.STOPPED, None)], a.__dict__["path"]
+
+
+class LateClaimReply(FakeJetStream):
+    """The server applies our claim's create at once, and its reply reaches us ``DELAY``
+    later (a busy leader, a reply on its way across a heal): another instance sees the
+    claim naming us, and probes us, before we know that we hold it."""
+
+    DELAY = 1.0
+
+    async def create_consumer(self, stream: str, name: str, config: dict[str, Any],
+                              action: str = "create") -> dict[str, Any]:
+        info = await super().create_consumer(stream, name, config, action)
+        if name == "m1" and action == "create":
+            await asyncio.sleep(self.DELAY)
+        return info
+
+
+async def test_a_claim_whose_create_is_unanswered_yet_is_not_taken_for_idle(
+        group: Group) -> None:
+    """Issue 29 (a route cut's heal): an instance whose claim exists while the create's
+    reply is still on its way answers "claiming", not "standby", so a standby does not
+    take the live claim for a left-over idle one and delete it (before: it did, and the
+    member changed owner a second time)."""
+    a = Member(LateClaimReply(group.server), "ORDERS", "g", "m1", handler,  # type: ignore[arg-type]
+               SETTINGS, instance_id="a")
+    await a.start()
+    group.members.append(a)
+    await eventually(lambda: group.holder() == "a", 5, what="a's claim on the server")
+    b = await group.start(instance_id="b")
+    await eventually(lambda: a.active, 5, what="a active once its reply came")
+    await asyncio.sleep(SETTINGS.lease)  # b keeps watching an answering owner
+    assert b.stats["takeovers"] == 0 and b.state is MemberState.STANDBY
+    assert group.holder() == "a" and a.active and a.stats["step_downs"] == 0
+
+
+class FirstDataCreateUnanswered(FakeJetStream):
+    """The first data consumer we create is made, but its reply never comes (its first
+    leader, picked at random by the meta leader, is across a route cut from our server)."""
+
+    def __init__(self, server: FakeServer) -> None:
+        super().__init__(server)
+        self.unanswered: list[str] = []
+
+    async def create_consumer(self, stream: str, name: str, config: dict[str, Any],
+                              action: str = "create") -> dict[str, Any]:
+        info = await super().create_consumer(stream, name, config, action)
+        if name != "m1" and not self.unanswered:
+            self.unanswered.append(name)
+            raise ServerUnreachable(f"no answer to $JS.API.CONSUMER.CREATE.{stream}.{name}")
+        return info
+
+
+async def test_an_unanswered_data_consumer_create_is_made_again_keeping_the_claim(
+        group: Group) -> None:
+    """Issue 29: the new owner's data consumer create goes unanswered. It deletes that
+    consumer and creates one under the next name, keeping its claim: it becomes active,
+    and the standby never gets the member (before: the claim was let go, and the instance
+    across the cut took the member back)."""
+    b = await group.start(instance_id="b")
+    await eventually(lambda: b.active, 5, what="b active")
+    js = FirstDataCreateUnanswered(group.server)
+    a = Member(js, "ORDERS", "g", "m1", handler, SETTINGS,  # type: ignore[arg-type]
+               instance_id="a")
+    await a.start()
+    group.members.append(a)
+    await eventually(lambda: a.state is MemberState.STANDBY, 5, what="a standing by")
+    await b.stop()  # a hand-over: a claims, and its first data consumer is unanswered
+    await eventually(lambda: a.active, 5, what="a active")
+    assert js.unanswered and js.unanswered[0] != a.data_consumer
+    assert group.server.names(WQ) == {"m1", a.data_consumer}
+    assert group.holder() == "a" and a.stats["step_downs"] == 0
+
+
+def _young_claim(group: Group, leader: str) -> Any:
+    """A claim of an instance that answers no probe ("no responders"), made just now and
+    led by server ``leader``, with no data consumer yet."""
+    from tests.support.fakes import FakeConsumer
+    claim = FakeConsumer(WQ, "m1", {
+        "filter_subjects": ["$SYNC.>"], "max_ack_pending": 1,
+        "metadata": {MEMBER_KEY: "m1", INSTANCE_KEY: "claimant",
+                     PRESENCE_KEY: PRESENCE_BY_MEMBER}}, leader=leader)
+    group.server.consumers[(WQ, "m1")] = claim
+    return claim
+
+
+class OnServer(FakeJetStream):
+    """A process connected to server ``n0``."""
+
+    def __init__(self, server: FakeServer) -> None:
+        super().__init__(server)
+        self.server_name = "n0"
+
+
+async def test_a_young_claim_led_by_our_server_is_handed_to_another_leader(
+        group: Group) -> None:
+    """Issue 29: a young claim whose holder our server cannot see, led by our own server
+    (across a route cut, its holder's create, checks and pulls never reach that leader):
+    the standby asks that leader, once, to step down, and waits a lease for the holder's
+    next create. A holder that really died is still replaced after that."""
+    claim = _young_claim(group, leader="n0")
+    loop = asyncio.get_running_loop()
+    claimed_at = loop.time()
+    b = Member(OnServer(group.server), "ORDERS", "g", "m1", handler,  # type: ignore[arg-type]
+               LONG_LEASE, instance_id="b")
+    await b.start()
+    group.members.append(b)
+    await eventually(lambda: claim.step_downs == 1, 5, what="b to ask the leader to step down")
+    assert b.stats["takeovers"] == 0
+    await eventually(lambda: b.active, 3 * LONG_LEASE.lease, what="b to take over")
+    assert claim.step_downs == 1  # once per claim
+    assert loop.time() - claimed_at >= LONG_LEASE.lease
+
+
+async def test_a_young_claim_led_elsewhere_is_not_stepped_down(group: Group) -> None:
+    """The nudge is only for a leader on our own server: a leader elsewhere is one the
+    holder's server may reach, and moving it could put it out of reach."""
+    claim = _young_claim(group, leader="n2")
+    b = Member(OnServer(group.server), "ORDERS", "g", "m1", handler,  # type: ignore[arg-type]
+               LONG_LEASE, instance_id="b")
+    await b.start()
+    group.members.append(b)
+    await eventually(lambda: b.active, 2 * LONG_LEASE.lease, what="b to take over")
+    assert claim.step_downs == 0
+
+
+async def test_the_nudge_comes_before_the_data_consumers_age(group: Group) -> None:
+    """A data consumer older than a pull request's travel proves a pull only where the
+    leader could receive one: with the claim led by our server (out of the holder's reach
+    across a cut), the standby asks that leader to step down rather than take over at once
+    (a route-cut run: the old owner took the member back 3 s after the new owner's data
+    consumer was made)."""
+    from tests.support.fakes import FakeConsumer
+    claim = _young_claim(group, leader="n0")
+    claim.created -= 1.5  # a claim 1.5 s old
+    group.server.consumers[(WQ, "m1~0")] = FakeConsumer(WQ, "m1~0", {
+        "filter_subjects": ["0.>"],
+        "metadata": {MEMBER_KEY: "m1", INSTANCE_KEY: "claimant",
+                     PRESENCE_KEY: PRESENCE_BY_MEMBER}}, created=claim.created + 0.5)
+    b = Member(OnServer(group.server), "ORDERS", "g", "m1", handler,  # type: ignore[arg-type]
+               LONG_LEASE, instance_id="b")
+    await b.start()
+    group.members.append(b)
+    await eventually(lambda: claim.step_downs == 1, 5, what="b to ask the leader to step down")
+    assert b.stats["takeovers"] == 0 and b.state is MemberState.STANDBY

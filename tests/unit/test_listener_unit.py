@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -28,6 +29,7 @@ from cgroupd.core.partitions import member_partitions
 from cgroupd.core.settings import MemberSettings
 from cgroupd.member import Member, MemberState
 from cgroupd.member.state import Phase
+from cgroupd.nats.pull import Puller
 from tests.support.fakes import FakeJetStream, FakeMsg, FakeServer, data_puller
 from tests.support.fakes_pinned import PinnedJetStream, PinnedServer
 from tests.support.polling import eventually, within
@@ -106,15 +108,19 @@ class Timeline:
         return m
 
 
-_delivered: dict[str, int] = {}
+#: Deliveries made so far, per puller (see deliver_to).
+_delivered: weakref.WeakKeyDictionary[Puller, int] = weakref.WeakKeyDictionary()
 
 
 def deliver_to(m: Member, seq: int, partition: int) -> Any:
     """A delivery of stream sequence ``seq`` of ``partition`` on ``m``'s data consumer."""
     puller = data_puller(m)
     assert puller is not None
-    # The consumer's own delivery numbers have no gap (a gap is a delivery lost).
-    cseq = _delivered[puller.consumer] = _delivered.get(puller.consumer, 0) + 1
+    # The consumer's own delivery numbers have no gap (a gap is a delivery lost), from 1
+    # for each puller: counted per puller, not per consumer name (a name comes back in a
+    # later test, or to the standby; counted on, its first delivery read as a lost one,
+    # and the data consumer was replaced: test_sync_step_down, now and then).
+    cseq = _delivered[puller] = _delivered.get(puller, 0) + 1
     msg = FakeMsg(subject=f"{partition}.orders.k{partition}", data=b"m",
                   reply=f"$JS.ACK.{WQ}.{puller.consumer}.1.{seq}.{cseq}.0.0",
                   consumer_seq=cseq)
