@@ -11,25 +11,16 @@ and keeps the claim and the generation.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from cgroupd.member import MemberState
 from tests.support.fakes import FakeMsg, data_puller
-from tests.support.polling import eventually, within
-from tests.unit.test_election_unit import WQ, Group
+from tests.support.polling import eventually
+from tests.unit.test_election_unit import WQ, Group, group  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.virtual_clock  # fake adapter: autojumping virtual time
-
-
-@pytest.fixture
-async def group() -> AsyncIterator[Group]:
-    g = Group()
-    yield g
-    for m in g.members:
-        await within(m.stop(), 10, f"{m.member}/{m.instance_id} to stop")
 
 
 def _delivery(consumer: str, seq: int, number: int) -> FakeMsg:
@@ -39,7 +30,7 @@ def _delivery(consumer: str, seq: int, number: int) -> FakeMsg:
 
 
 async def test_a_lost_delivery_replaces_the_data_consumer_and_keeps_the_member(
-        group: Group) -> None:
+        group: Group) -> None:  # noqa: F811 - the fixture imported above
     """Deliveries 1 and 3 arrive, 2 never does: the owner keeps its claim and its
     generation, its data consumer is replaced by a fresh one (which delivers what is left
     in stream order), and the standby never gets the member."""
