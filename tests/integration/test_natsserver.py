@@ -190,7 +190,10 @@ async def test_cluster_failover_and_rejoin(nats_cluster: NatsCluster) -> None:
     nats_cluster.meta_leader()
     client = await nats.connect(servers=nats_cluster.urls, **client_options())
     try:
-        js = client.jetstream()
+        # Requests wait up to 20 s, not nats-py's 5: forming an R3 file stream's group
+        # took longer than 5 s on a starved machine (CI with a CPU hog and another
+        # cluster test beside it, on 56e33a6). Waits that must be short say so below.
+        js = client.jetstream(timeout=20)
         # The fixture's cluster places an R3 stream at once (NatsCluster._wait_placement).
         await js.add_stream(name="HA", subjects=["ha.>"], num_replicas=3)
         for i in range(3):
