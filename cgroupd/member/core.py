@@ -160,11 +160,6 @@ class MemberCore:
         #: be removing their files.
         self._just_deleted: set[str] = set()
         self._prober: Prober | None = None
-        #: Sync exclusivity: our create of the member's claim is on its way. The server
-        #: may show the new claim (naming us) to a standby before its reply reaches us, and
-        #: a probe answered "standby" then made that standby take a live claim for an idle
-        #: one (issue 29, after a route cut's heal): we answer "claiming" meanwhile.
-        self._claim_in_flight = False
         self._completed: Completed = Completed()
         self._connection_off: Callable[[], None] | None = None
         self._stepping_since: float | None = None
@@ -217,6 +212,10 @@ class MemberCore:
         if self._gen is not None and self._gen.data:
             return next(iter(self._gen.data))
         return data_consumer(self.member, self._data_slot)
+
+    def _next_data_slot(self) -> None:
+        """Sync exclusivity: name the next data consumer after the next slot."""
+        self._data_slot = (self._data_slot + 1) % DATA_SLOTS
 
     @property
     def _probe_timeout(self) -> float:
@@ -408,9 +407,8 @@ class MemberCore:
     def _presence_text(self) -> str | None:
         """What this instance answers on its presence subject: its id and state."""
         state = self.state.value
-        if self.phase is Phase.CLAIMING or self._claim_in_flight:  # (STANDBY)
-            state = Phase.CLAIMING.value  # holds the claim: checking it, or creating its
-            #                               data consumer
+        if self.phase is Phase.CLAIMING:  # (STANDBY) creating or checking the claim,
+            state = Phase.CLAIMING.value  # or creating its data consumer: not idle
         return f"{self.instance_id} {state}"
 
     async def _close_prober(self) -> None:

@@ -9,7 +9,7 @@ import contextlib
 import math
 import random
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cgroupd.core.answers import judge_answer
 from cgroupd.core.consumerinfo import ConsumerInfo
@@ -117,15 +117,18 @@ class SyncElection:
                                            metadata=self._instance_metadata(),
                                            max_ack_pending=1)
         sent = self.m._clock()
-        # Answered "claiming" while the create is on its way (see MemberCore): cleared
-        # with no await before the success path enters CLAIMING.
-        self.m._claim_in_flight = True
+        # CLAIMING from the create on: the server may show the new claim (naming us) to a
+        # standby before its reply reaches us, and a probe answered "standby" then made
+        # that standby take a live claim for an idle one (issue 29, after a route cut's
+        # heal). Back to WAITING, with no await, when the create is refused.
+        self.m._enter(Phase.CLAIMING)
         try:
             try:
                 await self.m.js.create_consumer(self.m._consume_stream, self.m.sync_consumer,
                                                 sync_cfg)
-            finally:
-                self.m._claim_in_flight = False
+            except BaseException:
+                self.m._enter(Phase.WAITING)
+                raise
         except ConsumerExists:
             if self.m._watch is None:
                 await self._learn_owner()
@@ -141,11 +144,10 @@ class SyncElection:
             if _files_lost(exc):
                 await self._drop_unstored_claim()
             return None
-        # From here we answer "claiming", not "standby": our new claim exists and is being
-        # checked (see _election_contested), so we are not idle. (An instance that
-        # answered "standby" then was taken for an idle owner and its claim deleted, CI
-        # on 728341b: test_cluster_rolling_restart.)
-        self.m._enter(Phase.CLAIMING)
+        # Still "claiming", not "standby": our new claim exists and is being checked (see
+        # _election_contested), so we are not idle. (An instance that answered "standby"
+        # then was taken for an idle owner and its claim deleted, CI on 728341b:
+        # test_cluster_rolling_restart.)
         contested = True
         try:
             contested = await self._election_contested(partitions, sync_cfg)
@@ -354,7 +356,7 @@ class SyncElection:
             # Its data consumer is made after that pull started: once one is older than
             # a pull request's travel, the missing request means what it does for an old
             # claim (kill -9 of an owner a second after its takeover took 1.3 s, p50).
-            if await self._nudge_claim_leader(watch, info):
+            if await self._nudge_claim_leader(watch, view):
                 # Time for its next create and a pull at the new leader (a pull lost on
                 # the way is asked again within pull_expires / 2).
                 watch.vouch(self.m._clock(), s.lease + s.pull_expires / 2)
@@ -392,7 +394,7 @@ class SyncElection:
         self.m._watch = None
         return True
 
-    async def _nudge_claim_leader(self, watch: OwnerWatch, info: dict[str, Any]) -> bool:
+    async def _nudge_claim_leader(self, watch: OwnerWatch, claim: ConsumerInfo) -> bool:
         """A young claim of an instance our server cannot see, led by our own server: ask
         that leader, once per claim, to hand its leadership to another peer; True if we
         asked.
@@ -406,14 +408,14 @@ class SyncElection:
         pull only where the leader could receive one. A holder that is dead costs the
         vouch's wait (a claim younger than a lease, led by our server: rare)."""
         ours = self.m.js.server_name
-        created = info.get("created")
-        if not ours or ConsumerInfo(info).leader != ours or self._nudged == created:
+        created = claim.raw.get("created")
+        if not ours or claim.leader != ours or self._nudged == created:
             return False
         self._nudged = created
         self.m._log.warning("not taking over: asking our server to hand on the claim's "
                             "leadership, which its holder's server may not reach",
                             active=watch.instance, leader=ours,
-                            claim_age=ConsumerInfo(info).age)
+                            claim_age=claim.age)
         try:
             await self.m.js.step_down_consumer_leader(self.m._consume_stream,
                                                       self.m.sync_consumer)
@@ -490,7 +492,7 @@ class SyncElection:
                 # We deleted it a moment ago (a predecessor's): the server may still be
                 # removing its files, and a consumer created under that name meanwhile
                 # can store nothing (see _drop_unstored_claim).
-                self.m._data_slot = (self.m._data_slot + 1) % DATA_SLOTS
+                self.m._next_data_slot()
                 taken += 1
                 continue
             try:
@@ -499,7 +501,7 @@ class SyncElection:
             except ConsumerExists:
                 # Another consumer has this name: try the next one; every one held
                 # means left-over consumers of this member (reclaimed when abandoned).
-                self.m._data_slot = (self.m._data_slot + 1) % DATA_SLOTS
+                self.m._next_data_slot()
                 taken += 1
                 if taken < DATA_SLOTS:
                     continue
@@ -521,7 +523,7 @@ class SyncElection:
                 with contextlib.suppress(CgroupdError):
                     await self.m.js.delete_consumer(self.m._consume_stream, name)
                 self.m._just_deleted.add(name)
-                self.m._data_slot = (self.m._data_slot + 1) % DATA_SLOTS
+                self.m._next_data_slot()
                 if self.m._clock() > deadline or gen.ended.done() or self.m._stopping:
                     raise
                 continue
@@ -533,7 +535,7 @@ class SyncElection:
                 if self.m._clock() > deadline or gen.ended.done() or self.m._stopping:
                     raise
             await self.m._sleep(min(0.05, s.retry_interval))
-        self.m._data_slot = (self.m._data_slot + 1) % DATA_SLOTS
+        self.m._next_data_slot()
         self.m._just_deleted.clear()
         gen.data[name] = partitions
         gen.pullers.append(await self.m._start_puller(gen, name, s.max_in_flight,

@@ -68,10 +68,12 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition((_J, None), (_X, None), "stop() before the start completed"),
     Transition((_SB, Phase.WAITING), (_SB, Phase.WAITING), "looked again: still standby"),
     Transition((_SB, Phase.WAITING), (_SB, Phase.CLAIMING),
-               "won the claim (sync: created the synchronization consumer; pinned: "
-               "created or shared the member consumer)"),
+               "competes for the claim (sync: from sending the synchronization "
+               "consumer's create, answering \"claiming\" to probes; pinned: created or "
+               "shared the member consumer)"),
     Transition((_SB, Phase.CLAIMING), (_SB, Phase.WAITING),
-               "the claim did not become a generation (contested, data consumer refused, "
+               "the claim did not become a generation (its create refused, contested, "
+               "data consumer refused, "
                "stop() meanwhile, not pinned before it ended)"),
     Transition((_SB, Phase.CLAIMING), (_A, Phase.RUNNING), "sync: the data consumer is ours"),
     Transition((_SB, Phase.CLAIMING), (_A, Phase.TAKING_OVER), "pinned: the server pinned us"),
