@@ -15,6 +15,7 @@ from cgroupd.cli.errors import CliError, UsageError, bad_arguments
 from cgroupd.cli.members import membership_text, no_active_instance
 from cgroupd.cli.parsers import parse_mappings
 from cgroupd.cli.replay import target_of
+from cgroupd.core.config import GroupConfig
 from cgroupd.core.errors import CgroupdError, ConfigError
 from cgroupd.nats.jetstream import JetStream
 
@@ -31,6 +32,10 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.status == 200
+
+
+#: One action: the page's JSON body in, the CLI's outcome out.
+Action = Callable[[JetStream, str, str, dict[str, Any]], Awaitable[Outcome]]
 
 
 def _names(body: dict[str, Any], key: str) -> list[str]:
@@ -58,22 +63,18 @@ async def _step_down(js: JetStream, stream: str, group: str,
                     "stepped_down": True})
 
 
-async def _member_add(js: JetStream, stream: str, group: str,
-                      body: dict[str, Any]) -> Outcome:
-    members = _names(body, "members")
-    check_names(stream=stream, group=group, member=members)
-    config = await admin.add_members(js, stream, group, members)
-    return Outcome(membership_text(stream, group, config, f"added {', '.join(members)}"),
-                   views.group_data(stream, group, config))
+def _membership(change: Callable[[JetStream, str, str, list[str]], Awaitable[GroupConfig]],
+                verb: str) -> Action:
+    """Adding or dropping members: the same form (a list of names) and the same answer
+    as ``cgroupd member add`` / ``drop``."""
+    async def run(js: JetStream, stream: str, group: str, body: dict[str, Any]) -> Outcome:
+        members = _names(body, "members")
+        check_names(stream=stream, group=group, member=members)
+        config = await change(js, stream, group, members)
+        return Outcome(membership_text(stream, group, config, f"{verb} {', '.join(members)}"),
+                       views.group_data(stream, group, config))
 
-
-async def _member_drop(js: JetStream, stream: str, group: str,
-                       body: dict[str, Any]) -> Outcome:
-    members = _names(body, "members")
-    check_names(stream=stream, group=group, member=members)
-    config = await admin.drop_members(js, stream, group, members)
-    return Outcome(membership_text(stream, group, config, f"dropped {', '.join(members)}"),
-                   views.group_data(stream, group, config))
+    return run
 
 
 async def _mapping_set(js: JetStream, stream: str, group: str,
@@ -109,8 +110,7 @@ def _target(body: dict[str, Any]) -> replay.Target:
                      text if kind == "duration" else None)
 
 
-def _replay(execute: bool) -> Callable[[JetStream, str, str, dict[str, Any]],
-                                       Awaitable[Outcome]]:
+def _replay(execute: bool) -> Action:
     async def run(js: JetStream, stream: str, group: str, body: dict[str, Any]) -> Outcome:
         members = _names(body, "members") if body.get("members") else []
         check_names(stream=stream, group=group, member=members)
@@ -124,10 +124,10 @@ def _replay(execute: bool) -> Callable[[JetStream, str, str, dict[str, Any]],
 
 
 #: Every action a page may ask for, by its name in the URL.
-ACTIONS: dict[str, Callable[[JetStream, str, str, dict[str, Any]], Awaitable[Outcome]]] = {
+ACTIONS: dict[str, Action] = {
     "step-down": _step_down,
-    "member-add": _member_add,
-    "member-drop": _member_drop,
+    "member-add": _membership(admin.add_members, "added"),
+    "member-drop": _membership(admin.drop_members, "dropped"),
     "mapping-set": _mapping_set,
     "mapping-clear": _mapping_clear,
     "replay-plan": _replay(False),
