@@ -12,16 +12,25 @@ stream-info subject listing grows with the number of distinct subjects instead).
 A static stream without ``allow_direct`` falls back to the message-get API for the age
 and to the stream's per-subject counts for the messages (then every stored message of
 the partition counts, processed or not, unless nothing was acknowledged yet).
+
+An elastic group's messages reach its work-queue stream through the server's sourcing
+from the origin, which the partition lag does not see: while sourcing stalls (around a
+restart of the origin's leader: nats-server 2.15 notices a dead source only after 10 s,
+stream.go ``sourceHealthCheckInterval``, then retries; issue 29), nothing reaches the
+partitions and their lag reads 0.
+:func:`read_source_lag` reads the group stream's ``sources[]`` entry for the origin
+instead (one stream info).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from cgroupd.core.config import GroupConfig, StaticGroupConfig
 from cgroupd.core.errors import DirectGetUnavailable
+from cgroupd.nats.groupstreams import StreamInfo
 from cgroupd.nats.jetstream import JetStream
 from cgroupd.nats.streamread import FirstMatch
 
@@ -142,3 +151,65 @@ def max_lag(lags: Iterable[PartitionLag], now: float | None = None) -> tuple[int
     items = list(lags)
     return (max((x.messages for x in items), default=0),
             max((x.seconds(now) for x in items), default=0.0))
+
+
+@dataclass(frozen=True)
+class SourceLag:
+    """How an elastic group's work-queue stream hears from its origin: the server's
+    ``sources[]`` entry for the origin, answered by the group stream's leader."""
+
+    #: Seconds since the group stream last heard from the source, its 1 s heartbeats
+    #: included; None when it never has since the source was set up (the server's -1: a
+    #: stream leader that just took over, or a source consumer not created yet).
+    silent: float | None
+    #: Origin messages not sourced yet, as the source's last message said: stale while
+    #: the source is silent (it does not grow however much the origin receives meanwhile).
+    messages: int
+    #: The server's error for the source (e.g. the origin was not found), if any.
+    error: str | None = None
+
+
+def source_lag(info: StreamInfo, origin: str) -> SourceLag | None:
+    """The ``sources[]`` entry of ``origin`` in a group stream's info; None when the
+    stream does not source it (a replay removes the source for a moment)."""
+    for source in info.sources or []:
+        if source.name != origin:
+            continue
+        active = source.active
+        silent = None if active is None or active < 0 else active / 1e9
+        error = source.error
+        text = None if not error else str(error.get("description") or error)
+        return SourceLag(silent, max(0, int(source.lag or 0)), text)
+    return None
+
+
+async def read_source_lag(js: JetStream, group_stream: str, origin: str) -> SourceLag | None:
+    """How ``group_stream`` hears from ``origin``: one stream info (None when the group
+    stream is gone or does not source ``origin``)."""
+    info = await js.stream_info(group_stream)
+    return None if info is None else source_lag(info, origin)
+
+
+class SourceSilence:
+    """Seconds a group stream has not heard from its source, over successive reads: the
+    server's count, or, while the server says it never heard from it (a source set up
+    afresh, e.g. on a new stream leader, whose consumer cannot be created while the
+    origin is unreachable), the time since the first read that said so, not 0: a source
+    that never comes up is as dead as one that went quiet."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._never_since: float | None = None
+
+    def seconds(self, lag: SourceLag) -> float:
+        if lag.silent is not None:
+            self._never_since = None
+            return lag.silent
+        now = self._clock()
+        if self._never_since is None:
+            self._never_since = now
+        return now - self._never_since
+
+    def reset(self) -> None:
+        """Forget a "never" run (this instance stopped reading the source)."""
+        self._never_since = None

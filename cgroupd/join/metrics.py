@@ -11,7 +11,9 @@ read (unowned partitions: the ADR's "partitions nobody consumes" alert), and fro
 periodic lag read of the partitions this instance consumes while it is active (each
 partition is measured by its one active instance, so a fleet makes one request per
 partition per interval; ``max by (stream, group)`` over the partition series is the
-group's lag, see deploy/monitoring/), and at scrape time from the runtime's counts of
+group's lag, see deploy/monitoring/) and, for an elastic group, of how its work-queue
+stream hears from the origin (one stream info per interval, by the active instance of
+partition 0 alone), and at scrape time from the runtime's counts of
 bad input it ignored (``cgroupd_ignored_input_total``).
 
 prometheus_client is imported only when a series is needed (``exported``, the default,
@@ -168,9 +170,23 @@ class _Series:
         self.lag_partitions: set[str] = set()
         self.lag_read = gauge("lag_read_duration_seconds", "How long the last lag read "
                               "of this instance's partitions took.")
-        self.lag_errors = Counter(PREFIX + "lag_read_errors", "Failed lag reads.", LABELS,
+        self.lag_errors = Counter(PREFIX + "lag_read_errors", "Failed lag reads (of the "
+                                  "partitions, or of the group stream's source).", LABELS,
                                   registry=r)
         self.lag_errors.labels(**labels)
+        # An elastic group stream's sourcing from the origin, exported by one instance
+        # per group (the active instance of partition 0), not created up front.
+        self.source_silent = gauge(
+            "group_stream_source_silent_seconds", "Seconds since the group's work-queue "
+            "stream last heard from its origin stream (its source sends a heartbeat every "
+            "second, so more than a few seconds means the sourcing is stalled: nothing new "
+            "reaches the partitions, whose lag then reads 0). Elastic groups only, exported "
+            "by the active instance that consumes partition 0.")
+        self.source_lag = gauge(
+            "group_stream_source_lag_messages", "Origin messages not yet copied into the "
+            "group's work-queue stream, as of the last message the source delivered: stale "
+            "(not growing) while the source is silent. Elastic groups only, exported by the "
+            "active instance that consumes partition 0.")
         self.events = Counter(PREFIX + "events_published", "Group events (advisories) "
                               "this instance published, by kind.", (*LABELS, "kind"),
                               registry=r)
@@ -342,6 +358,23 @@ class Metrics:
 
     def clear_lag(self) -> None:
         self.set_lag({}, 0.0)
+
+    def set_source(self, silent: float, messages: int) -> None:
+        """How the group stream hears from its source (this instance reports it)."""
+        if (s := self._s) is not None:
+            s.source_silent.labels(**self._labels).set(silent)
+            s.source_lag.labels(**self._labels).set(messages)
+
+    def clear_source(self) -> None:
+        """This instance no longer reports the source: its series go (another instance,
+        the new active one of partition 0, reports them)."""
+        if (s := self._built) is None:
+            return
+        for gauge in (s.source_silent, s.source_lag):
+            try:
+                gauge.remove(*self._labels.values())
+            except KeyError:
+                pass
 
     def lag_failed(self) -> None:
         if (s := self._s) is not None:

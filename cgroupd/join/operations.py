@@ -4,7 +4,8 @@ The member runtime's callbacks become advisories (became active, stepped down an
 partitions moved) and metrics; every ``--status-interval`` the group status refreshes the
 unowned-partitions gauge (and the active instance of the lowest consumed partition
 publishes the "unowned" advisory while any is), and an active instance reads the lag of
-its own partitions; the instance answers discovery requests. Nothing here is fatal: a
+its own partitions (the one of partition 0 also how an elastic group's stream hears from
+its source); the instance answers discovery requests. Nothing here is fatal: a
 failed read is logged and counted, and the member goes on consuming.
 """
 
@@ -18,12 +19,15 @@ from typing import Any
 
 import cgroupd
 from cgroupd import admin
-from cgroupd.admin.lag import read_lag
+from cgroupd.admin.lag import SourceSilence, read_lag, read_source_lag
 from cgroupd.join.metrics import Metrics
 from cgroupd.join.options import JoinOptions
 from cgroupd.member import Member
 from cgroupd.nats import events
 from cgroupd.nats.jetstream import JetStream
+
+#: The partition whose active instance reports the group stream's source (one per group).
+SOURCE_REPORTER = 0
 
 
 class Operations:
@@ -46,6 +50,9 @@ class Operations:
         self._held: tuple[int, ...] = ()
         self._since = time.time()
         self._publishing: set[asyncio.Task[None]] = set()
+        #: The group stream's source, while this instance reports it (:meth:`report_source`).
+        self._silence = SourceSilence()
+        self._source_error: str | None = None
 
     # -- the runtime's callbacks -----------------------------------------------------
     def on_active(self, partitions: tuple[int, ...]) -> None:
@@ -62,6 +69,7 @@ class Operations:
         if self.metrics.stepped_down(reason):
             self._log.info("rebalance", phase="started")
         self.metrics.clear_lag()
+        self._stop_source_report()
         if self._held:  # released without a hand-over (the release failed)
             self.event("stepped_down", reason=reason, partitions=list(self._held))
         self._held, self._since = (), time.time()
@@ -125,7 +133,9 @@ class Operations:
     # -- status and lag loops --------------------------------------------------------
     async def lag_loop(self, js: JetStream) -> None:
         """While active, export the lag of this instance's partitions: one direct get
-        per partition per interval (a static member's consumer info besides)."""
+        per partition per interval (a static member's consumer info besides); and, on
+        the instance that reports it, how an elastic group's stream hears from its
+        source (:meth:`report_source`)."""
         o = self.options
         member = self.member
         assert member is not None
@@ -134,10 +144,18 @@ class Operations:
             partitions = member.partitions if member.active else ()
             if not partitions:
                 self.metrics.clear_lag()
+                self._stop_source_report()
                 continue
             started = time.monotonic()
             try:
                 stored = await admin.get_group(js, o.stream, o.group)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                self.metrics.lag_failed()
+                self._log.warning("lag read failed", error=str(exc) or repr(exc))
+                continue
+            try:
                 floors: dict[int, int] = {}
                 if stored.static:
                     info = await js.consumer_info(stored.consume_stream, member.sync_consumer)
@@ -150,11 +168,55 @@ class Operations:
             except Exception as exc:  # noqa: BLE001
                 self.metrics.lag_failed()
                 self._log.warning("lag read failed", error=str(exc) or repr(exc))
-                continue
-            if member.active and member.partitions == partitions:
-                now = time.time()
-                self.metrics.set_lag({p: (x.messages, x.seconds(now)) for p, x in lags.items()},
-                                     time.monotonic() - started)
+            else:
+                if member.active and member.partitions == partitions:
+                    now = time.time()
+                    self.metrics.set_lag({p: (x.messages, x.seconds(now))
+                                          for p, x in lags.items()},
+                                         time.monotonic() - started)
+            await self.report_source(js, stored, partitions)
+
+    async def report_source(self, js: JetStream, stored: admin.StoredGroup,
+                            partitions: tuple[int, ...]) -> None:
+        """Export how an elastic group's work-queue stream hears from its origin, which
+        the partition lag cannot show (a stalled source leaves the partitions empty:
+        issue 29). One instance per group reports it, so the fleet makes one stream info
+        per interval: the active instance whose partitions include partition 0 (every
+        group has a partition 0 and at most one active instance consumes it; chosen
+        from what the instance knows itself, with no request to agree). The others do
+        nothing for it. While partition 0 has no active instance nobody reports it
+        (CgroupdUnownedPartitions says so). A failed read is counted as a lag read
+        error and keeps the last values."""
+        origin = self.options.stream
+        member = self.member
+        if stored.static or stored.consume_stream == origin or SOURCE_REPORTER not in partitions:
+            self._stop_source_report()
+            return
+        try:
+            lag = await read_source_lag(js, stored.consume_stream, origin)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            self.metrics.lag_failed()
+            self._log.warning("group stream source read failed", error=str(exc) or repr(exc))
+            return
+        if member is None or not member.active or SOURCE_REPORTER not in member.partitions:
+            self._stop_source_report()
+            return
+        if lag is None:  # not sourcing the origin now (a replay re-sources it)
+            self._stop_source_report()
+            return
+        if lag.error != self._source_error:
+            if lag.error:
+                self._log.warning("group stream source error", stream=stored.consume_stream,
+                                  source=origin, error=lag.error)
+            self._source_error = lag.error
+        self.metrics.set_source(self._silence.seconds(lag), lag.messages)
+
+    def _stop_source_report(self) -> None:
+        self._silence.reset()
+        self._source_error = None
+        self.metrics.clear_source()
 
     async def status_loop(self, js: JetStream) -> None:
         """Refresh the unowned-partitions gauge; failures are counted, never fatal."""

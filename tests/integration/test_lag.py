@@ -1,12 +1,15 @@
 """Lag per partition against a real nats-server: counts and ages from one direct get per
 partition, robust to publishers' headers, after a static consumer's ack floor, in flight;
-and the daemon's lag series (only the partitions it consumes, removed when they move)."""
+and the daemon's lag series (only the partitions it consumes, removed when they move),
+and its elastic group stream's source (heard from every second, then silent once the
+source dies)."""
 
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -174,3 +177,61 @@ async def test_daemon_exports_its_partitions_lag(nats_server: object, jetstream:
             assert set(seconds) == {"0", "1"}
     finally:
         proc.close()
+
+
+SOURCE_SILENT = "cgroupd_group_stream_source_silent_seconds"
+
+
+@pytest.mark.slow
+async def test_daemon_exports_its_group_streams_source(nats_server: object,
+                                                       jetstream: JetStream, tmp_path: Path,
+                                                       closing: list[Any]) -> None:
+    """Issue 29: `cgroupd join` of m1 (partitions 0-1) and m2 (2-3) of an elastic group:
+    m1, the active instance of partition 0, exports how ORDERS-g hears from ORDERS,
+    under 3 s while the source is healthy (it heartbeats every second), and m2 does not.
+    Once the source dies (the origin deleted: its internal source consumer, which the
+    consumer API does not reach, goes with it) the silence grows past 3 s while the
+    partitions' lag reads 0."""
+    await make_group(jetstream, partitions=4, members=("m1", "m2"))
+    url = nats_server.url  # type: ignore[attr-defined]
+
+    def join(member: str) -> JoinProcess:
+        proc = JoinProcess(url, tmp_path, member, "--stream", "ORDERS", "--group", "g",
+                           "--member", member, "--handler",
+                           "tests.support.handlers.record_handler:handle",
+                           "--status-interval", "0.3")
+        closing.append(proc)
+        return proc
+
+    m1, m2 = join("m1"), join("m2")
+    async with aiohttp.ClientSession() as http:
+        def logs() -> str:
+            return m1.log_tail() + "\n" + m2.log_tail()
+
+        async def silent(proc: JoinProcess) -> list[float]:
+            value = (await proc.metrics(http)).get((SOURCE_SILENT, ()))
+            return [] if value is None else [value]
+
+        healthy = await eventually(lambda: silent(m1), 30, 0.2, what="m1's source gauge",
+                                   diagnostics=logs)
+        assert 0 <= healthy[0] < 3.0
+        assert (await m1.metrics(http))[
+            ("cgroupd_group_stream_source_lag_messages", ())] == 0
+        # m2 is active with its own partitions' lag, and no source series.
+        async def m2_lag() -> dict[Any, float]:
+            got = await m2.metrics(http)
+            return got if ("cgroupd_partition_lag_seconds", (("partition", "2"),)) in got \
+                else {}
+
+        got = await eventually(m2_lag, 30, 0.2, what="m2's lag series", diagnostics=logs)
+        assert not [k for k in got if k[0].startswith("cgroupd_group_stream_source")]
+
+        assert await jetstream.delete_stream("ORDERS")
+
+        async def dead() -> bool:
+            return any(s > 3.0 for s in await silent(m1))
+
+        await eventually(dead, 10, 0.2, what="m1's source to be silent > 3 s",
+                         diagnostics=logs)
+        got = await m1.metrics(http)
+        assert {v for k, v in got.items() if k[0] == "cgroupd_partition_lag_messages"} == {0}

@@ -92,6 +92,9 @@ def test_every_alert_is_tested_firing_and_quiet() -> None:
 @pytest.mark.parametrize(("alert", "change"), [
     ("CgroupdUnownedPartitions", ("> 0", "> 5")),
     ("CgroupdLagHigh", ("> 300", "> 3000")),
+    ("CgroupdGroupStreamSourceStalled", ("> 5", "> 500")),
+    ("CgroupdGroupStreamSourceStalled", ("for: 2m", "for: 1m")),
+    ("CgroupdGroupStreamSourceStalled", ("max by (stream, group) (", "(")),
     ("CgroupdFrequentStepDowns", ('reason!~"stopping|config-changed"', 'reason!="x"')),
     ("CgroupdHandlerErrors", ("> 0.05", "> 0.5")),
     ("CgroupdDeadLetters", ("dead_letter|term", "term")),
@@ -128,6 +131,7 @@ def test_rules_and_dashboard_name_only_exported_metrics() -> None:
     or a recording rule defines (a typo would make a panel or an alert silently empty)."""
     metrics = Metrics("S", "G", "M")
     metrics.set_lag({0: (1, 1.0)}, 0.1)
+    metrics.set_source(0.5, 0)
     metrics.stepped_down("stopping")
     exported = {s.name for family in metrics.registry.collect() for s in family.samples}
     recorded = {r["record"] for r in rules() if "record" in r}
