@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -54,8 +54,9 @@ class Group:
 
     async def start(self, instance_id: str | None = None,
                     member_class: type[Member] = Member,
-                    settings: MemberSettings = SETTINGS) -> Member:
-        m = member_class(FakeJetStream(self.server), "ORDERS", "g", "m1", handler,  # type: ignore[arg-type]
+                    settings: MemberSettings = SETTINGS,
+                    on_message: Callable[[Any], Awaitable[None]] = handler) -> Member:
+        m = member_class(FakeJetStream(self.server), "ORDERS", "g", "m1", on_message,  # type: ignore[arg-type]
                          settings, instance_id=instance_id)
         await m.start()
         self.members.append(m)
