@@ -64,6 +64,10 @@ IDLE_ATTEMPT_EVERY = 15
 #: not answer in time (see SyncElection._election_contested).
 CHECK_RETRY_BASE = 0.25
 CHECK_RETRY_CAP = 2.0
+#: For this many leases after another instance took the member from us, a claim our own
+#: server leads and whose holder it cannot see is handed to another leader before it is
+#: taken, whatever its age (see SyncElection._nudge_claim_leader; issue 29, cause 5).
+LOST_LATELY_LEASES = 2.0
 
 
 def _files_lost(exc: CgroupdError) -> bool:
@@ -87,6 +91,8 @@ class SyncElection:
     _watched_created: str | None = None
     #: The claim (its creation time) whose leader we last asked to step down.
     _nudged: object = None
+    #: When a generation of ours last ended because another instance holds the claim.
+    _lost_at: float = -math.inf
 
     def _attempt_pointless(self) -> bool:
         """A standby stood by its whole timeout while the active instance kept answering:
@@ -159,6 +165,7 @@ class SyncElection:
         self.m._watch = None
         await self.m._close_prober()
         gen = self.m._gen = self.m._generation(partitions)
+        gen.ended.add_done_callback(self._ended)
         # Any ownership check the previous holder sent after this point fails: its lease
         # has run out a lease from now (see _reclaim_abandoned).
         gen.claimed_at = self.m._clock()
@@ -348,20 +355,24 @@ class SyncElection:
             self._decline_while_it_pulls(watch, view.leader)
             return False
         age = view.age
-        if watch.unseen and not watch.idle and age is not None and age < s.lease:
-            # A claim this young may have no pull request yet: its owner pulls on it only
-            # once its check of the claim is answered, which may take retries. "No
-            # responders" from our server and none at the leader prove nothing until then
-            # (issue 29: across a cut, the old owner took a fresh claim back that way).
-            # Its data consumer is made after that pull started: once one is older than
-            # a pull request's travel, the missing request means what it does for an old
-            # claim (kill -9 of an owner a second after its takeover took 1.3 s, p50).
-            if await self._nudge_claim_leader(watch, view):
-                # Time for its next create and a pull at the new leader (a pull lost on
-                # the way is asked again within pull_expires / 2).
-                watch.vouch(self.m._clock(), s.lease + s.pull_expires / 2)
-                self.m.stats["takeovers_declined"] += 1
-                return False
+        young = age is not None and age < s.lease
+        # A claim this young may have no pull request yet: its owner pulls on it only
+        # once its check of the claim is answered, which may take retries. "No
+        # responders" from our server and none at the leader prove nothing until then
+        # (issue 29: across a cut, the old owner took a fresh claim back that way).
+        # Its data consumer is made after that pull started: once one is older than
+        # a pull request's travel, the missing request means what it does for an old
+        # claim (kill -9 of an owner a second after its takeover took 1.3 s, p50).
+        # An older claim that took the member from us a moment ago is the same case
+        # for the nudge: we were active, not standing by, while it was young.
+        if watch.unseen and not watch.idle and (young or self._lost_lately()) \
+                and await self._nudge_claim_leader(watch, view):
+            # Time for its next create and a pull at the new leader (a pull lost on
+            # the way is asked again within pull_expires / 2).
+            watch.vouch(self.m._clock(), s.lease + s.pull_expires / 2)
+            self.m.stats["takeovers_declined"] += 1
+            return False
+        if watch.unseen and not watch.idle and young and age is not None:
             pulling_for = await self._data_consumer_age(watch.instance)
             if pulling_for is None or pulling_for < TRAVEL_SLACK:
                 wait = s.lease - age if pulling_for is None else TRAVEL_SLACK - pulling_for
@@ -394,10 +405,23 @@ class SyncElection:
         self.m._watch = None
         return True
 
+    def _ended(self, ended: asyncio.Future[tuple[StepDown, str]]) -> None:
+        """A generation of ours ended: remember when, if another instance took the claim."""
+        if not ended.cancelled() and ended.result()[0] is StepDown.SYNC_LOST:
+            self._lost_at = self.m._clock()
+
+    def _lost_lately(self) -> bool:
+        """Whether another instance took the member from us less than
+        :data:`LOST_LATELY_LEASES` leases ago."""
+        return self.m._clock() - self._lost_at < LOST_LATELY_LEASES * self.m.settings.lease
+
     async def _nudge_claim_leader(self, watch: OwnerWatch, claim: ConsumerInfo) -> bool:
         """A young claim of an instance our server cannot see, led by our own server: ask
         that leader, once per claim, to hand its leadership to another peer; True if we
-        asked.
+        asked. Also a claim of any age that took the member from us a moment ago (issue
+        29, cause 5: across a route cut the new owner's claim got its first leader on our
+        server while we were still active; we noticed our loss 2.7-3.4 s later, when the
+        claim was older than a lease, and took it back 1 s after that, in 4 of 23 runs).
 
         Across a route cut (issue 29) the new owner's claim may get its first leader on
         our side (the meta leader picks it at random): its create, its checks and its pulls
@@ -406,7 +430,8 @@ class SyncElection:
         any other peer is one the holder's server reaches (directly, or it is that
         server). Asked before the data consumer's age is looked at: that age proves a
         pull only where the leader could receive one. A holder that is dead costs the
-        vouch's wait (a claim younger than a lease, led by our server: rare)."""
+        vouch's wait (a claim younger than a lease, led by our server, or one that took
+        the member from us a moment ago: rare)."""
         ours = self.m.js.server_name
         created = claim.raw.get("created")
         if not ours or claim.leader != ours or self._nudged == created:

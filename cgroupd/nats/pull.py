@@ -118,6 +118,9 @@ class Puller:
         self._pulled_at = 0.0
         self._retiring = False
         self._hushed = False
+        #: A delivery went missing (see :meth:`_lost_delivery`): nothing more is handed on
+        #: or asked for.
+        self._gapped = False
         self._paused = False
         self._quiet_until = 0.0
         self._task: asyncio.Task[None] | None = None
@@ -295,7 +298,7 @@ class Puller:
 
     @property
     def _asking(self) -> bool:
-        return self._task is not None and not (self._retiring or self._paused)
+        return self._task is not None and not (self._retiring or self._paused or self._gapped)
 
     def _free(self) -> int:
         """Messages we could take now (the batch, or the free handler slots)."""
@@ -359,6 +362,13 @@ class Puller:
         status = jsapi.server_status(msg)
         if status is None:
             self._pending = max(0, self._pending - 1)
+            if self._gapped:
+                # Past a lost delivery (see _lost_delivery): later ones follow the first
+                # after the gap without a gap of their own, and handing them on let them
+                # overtake the lost message of their key (issue 29: two completions out
+                # of order). They stay unacknowledged and go with this consumer; the one
+                # that replaces it delivers from the lost message on, in stream order.
+                return
             number = delivery_number(msg.reply or "")
             if number is not None:
                 previous, self.last_delivery = self.last_delivery, number
@@ -407,12 +417,16 @@ class Puller:
 
     def _lost_delivery(self, previous: int, delivery: int) -> bool:
         """Deliveries are numbered: a gap means one never reached us (a reconnect, a
-        server restart). Its message stays unacknowledged on the server, and handling
-        later ones first could break per-key order, so this consumer must be replaced.
-        (A message that is not a JetStream delivery has no number: the dispatcher says
-        so.)"""
+        server restart, or a consumer leader change: nats-server 2.15 sends a replicated
+        consumer's delivery once its delivered state is applied, a leader that steps down
+        drops the ones it has not sent yet, and the next leader numbers after them). Its
+        message stays unacknowledged on the server, and handling this one or any later
+        one first could break per-key order, so none is handed on (see :meth:`_receive`)
+        and this consumer must be replaced. (A message that is not a JetStream delivery
+        has no number: the dispatcher says so.)"""
         expected = previous + 1
         if delivery != expected:
+            self._gapped = True  # neither this one nor any later one is handed on
             self._end(PullEnd.DELIVERY_LOST,
                       f"delivery {expected} never arrived (got {delivery})")
             return True

@@ -24,12 +24,15 @@ During the cut B no longer hears A's subscriptions, so the standby's presence pr
   during the cut can get its first leader on A's side, out of B's reach (its create goes
   unanswered: the data consumer is made again under another name; the claim's leader is
   asked to step down by A's standby, a client of that server), and the node cut off forces
-  leader elections that can lose a delivery (the data consumer is replaced in place).
-  Still open: around the heal such an election once made the new owner's data consumer
-  deliver two messages after later ones of their keys with no gap in its delivery numbers
-  (the earlier ones had gone to a leader out of reach), a per-key reorder (1 run in 6 after
-  those fixes). So this variant runs only with ``CGROUPD_OPEN_ISSUES=1`` (issue 29 stays
-  open on it).
+  leader elections that can lose a delivery (the data consumer is replaced in place, and
+  nothing it delivers after the gap is handed on: the deliveries that followed the first
+  one after it once ran before the lost message of their key, a per-key reorder of 2).
+  The new owner's claim can also get its first leader on A's server while A's instance is
+  still active: A notices its loss when the claim is older than a lease, and asks its
+  server's leader to hand the claim on rather than take it back (it did take it back, in
+  4 of 23 runs, before that). Not covered: the claim's leadership coming back to A's
+  server by an election after that one nudge (seen only with the claim moved to A on
+  purpose: docs/performance.md, issue 29, cause 5).
 
 Every variant asserts: nothing lost, no completed message started again anywhere, every
 completion in per-key order, the owner changes above, and notes the longest gap in
@@ -40,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -101,19 +103,10 @@ class Variant:
     takeover: bool
 
 
-#: Runs the variant whose rule is not met yet (leaders on B) when set: it reproduces the
-#: open part of issue 29 rather than guarding anything, so the suite leaves it out.
-OPEN_ISSUES = bool(os.environ.get("CGROUPD_OPEN_ISSUES"))
-
 VARIANTS = [
     Variant("fast_pings_leaders_on_c", FAST_PINGS, C, False),
     Variant("default_pings_leaders_on_c", "", C, False),
-    pytest.param(
-        Variant("fast_pings_leaders_on_b", FAST_PINGS, B, True),
-        marks=pytest.mark.skipif(not OPEN_ISSUES, reason=(
-            "issue 29, open: with the owner's leaders on the standby's side a consumer "
-            "leader change around the heal can deliver a key's messages out of order "
-            "(set CGROUPD_OPEN_ISSUES=1 to run it)"))),
+    Variant("fast_pings_leaders_on_b", FAST_PINGS, B, True),
 ]
 
 
@@ -368,8 +361,7 @@ async def test_route_cut_between_the_owner_and_standby_servers(
             assert (left == 0) if variant.config else (left > 0), left
             table = cut.verdict.table()
             if variant.takeover:
-                # The issue's rule where a takeover is unavoidable: one owner change
-                # (only run with CGROUPD_OPEN_ISSUES, see VARIANTS).
+                # The issue's rule where a takeover is unavoidable: one owner change.
                 assert len(cut.changes) <= 1 and not cut.returned, table
             else:
                 assert not cut.takeovers and not cut.changes, \

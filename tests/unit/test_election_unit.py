@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -54,8 +54,9 @@ class Group:
 
     async def start(self, instance_id: str | None = None,
                     member_class: type[Member] = Member,
-                    settings: MemberSettings = SETTINGS) -> Member:
-        m = member_class(FakeJetStream(self.server), "ORDERS", "g", "m1", handler,  # type: ignore[arg-type]
+                    settings: MemberSettings = SETTINGS,
+                    on_message: Callable[[Any], Awaitable[None]] = handler) -> Member:
+        m = member_class(FakeJetStream(self.server), "ORDERS", "g", "m1", on_message,  # type: ignore[arg-type]
                          settings, instance_id=instance_id)
         await m.start()
         self.members.append(m)
@@ -766,3 +767,26 @@ async def test_the_nudge_comes_before_the_data_consumers_age(group: Group) -> No
     group.members.append(b)
     await eventually(lambda: claim.step_downs == 1, 5, what="b to ask the leader to step down")
     assert b.stats["takeovers"] == 0 and b.state is MemberState.STANDBY
+
+
+async def test_a_claim_that_took_the_member_from_us_is_nudged_whatever_its_age(
+        group: Group) -> None:
+    """Issue 29, cause 5 of the route cut's leaders-on-B failures: the new owner's claim got
+    its first leader on our server, out of its holder's reach, while we were still active;
+    we noticed our loss when the claim was older than a lease, and took it back 1 s later
+    on "no responders" (the member returned across the cut, 4 of 23 runs). An instance
+    that lost the member a moment ago asks its server's leader to hand the claim on first,
+    as it would for a young claim; a holder that really died is still replaced after that."""
+    b = Member(OnServer(group.server), "ORDERS", "g", "m1", handler,  # type: ignore[arg-type]
+               LONG_LEASE, instance_id="b")
+    await b.start()
+    group.members.append(b)
+    await eventually(lambda: b.active, 5, what="b active")
+    claim = _young_claim(group, leader="n0")  # another instance's claim replaces ours...
+    claim.created -= LONG_LEASE.lease + 0.5  # ...made more than a lease before we notice
+    await eventually(lambda: claim.step_downs == 1, 3 * LONG_LEASE.lease,
+                     what="b to ask the leader to step down")
+    assert b.stats["takeovers"] == 0 and b.state is MemberState.STANDBY
+    assert b.stats["step_downs"] == 1  # it lost the member (sync-consumer-lost)
+    await eventually(lambda: b.active, 4 * LONG_LEASE.lease, what="b to take over")
+    assert claim.step_downs == 1  # once per claim

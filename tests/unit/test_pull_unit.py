@@ -156,6 +156,22 @@ async def test_a_missing_delivery_ends_the_puller_before_anything_later_runs(
     assert why is PullEnd.DELIVERY_LOST and "delivery 3 never arrived" in detail
 
 
+async def test_nothing_after_a_missing_delivery_is_handed_on(checked: Harness) -> None:
+    """Issue 29 (cause 4 of the route cut's leaders-on-B reorders): delivery 3 never came,
+    and 5, 6 follow 4 without a gap of their own. None of them is handed on and nothing more
+    is asked for: they stay unacknowledged and go with the consumer that replaces this one,
+    whose fresh numbering delivers 3 first. Handing on 5 and 6 let a later message of
+    3's key run before it (its key's order broken, 2 completions in one run)."""
+    for seq in (1, 2, 4):
+        await checked.send(delivery(seq))
+    requests = len(checked.nc.pulls())
+    for seq in (5, 6):
+        await checked.send(delivery(seq))
+    await checked.puller.refill()
+    assert [m.consumer_seq for m in checked.got] == [1, 2]
+    assert len(checked.nc.pulls()) == requests and checked.puller.room == 0
+
+
 async def test_no_gap_check_on_shared_consumers(pull: Harness) -> None:
     for seq in (1, 5):
         await pull.send(delivery(seq))
