@@ -210,7 +210,10 @@ async def run_worker(url: str, status: Path, names: list[str]) -> None:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(STATUS_EVERY):
                 await stop.wait()
-    await starting
+    # A start still retrying (its server gone, say) must not keep the worker alive.
+    starting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await starting
     await asyncio.gather(*(i.runtime.stop() for i in instances if i.runtime is not None),
                          return_exceptions=True)
     await asyncio.gather(*(i.nc.close() for i in instances if i.nc is not None),
@@ -458,7 +461,10 @@ async def measure(srv: NatsServer, fleet: Fleet, plan: Plan,
         workers = sum(v for pid, v in used.items() if pid != srv.pid)
         result["idle_cpu_per_instance_pct"] = round(100 * workers / meter.wall / instances, 4)
     if plan.add or plan.kill:
-        result.update(await under_traffic(srv, fleet, plan, victim_worker))
+        try:
+            result.update(await under_traffic(srv, fleet, plan, victim_worker))
+        except AssertionError as exc:  # a wait that ran out: the rest is still worth printing
+            result["traffic_error"] = str(exc)
     if plan.restart:
         srv.restart()
         result["after_restart_served_s"] = await served(srv.url, fleet, "restart", keys,

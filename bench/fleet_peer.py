@@ -21,6 +21,11 @@ reference's side
   ``all_active_s`` is the time until every member has a consuming instance, and
   ``first_round_served_s`` (8 messages per member, all processed) is the measure both
   sides share end to end;
+- a reference instance whose start failed (``elastic_consume`` raised: the reference does
+  not retry) or whose session ended by itself counts in ``died`` and its connection is
+  closed, as its process would exit; with ``--peer-restart SECONDS`` it is started again
+  after that long, doubling up to 5 minutes, as Kubernetes restarts a crashed pod
+  (``restarts``: how many times);
 - ``--kill``: the reference fails over when the pinned TTL (its ack wait, 5 s) runs out;
   ``--restart``: natsio reconnects as configured by default. Both run as on cgroupd's side.
 
@@ -33,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +67,11 @@ async def _origin(url: str) -> None:
 
 
 async def peer_side(plan: Plan, processes: int, python: str, workdir: Path,
-                    max_ack_pending: int = PEER_MAX_ACK_PENDING) -> dict[str, Any]:
-    """The reference at the plan's shape, on a server of its own."""
+                    max_ack_pending: int = PEER_MAX_ACK_PENDING, restart_after: float = 0.0
+                    ) -> dict[str, Any]:
+    """The reference at the plan's shape, on a server of its own; with ``restart_after``,
+    an instance that failed to start or whose session ended is started again (as a
+    supervisor restarts a crashed process)."""
     with server() as srv:
         await _origin(srv.url)
         async with PeerProcess(python, srv.url, workdir / "admin.log") as admin_peer:
@@ -77,15 +86,20 @@ async def peer_side(plan: Plan, processes: int, python: str, workdir: Path,
                                              members=members)
 
             peers = Fleet(srv.url, workdir, command=[python, str(DRIVER), "host"],
-                          extra=[STREAM, GROUP, str(max_ack_pending)],
+                          extra=[STREAM, GROUP, str(max_ack_pending), str(restart_after)],
                           add_members=add_members)
             try:
                 result = await drive(srv, peers, plan, processes)
+                # Each a crash: a start that failed or a session that ended.
+                result["restarts"] = sum(s.get("restarts", 0) for s in peers.states().values())
             finally:
                 peers.stop()
+    restarted = (f", an instance that failed restarted after {restart_after:g} s doubling"
+                 if restart_after > 0 else ", an instance that failed stays dead")
     return {"what": f"{PEER_PACKAGE} {PEER_VERSION}, {processes} tests/support/"
                     "peer_driver.py host processes, one connection and one elastic_consume "
-                    f"per instance, max ack pending {max_ack_pending}, ack wait 5 s", **result}
+                    f"per instance, max ack pending {max_ack_pending}, ack wait 5 s"
+                    + restarted, **result}
 
 
 def ratios(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, float | None]:
@@ -108,8 +122,12 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                               "plan": {**plan.__dict__, "processes": args.processes}}
     if not args.no_cgroupd:
         before = load_average()
-        result["cgroupd"] = (await fleet.run(args))
-        result["cgroupd"].pop("machine", None)
+        try:
+            result["cgroupd"] = await fleet.run(args)
+            result["cgroupd"].pop("machine", None)
+        except Exception as exc:  # noqa: BLE001 - the reference's side still runs
+            result["cgroupd"] = {"error": f"{type(exc).__name__}: {exc}",
+                                 "traceback": traceback.format_exc().splitlines()[-12:]}
         result["cgroupd"]["load_average_before_after"] = [before, load_average()]
     if not args.no_peer:
         try:
@@ -124,11 +142,13 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             (workdir / "peer").mkdir(exist_ok=True)
             try:
                 result["peer"] = await peer_side(plan, args.processes, python,
-                                                 workdir / "peer", args.peer_max_ack_pending)
+                                                 workdir / "peer", args.peer_max_ack_pending,
+                                                 args.peer_restart)
             except Exception as exc:  # noqa: BLE001 - cgroupd's side is still worth printing
-                result["peer"] = {"error": f"{type(exc).__name__}: {exc}"}
+                result["peer"] = {"error": f"{type(exc).__name__}: {exc}",
+                                  "traceback": traceback.format_exc().splitlines()[-12:]}
             result["peer"]["load_average_before_after"] = [before, load_average()]
-    if "all_active_s" in result.get("peer", {}) and "cgroupd" in result:
+    if "all_active_s" in result.get("peer", {}) and "all_active_s" in result.get("cgroupd", {}):
         result["x_cgroupd"] = ratios(result["cgroupd"], result["peer"])
     return result
 
@@ -148,6 +168,10 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=Plan.rate,
                    help="msg/s of the traffic under --add and --kill")
     p.add_argument("--peer-max-ack-pending", type=int, default=PEER_MAX_ACK_PENDING)
+    p.add_argument("--peer-restart", type=float, default=0.0, metavar="SECONDS",
+                   help="restart a reference instance whose start failed or whose session "
+                        "ended after SECONDS, doubling (as Kubernetes restarts a crashed "
+                        "pod: 10); 0: it stays dead, counted in died")
     p.add_argument("--no-cgroupd", action="store_true", help="the reference's side only")
     p.add_argument("--no-peer", action="store_true", help="cgroupd's side only")
     p.add_argument("--workdir", type=Path, default=None,

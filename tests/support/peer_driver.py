@@ -17,7 +17,8 @@ process to crash the instance.
 Usage: ``python peer_driver.py NATS_URL``.
 
 Host mode, for fleet benchmarks (:mod:`bench.fleet_peer`): ``python peer_driver.py host
-NATS_URL STATUS_FILE RECORDS_FILE m1-0,m1-1,m2-0 STREAM GROUP [MAX_ACK_PENDING]`` starts
+NATS_URL STATUS_FILE RECORDS_FILE m1-0,m1-1,m2-0 STREAM GROUP [MAX_ACK_PENDING
+[RESTART_AFTER]]`` starts
 every named instance (``member-index``) at once in this process, each with a NATS
 connection of its own (so the server sees one client per instance, as with a process per
 instance), and writes what they do to ``STATUS_FILE`` every half second until SIGTERM
@@ -26,7 +27,10 @@ member's consumer and pulls (every instance of a member pulls; the server serves
 pinned one), ``standby`` while its session runs without one (not in the membership, or
 between consumers), ``failed`` when its start raised, ``died`` when its session ended by
 itself. A timed-out connect is retried (``connect_retries``); ``elastic_consume`` is
-called once, as an application would.
+called once, as an application would; with ``RESTART_AFTER`` > 0 seconds, an instance
+whose start failed or whose session ended is started again after that long, doubling
+each time up to 5 minutes, each wait spread by +-25% (``restarting`` meanwhile;
+``restarts``), as Kubernetes restarts a crashed container.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import signal
 import sys
 import time
@@ -171,8 +176,13 @@ class _Hosted:
         self.error: str | None = None
         self.connect_retries = 0
         self.connect_failed = False
+        #: Restarts after a failed start or a session that ended (``restart_after``).
+        self.restarts = 0
+        self.restarting = False
 
     def state(self) -> str:
+        if self.restarting:
+            return "restarting"
         if self.session is None:
             if self.connect_failed:
                 return "connect-failed"
@@ -222,10 +232,35 @@ async def _host_one(url: str, inst: _Hosted, stream: str, group: str, out: Any,
         inst.error = f"start failed: {type(exc).__name__}: {exc}"
 
 
+async def _supervise(url: str, inst: _Hosted, stream: str, group: str, out: Any,
+                     template: ConsumerConfig, restart_after: float) -> None:
+    """Start the instance. Once its start failed or its session ended by itself, close
+    its connection (as its process would exit); with ``restart_after`` > 0, start it
+    again after that long, doubling each time up to 5 minutes (each spread by +-25%), as a
+    supervisor restarts a crashed process (Kubernetes: 10 s, doubling up to 5 minutes).
+    Cancelled by the host's stop."""
+    while True:
+        await _host_one(url, inst, stream, group, out, template)
+        if inst.session is not None:
+            await inst.session._done.wait()  # ended by itself: the host cancels us first
+        if inst.nc is not None:
+            with contextlib.suppress(Exception):
+                await inst.nc.close()
+        if restart_after <= 0:
+            return
+        inst.restarting = True
+        # Spread: processes that crashed together are not restarted in lockstep.
+        await asyncio.sleep(min(300.0, restart_after * 2 ** inst.restarts)
+                            * random.uniform(0.75, 1.25))
+        inst.restarts += 1
+        inst.nc = inst.session = inst.error = None
+        inst.connect_failed = inst.restarting = False
+
 
 def _write_host_status(path: str, hosted: list[_Hosted]) -> None:
     states = {i.name: {"member": i.member, "state": i.state(), "error": i.error,
-                       "connect_retries": i.connect_retries} for i in hosted}
+                       "connect_retries": i.connect_retries, "restarts": i.restarts}
+              for i in hosted}
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump({"pid": os.getpid(), "instances": states, "processed": _round_payloads}, f)
@@ -233,21 +268,23 @@ def _write_host_status(path: str, hosted: list[_Hosted]) -> None:
 
 
 async def host(url: str, status: str, records: str, names: list[str], stream: str,
-               group: str, max_ack_pending: int | None) -> None:
+               group: str, max_ack_pending: int | None, restart_after: float) -> None:
     """Start the named instances at once; report their states until SIGTERM, then stop."""
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     hosted = [_Hosted(n) for n in names]
     template = ConsumerConfig(ack_wait=timedelta(seconds=5), max_ack_pending=max_ack_pending)
     with open(records, "a", buffering=1, encoding="utf-8") as out:
-        starting = asyncio.gather(*(_host_one(url, i, stream, group, out, template)
-                                    for i in hosted))
+        starting = [asyncio.create_task(_supervise(url, i, stream, group, out, template,
+                                                   restart_after)) for i in hosted]
         while not stop.is_set():
             _write_host_status(status, hosted)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(0.5):
                     await stop.wait()
-        await starting
+        for task in starting:  # a start still retrying, a supervisor waiting
+            task.cancel()
+        await asyncio.gather(*starting, return_exceptions=True)
         await asyncio.gather(*(i.session.stop() for i in hosted if i.session is not None),
                              return_exceptions=True)
         await asyncio.gather(*(i.nc.close() for i in hosted if i.nc is not None),
@@ -257,8 +294,9 @@ async def host(url: str, status: str, records: str, names: list[str], stream: st
 if __name__ == "__main__":
     if sys.argv[1] == "host":
         url_, status_, records_, names_, stream_, group_ = sys.argv[2:8]
-        pending = int(sys.argv[8]) if len(sys.argv) > 8 else None
+        pending = int(sys.argv[8]) if len(sys.argv) > 8 and sys.argv[8] != "-" else None
+        restart = float(sys.argv[9]) if len(sys.argv) > 9 else 0.0
         asyncio.run(host(url_, status_, records_, names_.split(","), stream_, group_,
-                         pending))
+                         pending, restart))
     else:
         asyncio.run(main(sys.argv[1]))
