@@ -210,7 +210,10 @@ async def run_worker(url: str, status: Path, names: list[str]) -> None:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(STATUS_EVERY):
                 await stop.wait()
-    await starting
+    # A start still retrying (its server gone, say) must not keep the worker alive.
+    starting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await starting
     await asyncio.gather(*(i.runtime.stop() for i in instances if i.runtime is not None),
                          return_exceptions=True)
     await asyncio.gather(*(i.nc.close() for i in instances if i.nc is not None),
@@ -230,6 +233,14 @@ class Fleet:
     #: Workers killed on purpose (``--kill``): neither their exit nor the states they
     #: last wrote count.
     killed: set[int] = field(default_factory=set)
+    #: A worker's command line is ``command URL STATUS RECORDS NAMES *extra``: by default
+    #: this module's worker (cgroupd); :mod:`bench.fleet_peer` runs the reference's host.
+    command: list[str] = field(default_factory=lambda: [sys.executable, "-m", "bench.fleet",
+                                                        "worker"])
+    extra: list[str] = field(default_factory=list)
+    #: How ``--add`` writes the new members into the config (default: cgroupd's admin);
+    #: the reference's side writes with the reference.
+    add_members: Callable[[list[str]], Awaitable[Any]] | None = None
 
     @property
     def records_dir(self) -> Path:
@@ -250,8 +261,8 @@ class Fleet:
         self.logs.append(log)
         self.files.append(status)
         self.procs.append(subprocess.Popen(
-            [sys.executable, "-m", "bench.fleet", "worker", self.url, str(status),
-             str(self.records_dir / f"worker-{n}.jsonl"), ",".join(names)],
+            [*self.command, self.url, str(status),
+             str(self.records_dir / f"worker-{n}.jsonl"), ",".join(names), *self.extra],
             stdout=log, stderr=subprocess.STDOUT))
         return n
 
@@ -382,6 +393,12 @@ def api_requests(srv: NatsServer) -> int:
     return int(srv.monitor("/jsz")["api"]["total"])
 
 
+def messages(srv: NatsServer) -> tuple[int, int]:
+    """Messages the server received and sent so far (``/varz``)."""
+    varz = srv.monitor("/varz")
+    return int(varz["in_msgs"]), int(varz["out_msgs"])
+
+
 @dataclass(frozen=True)
 class Plan:
     """What to measure after the mass start, from the command line."""
@@ -432,16 +449,22 @@ async def measure(srv: NatsServer, fleet: Fleet, plan: Plan,
     if plan.idle > 0:
         assert srv.pid is not None
         meter = CpuMeter([srv.pid, *(p.pid for p in fleet.procs)]).start()
-        api = api_requests(srv)
+        api, routed = api_requests(srv), messages(srv)
         await asyncio.sleep(plan.idle)  # the idle window being measured
         used = meter.stop()
         api = api_requests(srv) - api
         result["idle_server_cpu_pct"] = round(100 * used[srv.pid] / meter.wall, 2)
         result["idle_api_per_s"] = round(api / meter.wall, 1)
+        # Pull requests, heartbeats, acks: server work that is not a JetStream API call.
+        result["idle_msgs_in_out_per_s"] = [round((b - a) / meter.wall, 1)
+                                            for a, b in zip(routed, messages(srv), strict=True)]
         workers = sum(v for pid, v in used.items() if pid != srv.pid)
         result["idle_cpu_per_instance_pct"] = round(100 * workers / meter.wall / instances, 4)
     if plan.add or plan.kill:
-        result.update(await under_traffic(srv, fleet, plan, victim_worker))
+        try:
+            result.update(await under_traffic(srv, fleet, plan, victim_worker))
+        except AssertionError as exc:  # a wait that ran out: the rest is still worth printing
+            result["traffic_error"] = str(exc)
     if plan.restart:
         srv.restart()
         result["after_restart_served_s"] = await served(srv.url, fleet, "restart", keys,
@@ -561,7 +584,11 @@ async def _add(srv: NatsServer, fleet: Fleet, plan: Plan, traffic: KeyedTraffic,
         before = (await admin.get_group(js, STREAM, GROUP)).config
         first_n = await traffic.mark(change=True)  # published from the change on
         t0 = time.time()
-        after = await admin.add_members(js, STREAM, GROUP, plan.added())
+        if fleet.add_members is None:
+            after = await admin.add_members(js, STREAM, GROUP, plan.added())
+        else:
+            await fleet.add_members(plan.added())
+            after = (await admin.get_group(js, STREAM, GROUP)).config
     records.poll()  # what was written before the change is not wanted
     reowned = Reowned(before, after, t0, lambda e: e["member"], first_n)
     reowned.see(e for e in records.events if e["t"] > t0)
@@ -624,22 +651,29 @@ def plan_of(args: argparse.Namespace) -> Plan:
                 kill=getattr(args, "kill", 0), rate=getattr(args, "rate", Plan.rate))
 
 
+async def drive(srv: NatsServer, fleet: Fleet, plan: Plan, processes: int
+                ) -> dict[str, Any]:
+    """Mass-start the plan's instances over ``processes`` workers (the victims' worker
+    first, active before the rest) and measure."""
+    names = [f"{m}-{i}" for m in plan.names() for i in range(plan.copies)]
+    victims = plan.victims() if plan.kill else []
+    victim_worker = None
+    if victims:  # active first, so that the kill hits active instances
+        victim_worker = fleet.start_worker(victims)
+        await wait_for(lambda: fleet.in_state(victims, "active"), plan.timeout, 0.2,
+                       "the victims' instances to become active")
+    fleet.start([n for n in names if n not in victims], processes)
+    return await measure(srv, fleet, plan, victim_worker)
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     plan = plan_of(args)
     if plan.kill and (plan.copies < 2 or plan.kill > plan.members):
         raise SystemExit("--kill needs --copies >= 2 and at most --members victims")
-    names = [f"{m}-{i}" for m in plan.names() for i in range(plan.copies)]
-    victims = plan.victims() if plan.kill else []
     with server() as srv:
         await create_group(srv.url, plan.names(), plan.partitions)
         with fleet_on(srv, srv.workdir) as fleet:
-            victim_worker = None
-            if victims:  # active first, so that the kill hits active instances
-                victim_worker = fleet.start_worker(victims)
-                await wait_for(lambda: fleet.in_state(victims, "active"), plan.timeout, 0.2,
-                               "the victims' instances to become active")
-            fleet.start([n for n in names if n not in victims], args.processes)
-            result = await measure(srv, fleet, plan, victim_worker)
+            result = await drive(srv, fleet, plan, args.processes)
     return {"bench": "fleet", "machine": machine(), **result}
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bench import ack_cost, failover, profile, revision, scale, table, throughput
+from bench import ack_cost, failover, fleet, fleet_peer, profile, revision, scale, table, throughput
 from bench.common import ROOT
 
 
@@ -111,6 +111,23 @@ async def test_scale_runs() -> None:
     handover = added["handover_gap_s"]  # every moved partition's dark time, measured
     assert handover["partitions"] == added["moved_partitions"], handover
     assert 0 < handover["p50"] <= handover["p99"] <= handover["max"], handover
+
+
+@pytest.mark.slow
+@pytest.mark.interop
+async def test_fleet_peer_side_runs(peer_python: str, tmp_path: Path) -> None:
+    """The reference in host mode (many instances, a connection each, per process) goes
+    through bench.fleet's mass start, idle window and --add under traffic."""
+    plan = fleet.Plan(members=4, copies=2, idle=0.5, add=1, rate=200, timeout=60, window=0.5)
+    result = _json(await fleet_peer.peer_side(plan, 2, peer_python, tmp_path))
+    assert result["instances"] == 8 and result["processes"] == 2, result
+    assert result["all_active_s"] is not None and result["first_round_served_s"] is not None
+    assert result["died"] == result["workers_exited"] == result["connect_failed"] == 0, result
+    assert result["states_settled"] == {"active": 8}, result  # every instance pulls
+    assert result["idle_server_cpu_pct"] >= 0 and result["idle_api_per_s"] >= 0
+    assert result["moved_partitions"] > 0, result
+    assert result["reowned"] == result["moved_partitions"], result
+    assert result["active_members_after_add"] == 5 and result["traffic_lost"] == 0, result
 
 
 @pytest.mark.slow
