@@ -645,6 +645,24 @@ def fleet_on(srv: NatsServer, workdir: Path) -> Iterator[Fleet]:
         fleet.stop()
 
 
+def add_plan_arguments(p: argparse.ArgumentParser, processes_help: str) -> None:
+    """The options that make a :class:`Plan` (see :func:`plan_of`), and ``--processes``:
+    shared with ``bench.fleet_peer``, which runs the same plan on both sides."""
+    p.add_argument("--members", type=int, default=50)
+    p.add_argument("--copies", type=int, default=2, help="instances per member")
+    p.add_argument("--processes", type=int, default=2, help=processes_help)
+    p.add_argument("--idle", type=float, default=20.0, help="seconds at rest measured")
+    p.add_argument("--restart", action="store_true", help="restart the server under it")
+    p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--add", type=int, default=0, metavar="N",
+                   help="add N members under traffic; report re-ownership")
+    p.add_argument("--kill", type=int, default=0, metavar="K",
+                   help="SIGKILL the active instances of K members under traffic; "
+                        "report failover")
+    p.add_argument("--rate", type=float, default=Plan.rate,
+                   help="msg/s of the traffic under --add and --kill")
+
+
 def plan_of(args: argparse.Namespace) -> Plan:
     return Plan(members=args.members, copies=args.copies, idle=args.idle,
                 restart=args.restart, timeout=args.timeout, add=getattr(args, "add", 0),
@@ -685,19 +703,7 @@ def main() -> None:
         asyncio.run(run_worker(url, Path(status), names.split(",")))
         return
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--members", type=int, default=50)
-    p.add_argument("--copies", type=int, default=2, help="instances per member")
-    p.add_argument("--processes", type=int, default=2, help="worker processes")
-    p.add_argument("--idle", type=float, default=20.0, help="seconds at rest measured")
-    p.add_argument("--restart", action="store_true", help="restart the server under it")
-    p.add_argument("--timeout", type=float, default=120.0)
-    p.add_argument("--add", type=int, default=0, metavar="N",
-                   help="add N members under traffic; report re-ownership")
-    p.add_argument("--kill", type=int, default=0, metavar="K",
-                   help="SIGKILL the active instances of K members under traffic; "
-                        "report failover")
-    p.add_argument("--rate", type=float, default=Plan.rate,
-                   help="msg/s of the traffic under --add and --kill")
+    add_plan_arguments(p, processes_help="worker processes")
     emit(asyncio.run(run(p.parse_args())))
 
 

@@ -44,7 +44,7 @@ from typing import Any
 
 from bench import fleet
 from bench.common import emit, load_average, machine, server
-from bench.fleet import GROUP, STREAM, Fleet, Plan, drive, plan_of
+from bench.fleet import GROUP, STREAM, Fleet, Plan, add_plan_arguments, drive, plan_of
 from cgroupd.nats.connect import ConnectionOptions, connect
 from tests.support.peer import DRIVER, PEER_PACKAGE, PEER_VERSION, PeerProcess, peer_python, why
 
@@ -155,18 +155,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--members", type=int, default=50)
-    p.add_argument("--copies", type=int, default=2, help="instances per member")
-    p.add_argument("--processes", type=int, default=2, help="worker processes per side")
-    p.add_argument("--idle", type=float, default=20.0, help="seconds at rest measured")
-    p.add_argument("--restart", action="store_true", help="restart the server under it")
-    p.add_argument("--timeout", type=float, default=120.0)
-    p.add_argument("--add", type=int, default=0, metavar="N",
-                   help="add N members under traffic; report re-ownership")
-    p.add_argument("--kill", type=int, default=0, metavar="K",
-                   help="SIGKILL the active instances of K members under traffic")
-    p.add_argument("--rate", type=float, default=Plan.rate,
-                   help="msg/s of the traffic under --add and --kill")
+    add_plan_arguments(p, processes_help="worker processes per side")
     p.add_argument("--peer-max-ack-pending", type=int, default=PEER_MAX_ACK_PENDING)
     p.add_argument("--peer-restart", type=float, default=0.0, metavar="SECONDS",
                    help="restart a reference instance whose start failed or whose session "

@@ -147,15 +147,9 @@ class Operations:
                 self._stop_source_report()
                 continue
             started = time.monotonic()
+            stored: admin.StoredGroup | None = None
             try:
                 stored = await admin.get_group(js, o.stream, o.group)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001
-                self.metrics.lag_failed()
-                self._log.warning("lag read failed", error=str(exc) or repr(exc))
-                continue
-            try:
                 floors: dict[int, int] = {}
                 if stored.static:
                     info = await js.consumer_info(stored.consume_stream, member.sync_consumer)
@@ -174,7 +168,8 @@ class Operations:
                     self.metrics.set_lag({p: (x.messages, x.seconds(now))
                                           for p, x in lags.items()},
                                          time.monotonic() - started)
-            await self.report_source(js, stored, partitions)
+            if stored is not None:  # a failed partition read does not skip the source's
+                await self.report_source(js, stored, partitions)
 
     async def report_source(self, js: JetStream, stored: admin.StoredGroup,
                             partitions: tuple[int, ...]) -> None:
