@@ -69,6 +69,24 @@ class KeyedPublisher:
         self.started_at: float | None = None
         self.finished_at: float | None = None
         self._task: asyncio.Task[list[tuple[str, int]]] | None = None
+        #: Message index before which publishing waits for :meth:`resume` (see
+        #: :meth:`pause_before`).
+        self.paused_at: int | None = None
+        self._resumed = asyncio.Event()
+
+    def pause_before(self, n: int) -> None:
+        """Publish messages ``0 .. n-1``, then wait for :meth:`resume`: a scenario that
+        needs messages after an event (a pinned standby is pinned, so active, only once a
+        message comes) gets them however slowly the machine reached that event (CI with a
+        CPU hog on 0f041f0: all 1,200 messages were done before the kill, and the standby
+        of test_least_privilege's pinned failover never became active)."""
+        if self.window > 1:
+            raise ValueError("pause_before needs window=1")
+        self.paused_at = n
+
+    def resume(self) -> None:
+        """Let a publisher paused by :meth:`pause_before` go on."""
+        self._resumed.set()
 
     def subject(self, n: int) -> str:
         return f"{self.prefix}.k{n % self.keys}"
@@ -119,6 +137,9 @@ class KeyedPublisher:
         per_key: dict[str, int] = {}
         next_at = time.monotonic()
         for n in range(self.count):
+            if n == self.paused_at:
+                await self._resumed.wait()
+                next_at = time.monotonic()
             subject, payload = self._payload(n, per_key)
             await self._publish(subject, payload, f"faults-{n}")
             self.sent.append((subject, n))

@@ -168,7 +168,11 @@ async def test_members_with_only_their_template_consume_and_fail_over(
     sc, srv, mode = scenario
     first = start(sc, srv, mode, "m1")
     start(sc, srv, mode, "m2")
-    sc.traffic(1200, rate=100).start()  # (a pinned instance is active once it has a message)
+    traffic = sc.traffic(1200, rate=100)
+    # A pinned instance is active once it has a message: half the traffic waits for the
+    # kill, so the standby has messages to be pinned for however long the start took.
+    traffic.pause_before(600)
+    traffic.start()
     await sc.wait_active("m1")
     standby = start(sc, srv, mode, "m1")
     await sc.wait_joined([standby])
@@ -183,6 +187,7 @@ async def test_members_with_only_their_template_consume_and_fail_over(
         assert violations(srv) == [], "presence answers refused"
     first.kill()
     killed = time.monotonic()
+    traffic.resume()
     assert await sc.wait_active("m1", exclude=[first], timeout=40) is standby
     took = time.monotonic() - killed
     sc.note(f"{standby.instance} active {took:.2f}s after kill -9 of {first.instance}")
