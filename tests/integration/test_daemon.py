@@ -176,8 +176,13 @@ async def test_webhook_ack_retry_non_retryable_and_dead_letter(
         assert int(poison["Cgroupd-Stream-Sequence"]) > 0
         bad = by_key["bad"].headers or {}
         assert bad["Cgroupd-Deliveries"] == "1" and "answered 422" in bad["Cgroupd-Error"]
-        dlq = await jetstream.stream_info("DLQ")
-        assert dlq is not None and dlq.state.messages == 2, "the dead letters are stored"
+        # A core subscriber can see a letter before the stream has stored it (the server
+        # hands the stream its copy through an ingest queue), so the store is awaited.
+
+        async def stored() -> bool:
+            dlq = await jetstream.stream_info("DLQ")
+            return dlq is not None and dlq.state.messages == 2
+        await eventually(stored, 10, what="both dead letters stored in DLQ")
 
         # A message's outcome is counted once its handling is over: after its dead letter
         # was published (and seen above) and it was termed. Wait for every count.
