@@ -22,7 +22,8 @@ error of its kind, or one error for one case.
     │   ├── JetStreamNotEnabled       the server (or account) has no JetStream
     │   ├── PermissionDenied          the server refused the operation for these credentials
     │   ├── ServerUnreachable         no server answered (retriable)
-    │   │   └── ServerBusy            a server was reached but did not let us in in time
+    │   │   ├── ServerBusy            a server was reached but did not let us in in time
+    │   │   └── NoAnswer              connected and asked, but no answer came in time
     │   └── ApiError                  any other ``$JS.API`` error: status code and err_code
     │       └── DirectGetUnavailable  the stream does not answer direct gets
     ├── AckNotConfirmed               ``double_ack``: the server did not apply the ack
@@ -136,6 +137,12 @@ class ServerBusy(ServerUnreachable):
     """The first connect timed out rather than being refused: a server (or the way to it)
     too busy to finish the handshake in time, as under a mass start. ``cgroupd join``
     retries it; a refused connection (nothing listens there) ends it."""
+
+
+class NoAnswer(ServerUnreachable):
+    """A request was sent on a live connection and its answer did not come in time: an
+    overloaded server (its queue longer than the wait), or one out of reach across a
+    cluster. The request may still be carried out."""
 
 
 class ConflictError(StateConflict):

@@ -173,16 +173,11 @@ class ConfigWatch:
                     await sub.unsubscribe()
         self.m._advisories = self.m._presence_sub = self.m._step_down_sub = None
 
-    async def on_consumer_deleted(self, name: str) -> None:
-        """A consumer of our stream went away: a standby may win right now if it was our
-        member's claim, or, for a while after a membership change, anyone's (previous
-        owners of our partitions let go). Other deletions concern other members: with
-        many members each one woke every standby (issue 15). A standby watching a live
-        active instance waits for our claim's deletion only: its member's partitions move
-        in place, and a create would be refused (the claim exists); with 16 members each
-        deletion of a move woke 16 standbys into a refused create."""
-        if self.m.state is not MemberState.STANDBY:
-            return
-        if name == self.m.sync_consumer or (self.m._clock() < self.m._changed_at + 5.0
-                                            and self.m._watch is None):
+    async def on_claim_deleted(self, name: str) -> None:
+        """Our member's claim went away: a standby may win right now. Only this deletion
+        is heard (see :meth:`JetStream.watch_deletion`): others concern other members
+        (issue 15: each one woke every standby), and after a membership change, when
+        previous owners let go of our partitions, a standby looks again every 0.1 s
+        anyway (:meth:`Member._supervise`)."""
+        if self.m.state is MemberState.STANDBY and name == self.m.sync_consumer:
             self.m._wake.set()

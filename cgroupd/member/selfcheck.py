@@ -32,7 +32,8 @@ class SelfCheck:
         self.m = member
         self.mode = mode
 
-    #: The last self-check was answered by a server out of touch with its cluster.
+    #: The last self-check was answered by a server out of touch with its cluster, or too
+    #: late to renew the lease: one warning per episode.
     _out_of_touch = False
     #: Self-checks in a row that got no answer: one warning per outage, not one per try.
     _unanswered = 0
@@ -162,7 +163,16 @@ class SelfCheck:
             for key in ("num_pending", "num_ack_pending")}
         gen.lease.renew(judged.as_of)
         if not gen.lease.valid:
-            self._stale(judged.age)
+            if judged.age > 0:
+                self._stale(judged.age)
+            elif not self._out_of_touch:
+                # Answered, but after the lease it would renew had run out: an overloaded
+                # server (issue 27's mass start), not one cut off from its cluster.
+                self.m.stats["stale_checks"] += 1
+                self.m._log.warning("self-check answered after the lease ran out (the server"
+                                    " is slow); starting nothing until one is answered in "
+                                    "time", answered_after=round(self.m._clock() - sent, 3))
+                self._out_of_touch = True
             return None
         self._out_of_touch = False
         return True

@@ -58,8 +58,8 @@ class Member(MemberCore):
         self._connection_off = self.js.on_connection(self._connection_lost,
                                                      self._connection_back)
         with contextlib.suppress(Exception):
-            self._advisories = await self.js.watch_deletions(
-                self._consume_stream, self._config_watch.on_consumer_deleted)
+            self._advisories = await self.js.watch_deletion(
+                self._consume_stream, self.sync_consumer, self._config_watch.on_claim_deleted)
         self._presence_sub = await self.js.answer(
             presence_subject(self._key, self.member, self.instance_id), self._presence_text)
         await self.mode.open()

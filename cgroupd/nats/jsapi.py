@@ -27,6 +27,7 @@ from cgroupd.core.errors import (
     ConsumerExists,
     ConsumerNotFound,
     JetStreamNotEnabled,
+    NoAnswer,
     PermissionDenied,
     ServerUnreachable,
     StreamNotFoundApi,
@@ -110,7 +111,7 @@ async def request(
             "no JetStream answered (is JetStream enabled on the server and account?)"
         ) from exc
     except nats.errors.TimeoutError as exc:
-        raise ServerUnreachable(f"no answer to {subject} within {timeout:.1f}s") from exc
+        raise NoAnswer(f"no answer to {subject} within {timeout:.1f}s") from exc
     except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError) as exc:
         raise ServerUnreachable(f"not connected to NATS: {exc}") from exc
     try:
@@ -152,19 +153,21 @@ _TYPED: dict[int, type[ApiError]] = {
 
 
 async def create_consumer(
-    nc: Client, stream: str, name: str, config: dict[str, Any], action: str = "create"
+    nc: Client, stream: str, name: str, config: dict[str, Any], action: str = "create",
+    timeout: float = API_TIMEOUT
 ) -> dict[str, Any]:
     """Create a named consumer; ``action="create"`` fails (10148) if a different one exists."""
     body: dict[str, Any] = {"stream_name": stream, "config": {**config, "name": name}}
     if action:
         body["action"] = action
-    return await request(nc, f"{api(nc)}.CONSUMER.CREATE.{stream}.{name}", body)
+    return await request(nc, f"{api(nc)}.CONSUMER.CREATE.{stream}.{name}", body, timeout)
 
 
-async def delete_consumer(nc: Client, stream: str, name: str) -> bool:
+async def delete_consumer(nc: Client, stream: str, name: str,
+                          timeout: float = API_TIMEOUT) -> bool:
     """Delete a consumer; False if it did not exist."""
     try:
-        await request(nc, f"{api(nc)}.CONSUMER.DELETE.{stream}.{name}")
+        await request(nc, f"{api(nc)}.CONSUMER.DELETE.{stream}.{name}", None, timeout)
     except ApiError as exc:
         if exc.err_code == ERR_CONSUMER_NOT_FOUND or exc.code == 404:
             return False
@@ -172,27 +175,31 @@ async def delete_consumer(nc: Client, stream: str, name: str) -> bool:
     return True
 
 
-async def consumer_info(nc: Client, stream: str, name: str) -> dict[str, Any] | None:
+async def consumer_info(nc: Client, stream: str, name: str,
+                        timeout: float = API_TIMEOUT) -> dict[str, Any] | None:
     """Consumer info, or None if the consumer does not exist."""
     try:
-        return await request(nc, f"{api(nc)}.CONSUMER.INFO.{stream}.{name}")
+        return await request(nc, f"{api(nc)}.CONSUMER.INFO.{stream}.{name}", None, timeout)
     except ApiError as exc:
         if exc.err_code == ERR_CONSUMER_NOT_FOUND or exc.code == 404:
             return None
         raise
 
 
-async def step_down_consumer_leader(nc: Client, stream: str, name: str) -> None:
+async def step_down_consumer_leader(nc: Client, stream: str, name: str,
+                                    timeout: float = API_TIMEOUT) -> None:
     """Ask a clustered consumer's leader to hand its leadership to another peer. The
     consumer's leader answers (and acts), so only a client whose server reaches it can."""
-    await request(nc, f"{api(nc)}.CONSUMER.LEADER.STEPDOWN.{stream}.{name}")
+    await request(nc, f"{api(nc)}.CONSUMER.LEADER.STEPDOWN.{stream}.{name}", None, timeout)
 
 
-async def list_consumers(nc: Client, stream: str) -> list[dict[str, Any]]:
+async def list_consumers(nc: Client, stream: str,
+                         timeout: float = API_TIMEOUT) -> list[dict[str, Any]]:
     """Infos of every consumer on a stream (paged)."""
     out: list[dict[str, Any]] = []
     while True:
-        reply = await request(nc, f"{api(nc)}.CONSUMER.LIST.{stream}", {"offset": len(out)})
+        reply = await request(nc, f"{api(nc)}.CONSUMER.LIST.{stream}", {"offset": len(out)},
+                              timeout)
         page = reply.get("consumers") or []
         out.extend(page)
         if not page or len(out) >= int(reply.get("total", 0)):
@@ -200,12 +207,12 @@ async def list_consumers(nc: Client, stream: str) -> list[dict[str, Any]]:
 
 
 async def reset_consumer(nc: Client, stream: str, consumer: str,
-                         seq: int = 0) -> dict[str, Any]:
+                         seq: int = 0, timeout: float = API_TIMEOUT) -> dict[str, Any]:
     """Move a consumer back to stream sequence ``seq`` (0: just past its ack floor), as if
     nothing above it had been delivered: its pending messages are dropped and delivered
     again, in stream order (server >= 2.14). The reply is the consumer info after it."""
     return await request(nc, f"{api(nc)}.CONSUMER.RESET.{stream}.{consumer}",
-                         {"seq": seq} if seq else {})
+                         {"seq": seq} if seq else {}, timeout)
 async def message_stored(nc: Client, stream: str, seq: int,
                          timeout: float = API_TIMEOUT) -> bool:
     """Whether ``stream`` holds the message with sequence ``seq`` (work-queue streams
@@ -219,9 +226,11 @@ async def message_stored(nc: Client, stream: str, seq: int,
     return True
 
 
-async def unpin(nc: Client, stream: str, consumer: str, group: str) -> None:
+async def unpin(nc: Client, stream: str, consumer: str, group: str,
+                timeout: float = API_TIMEOUT) -> None:
     """Clear a pinned client so the server picks another (priority groups ADR)."""
-    await request(nc, f"{api(nc)}.CONSUMER.UNPIN.{stream}.{consumer}", {"group": group})
+    await request(nc, f"{api(nc)}.CONSUMER.UNPIN.{stream}.{consumer}", {"group": group},
+                  timeout)
 
 
 def pull_subject(stream: str, consumer: str, prefix: str = API) -> str:

@@ -16,6 +16,7 @@ from cgroupd.core.errors import (
     CgroupdError,
     ConflictError,
     JetStreamNotEnabled,
+    NoAnswer,
     PermissionDenied,
     ServerUnreachable,
     StreamNotFound,
@@ -61,7 +62,7 @@ def translated(what: str) -> Iterator[None]:
             f"{what}: no JetStream answered (is JetStream enabled for this account?)"
         ) from exc
     except (TimeoutError, nats.errors.TimeoutError) as exc:
-        raise ServerUnreachable(f"{what}: the server did not answer in time") from exc
+        raise NoAnswer(f"{what}: the server did not answer in time") from exc
     except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
             nats.errors.StaleConnectionError) as exc:
         raise ServerUnreachable(f"{what}: not connected to NATS") from exc

@@ -177,7 +177,7 @@ class FakeServer:
     consumers: dict[tuple[str, str], FakeConsumer] = field(default_factory=dict)
     records: dict[tuple[str, str], bytes] = field(default_factory=dict)
     presence: dict[str, list[Callable[[bytes], str | None]]] = field(default_factory=dict)
-    deletions: list[tuple[str, Callable[[str], Awaitable[None] | None]]] = field(
+    deletions: list[tuple[str, str, Callable[[str], Awaitable[None] | None]]] = field(
         default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     #: Like nats-server 2.15 (single server): an update checks the filter overlap, then
@@ -241,8 +241,8 @@ class FakeJetStream:
     async def delete_consumer(self, stream: str, name: str) -> bool:
         gone = self.server.consumers.pop((stream, name), None) is not None
         if gone:
-            for prefix, callback in list(self.server.deletions):
-                if stream == prefix:
+            for watched_stream, watched, callback in list(self.server.deletions):
+                if (stream, name) == (watched_stream, watched):
                     result = callback(name)
                     if result is not None:
                         await result
@@ -313,9 +313,9 @@ class FakeJetStream:
     async def notify(self, subject: str, callback: Callable[[], Awaitable[None] | None]) -> Any:
         return _Unsubscribe(lambda: None)
 
-    async def watch_deletions(self, stream: str,
-                              callback: Callable[[str], Awaitable[None] | None]) -> Any:
-        entry = (stream, callback)
+    async def watch_deletion(self, stream: str, consumer: str,
+                             callback: Callable[[str], Awaitable[None] | None]) -> Any:
+        entry = (stream, consumer, callback)
         self.server.deletions.append(entry)
         return _Unsubscribe(lambda: self.server.deletions.remove(entry))
 
