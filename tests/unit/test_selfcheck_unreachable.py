@@ -2,7 +2,8 @@
 cluster heals, a node answers 503 at once for a while. The active instance waiting for its
 lease asked again every 0.1 s with a warning each time (143 lines in one cluster-cut run);
 it now backs off to half a second and warns once per outage, and resumes at the first
-answer after the heal.
+answer after the heal. A server that answers after the lease ran out (an overloaded one) is
+named as such, not as a cluster cut.
 """
 
 from __future__ import annotations
@@ -93,3 +94,51 @@ async def test_unanswered_self_checks_back_off_and_warn_once(group: Group) -> No
     assert resumed < 0.6, f"resumed {resumed:.2f} s after the heal"
     now = m.generation
     assert now is not None and now.number == gen.number and not now.ended
+
+
+class SlowJetStream(FakeJetStream):
+    """Consumer info answers ``delay`` seconds late while ``slow`` is set, as a server
+    whose API queue is longer than the lease does (issue 27's mass start)."""
+
+    def __init__(self, server: FakeServer) -> None:
+        super().__init__(server)
+        self.slow = False
+        self.delay = 0.0
+
+    async def consumer_info(self, stream: str, name: str) -> dict[str, Any] | None:
+        if self.slow:
+            await asyncio.sleep(self.delay)
+        return await super().consumer_info(stream, name)
+
+
+async def test_self_checks_answered_after_the_lease_start_nothing_and_say_why(
+        group: Group) -> None:
+    """Each answer comes after the lease it would renew ran out (it runs from the check's
+    sending): nothing starts, and the one warning names a slow server, not a cluster cut."""
+    js = SlowJetStream(group.server)
+    ran: list[int] = []
+
+    async def recording(msg: Any) -> None:
+        ran.append(msg.stream_sequence)
+
+    m = Member(js, "ORDERS", "g", "m1", recording, SETTINGS, instance_id="a")
+    await m.start()
+    group.members.append(m)
+    await eventually(lambda: m.state is MemberState.ACTIVE and data_puller(m) is not None,
+                     3, what="a active and pulling")
+    puller = data_puller(m)
+    assert puller is not None
+    with capture_logs() as logged:
+        js.slow, js.delay = True, SETTINGS.lease + 0.5
+        await asyncio.sleep(SETTINGS.lease + 0.5)  # the lease of the last prompt check ran out
+        await js.nc.deliver(puller.inbox, FakeMsg(
+            subject="0.orders.k", data=b"m", consumer_seq=1,
+            reply=f"$JS.ACK.{WQ}.{puller.consumer}.1.1.1.0.0"))
+        await asyncio.sleep(3 * js.delay)  # three late answers, not a synchronisation
+        assert not ran, "no handler may start on an answer that came after its lease"
+        js.slow = False
+        await eventually(lambda: ran, 2 * js.delay, 0.005, what="the held message to run")
+    late = [e for e in logged if e["event"].startswith("self-check answered after the lease")]
+    assert len(late) == 1, late
+    assert late[0]["answered_after"] >= SETTINGS.lease
+    assert not any("out of touch" in e["event"] for e in logged)
