@@ -232,6 +232,7 @@ class Daemon:
         self._watch_denials(self.nc)
         self.metrics.set_connected(True)
         js = JetStream(self.nc)
+        self.metrics.follow_answer_timeout(lambda: js.answers.seconds)
         static = await self._until_stopped("read group", lambda: self._group_kind(js))
         if static is None:
             return 0

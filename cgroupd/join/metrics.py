@@ -121,6 +121,9 @@ class _Series:
         self.owned = gauge("partitions_owned", "Partitions this instance consumes now.")
         self.in_flight = gauge("messages_in_flight", "Messages being handled now.")
         self.connected = gauge("nats_connected", "1 while connected to NATS, else 0.")
+        self.answer_timeout = gauge("api_answer_timeout_seconds", "How long a JetStream API "
+                                    "answer is waited for now: the base while the server "
+                                    "answers promptly, up to 8x more while it is slow.")
         self.unowned = gauge("group_unowned_partitions", "Partitions of the group that no "
                              "active instance consumes (refreshed periodically).")
         self.idle = gauge("seconds_since_last_message", "Seconds since this instance "
@@ -322,6 +325,11 @@ class Metrics:
     def set_connected(self, connected: bool) -> None:
         if (s := self._s) is not None:
             s.connected.labels(**self._labels).set(1 if connected else 0)
+
+    def follow_answer_timeout(self, seconds: Callable[[], float]) -> None:
+        """Report ``seconds()`` (the JetStream adapter's current API wait) at each scrape."""
+        if (s := self._s) is not None:
+            s.answer_timeout.labels(**self._labels).set_function(seconds)
 
     def set_unowned_partitions(self, count: int) -> None:
         if (s := self._s) is not None:

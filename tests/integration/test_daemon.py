@@ -96,6 +96,7 @@ async def test_python_handler_metrics_probes_and_sigterm_handover(
         assert metrics[("cgroupd_handler_duration_seconds_count", ())] == 20
         assert metrics[("cgroupd_messages_in_flight", ())] == 0
         assert metrics[("cgroupd_nats_connected", ())] == 1
+        assert metrics[("cgroupd_api_answer_timeout_seconds", ())] >= 2.0  # the base at least
         assert metrics[("cgroupd_seconds_since_last_message", ())] >= 0
         status, body = await a.get(http, "/healthz")
         assert status == 200 and json.loads(body)["nats"] == "connected"
