@@ -53,11 +53,9 @@ async def group() -> AsyncIterator[Group]:
         await within(m.stop(), 10, f"{m.member}/{m.instance_id} to stop")
 
 
-async def test_unanswered_self_checks_back_off_and_warn_once(group: Group) -> None:
-    """The server stops answering for longer than the lease: a message delivered then
-    waits (no handler starts without a check that proves ownership); the checks it waits
-    for back off, one warning for the outage; the first answer after the heal starts it."""
-    js = FailingJetStream(group.server)
+async def _active_recording(group: Group, js: FakeJetStream) -> tuple[Member, list[int]]:
+    """Member m1's one instance on ``js``, active and pulling; the stream sequences its
+    handler ran, in order."""
     ran: list[int] = []
 
     async def recording(msg: Any) -> None:
@@ -68,6 +66,15 @@ async def test_unanswered_self_checks_back_off_and_warn_once(group: Group) -> No
     group.members.append(m)
     await eventually(lambda: m.state is MemberState.ACTIVE and data_puller(m) is not None,
                      3, what="a active and pulling")
+    return m, ran
+
+
+async def test_unanswered_self_checks_back_off_and_warn_once(group: Group) -> None:
+    """The server stops answering for longer than the lease: a message delivered then
+    waits (no handler starts without a check that proves ownership); the checks it waits
+    for back off, one warning for the outage; the first answer after the heal starts it."""
+    js = FailingJetStream(group.server)
+    m, ran = await _active_recording(group, js)
     gen = m.generation
     puller = data_puller(m)
     assert gen is not None and puller is not None
@@ -116,16 +123,7 @@ async def test_self_checks_answered_after_the_lease_start_nothing_and_say_why(
     """Each answer comes after the lease it would renew ran out (it runs from the check's
     sending): nothing starts, and the one warning names a slow server, not a cluster cut."""
     js = SlowJetStream(group.server)
-    ran: list[int] = []
-
-    async def recording(msg: Any) -> None:
-        ran.append(msg.stream_sequence)
-
-    m = Member(js, "ORDERS", "g", "m1", recording, SETTINGS, instance_id="a")
-    await m.start()
-    group.members.append(m)
-    await eventually(lambda: m.state is MemberState.ACTIVE and data_puller(m) is not None,
-                     3, what="a active and pulling")
+    m, ran = await _active_recording(group, js)
     puller = data_puller(m)
     assert puller is not None
     with capture_logs() as logged:
