@@ -5,10 +5,10 @@ answers an inbox nobody reads. With a fixed timeout shorter than the server's qu
 request of an overloaded server is wasted, and each retry adds to the queue (issue 27: a
 mass start of 1,000 instances kept nats-server 2.15 answering consumer creates in 2.2-3 s
 against our 2 s, so nearly nothing succeeded, and it dropped 10,000 queued requests at its
-queue limit). As TCP's retransmission timer does (RFC 6298), each timeout doubles the next
-wait, and answers bring it back: by one doubling each, and never below four times the
-smoothed answer time. An idle, healthy server's answers take milliseconds, so the wait
-stays at its base there.
+queue limit). As TCP's retransmission timer does (RFC 6298), a timeout doubles the next
+wait (once: see :data:`ANSWER_TIMEOUT_CAP_FACTOR`), and answers bring it back: by one
+doubling each, and never below four times the smoothed answer time (up to the cap). An
+idle, healthy server's answers take milliseconds, so the wait stays at its base there.
 
 Waiting longer is safe where a deadline matters: an owner's lease runs from the *sending*
 of its check (:mod:`cgroupd.nats.lease`), however late the answer comes.
@@ -16,8 +16,13 @@ of its check (:mod:`cgroupd.nats.lease`), however late the answer comes.
 
 from __future__ import annotations
 
-#: The longest wait for one answer (seconds), whatever the server's recent record.
-ANSWER_TIMEOUT_CAP = 16.0
+#: The longest wait for one answer, as a multiple of the base, whatever the server's recent
+#: record. One doubling: in a cluster an unanswered request may also mean a consumer leader
+#: out of reach across a cut, where trying again soon (another name, another leader) is the
+#: remedy; at 8x the base a standby's data consumer creates across a cut waited 8 s each and
+#: it was not active 40 s after the cut (hog CI on 585a178:
+#: test_cluster_node_cut_with_the_active_instance_on_it).
+ANSWER_TIMEOUT_CAP_FACTOR = 2.0
 #: Smoothing of the answer time (RFC 6298's alpha).
 SMOOTHING = 0.125
 #: How many smoothed answer times the wait is at least (RFC 6298's K, roughly).
@@ -28,11 +33,11 @@ class AnswerTimeout:
     """The wait for the next answer on one connection: :attr:`seconds`, then tell it
     :meth:`answered` or :meth:`unanswered`."""
 
-    def __init__(self, base: float, cap: float = ANSWER_TIMEOUT_CAP) -> None:
+    def __init__(self, base: float, cap: float | None = None) -> None:
         if base <= 0:
             raise ValueError("base must be positive")
         self.base = base
-        self.cap = max(cap, base)
+        self.cap = max(cap if cap is not None else ANSWER_TIMEOUT_CAP_FACTOR * base, base)
         self._doublings = 0
         self._smoothed: float | None = None
 
