@@ -19,8 +19,8 @@ from __future__ import annotations
 #: The longest wait for one answer, as a multiple of the base, whatever the server's recent
 #: record. One doubling: in a cluster an unanswered request may also mean a consumer leader
 #: out of reach across a cut, where trying again soon (another name, another leader) is the
-#: remedy; at 8x the base a standby's data consumer creates across a cut waited 8 s each and
-#: it was not active 40 s after the cut (hog CI on 585a178:
+#: remedy; with 8x allowed, a standby's data consumer creates across a cut waited 2 s, then
+#: 8 s, and it was not active 40 s after the cut (hog CI on 585a178:
 #: test_cluster_node_cut_with_the_active_instance_on_it).
 ANSWER_TIMEOUT_CAP_FACTOR = 2.0
 #: Smoothing of the answer time (RFC 6298's alpha).
