@@ -21,8 +21,12 @@ from __future__ import annotations
 #: out of reach across a cut, where trying again soon (another name, another leader) is the
 #: remedy; with 8x allowed, a standby's data consumer creates across a cut waited 2 s, then
 #: 8 s, and it was not active 40 s after the cut (hog CI on 585a178:
-#: test_cluster_node_cut_with_the_active_instance_on_it).
-ANSWER_TIMEOUT_CAP_FACTOR = 2.0
+#: test_cluster_node_cut_with_the_active_instance_on_it). Even one doubling coincided with
+#: pinned rolling-restart failures in the next two CI runs (a 19.7 s stall, a per-key
+#: reorder), so the default is no growth until that interplay is understood (issue 27's
+#: note): the adapter's waits are the base, as before, and only a ``cap`` above it turns
+#: learning on.
+ANSWER_TIMEOUT_CAP_FACTOR = 1.0
 #: Smoothing of the answer time (RFC 6298's alpha).
 SMOOTHING = 0.125
 #: How many smoothed answer times the wait is at least (RFC 6298's K, roughly).

@@ -12,6 +12,7 @@ import pytest
 from nats.aio.client import Client
 from nats.js import api
 
+from cgroupd.core.answer_timeout import AnswerTimeout
 from cgroupd.core.errors import NoAnswer
 from cgroupd.nats.jetstream import JetStream
 from tests.support.natsserver import NatsServer
@@ -21,6 +22,7 @@ from tests.support.polling import eventually
 async def test_an_unanswered_create_is_carried_out_and_the_wait_grows_then_comes_back(
         nc: Client, nats_server: NatsServer) -> None:
     js = JetStream(nc, timeout=1.0)
+    js.answers = AnswerTimeout(1.0, cap=2.0)  # learning on (the default cap is the base)
     await js.add_stream(api.StreamConfig(name="T", subjects=["t.>"]))
     assert await js.consumer_info("T", "late") is None  # answered: the wait stays
     assert js.answers.seconds == 1.0
