@@ -123,7 +123,8 @@ class _Series:
         self.connected = gauge("nats_connected", "1 while connected to NATS, else 0.")
         self.answer_timeout = gauge("api_answer_timeout_seconds", "How long a JetStream API "
                                     "answer is waited for now: the base while the server "
-                                    "answers promptly, up to twice that while it is slow.")
+                                    "answers promptly; more while it is slow only where "
+                                    "learning is on (off by default).")
         self.unowned = gauge("group_unowned_partitions", "Partitions of the group that no "
                              "active instance consumes (refreshed periodically).")
         self.idle = gauge("seconds_since_last_message", "Seconds since this instance "

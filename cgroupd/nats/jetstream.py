@@ -84,8 +84,8 @@ class JetStream:
         self.api = jsapi.api(nc)
         self.js = nc.jetstream(timeout=timeout, prefix=self.api)
         self.jsm = self.js._jsm
-        #: How long to wait for an API answer: ``timeout`` while the server answers
-        #: promptly, longer while it does not (issue 27: see :mod:`cgroupd.core.answer_timeout`).
+        #: How long to wait for an API answer: ``timeout``, longer after unanswered requests
+        #: only with a cap above it (off by default; issue 27: :mod:`cgroupd.core.answer_timeout`).
         self.answers = AnswerTimeout(timeout)
         self._kv: dict[str, KeyValue] = {}
         self._denials: list[tuple[float, str]] = []
